@@ -1,0 +1,45 @@
+// Package node carries what detectors and actions may use on this node: its
+// identity, the configured paths, the clock, the logger, and the adapters to
+// the kernel and the cluster. One Node is built by cmd/remediate and shared
+// by every detector (which reads) and action (which writes).
+//
+// An adapter field that is nil means that subsystem is unavailable here; a
+// detector or action that needs it returns detect.Skip with the reason in
+// Unavailable, if any.
+package node
+
+import (
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+)
+
+// Node is the shared dependency set. Fields are set once at start-up (or
+// reload) and not changed afterwards; adapters must be goroutine-safe.
+type Node struct {
+	// Name is the Kubernetes node name (--node-name).
+	Name string
+	// ProcRoot is the procfs mount to read (--proc-root, default /proc).
+	// Every /proc and /proc/sys read goes through it.
+	ProcRoot string
+	// XtablesLock is the xtables lock file (--xtables-lock).
+	XtablesLock string
+	// Clock is injected so tests control time.
+	Clock clock.PassiveClock
+	// Log is the structured logger.
+	Log *zap.Logger
+
+	// Unavailable records, per subsystem name ("kubernetes", "ipvs", ...),
+	// why its adapter is nil.
+	Unavailable map[string]string
+
+	// Adapters are added here, one per subsystem (internal/<subsystem>).
+}
+
+// Why returns the recorded reason a subsystem is unavailable, or a generic
+// one.
+func (n *Node) Why(subsystem string) string {
+	if r, ok := n.Unavailable[subsystem]; ok && r != "" {
+		return r
+	}
+	return subsystem + " is not configured on this node"
+}

@@ -1,0 +1,98 @@
+// Package action holds the remedies the engine can apply: killing a hung
+// iptables-restore, raising nf_conntrack_max, flushing conntrack entries,
+// deleting stale IPVS servers, restarting kube-proxy, cordoning.
+//
+// Each action type registers itself by name with a parameter struct (its
+// bounds). An Action is always called through the engine, which journals the
+// intent before Execute and the outcome after, and applies every guardrail
+// first. Actions still re-check their own preconditions immediately before
+// changing anything (the world may have moved since detection) and refuse
+// when the target's identity is ambiguous.
+package action
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+// Plan describes what Execute would do, computed without side effects. It is
+// what audit mode and dry-run report ("would kill pid 1234 ...").
+type Plan struct {
+	Summary string         `json:"summary"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// Result is what Execute did. Details should include previous values (for
+// example the old nf_conntrack_max) so an operator can undo from the journal.
+type Result struct {
+	Summary string         `json:"summary"`
+	Details map[string]any `json:"details,omitempty"`
+}
+
+// Action remedies one finding.
+type Action interface {
+	// Plan returns what Execute would do for f. It must not change anything.
+	// An error means the action cannot apply (for example the target is
+	// gone or ambiguous); return detect.Skip(...) to say so without failing.
+	Plan(ctx context.Context, f detect.Finding) (Plan, error)
+	// Execute performs the action, bounded by ctx's deadline.
+	Execute(ctx context.Context, f detect.Finding) (Result, error)
+}
+
+// Type describes a registered action type.
+type Type struct {
+	// Name is the type name used in the policy (e.g. "KillProcess").
+	Name string
+	// Doc is a one-line description.
+	Doc string
+	// Disruptive actions (restart kube-proxy, cordon, delete IPVS servers)
+	// additionally need a cluster-wide budget slot.
+	Disruptive bool
+	// NewParams returns a pointer to a fresh parameter struct with defaults.
+	NewParams func() any
+	// New builds the action from validated parameters and the node adapters.
+	New func(params any, n *node.Node) (Action, error)
+}
+
+var (
+	mu       sync.RWMutex
+	registry = map[string]Type{}
+)
+
+// Register adds an action type; it panics on duplicates or missing fields.
+func Register(t Type) {
+	mu.Lock()
+	defer mu.Unlock()
+	if t.Name == "" || t.NewParams == nil || t.New == nil {
+		panic(fmt.Sprintf("action: incomplete registration %+v", t))
+	}
+	if _, dup := registry[t.Name]; dup {
+		panic("action: duplicate action type " + t.Name)
+	}
+	registry[t.Name] = t
+}
+
+// Lookup returns the registered type with that name.
+func Lookup(name string) (Type, bool) {
+	mu.RLock()
+	defer mu.RUnlock()
+	t, ok := registry[name]
+	return t, ok
+}
+
+// Types returns all registered action types sorted by name.
+func Types() []Type {
+	mu.RLock()
+	defer mu.RUnlock()
+	out := make([]Type, 0, len(registry))
+	for _, t := range registry {
+		out = append(out, t)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
