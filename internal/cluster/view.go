@@ -1,0 +1,69 @@
+// Package cluster is the daemon's read-only view of the Services and
+// EndpointSlices that matter to this node, and its freshness. Detectors that
+// compare kernel state with the desired state (IPVS drift, stale conntrack
+// entries) read it through View; actions that delete kernel state must first
+// check Freshness and refuse on a stale or unsynced view.
+package cluster
+
+import (
+	"time"
+)
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name     string `json:"name,omitempty"`
+	Protocol string `json:"protocol"` // "TCP", "UDP", "SCTP"
+	Port     int32  `json:"port"`
+	NodePort int32  `json:"nodePort,omitempty"`
+}
+
+// Service is the part of a Service the detectors use.
+type Service struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// ClusterIPs excludes "None" (headless services have none).
+	ClusterIPs      []string      `json:"clusterIPs,omitempty"`
+	ExternalIPs     []string      `json:"externalIPs,omitempty"`
+	LoadBalancerIPs []string      `json:"loadBalancerIPs,omitempty"`
+	Ports           []ServicePort `json:"ports"`
+}
+
+// Endpoint is one address:port of a Service's EndpointSlices, flattened.
+type Endpoint struct {
+	Address  string `json:"address"`
+	Port     int32  `json:"port"`
+	Protocol string `json:"protocol"`
+	// PortName matches ServicePort.Name.
+	PortName string `json:"portName,omitempty"`
+	NodeName string `json:"nodeName,omitempty"`
+	// Conditions as in discovery/v1: a terminating endpoint may still be
+	// serving, and kube-proxy keeps sending to it when no ready one exists.
+	Ready       bool `json:"ready"`
+	Serving     bool `json:"serving"`
+	Terminating bool `json:"terminating"`
+}
+
+// Freshness says how much the view can be trusted.
+type Freshness struct {
+	// Synced is true once the initial LIST of every informer completed.
+	Synced bool
+	// LastEvent is when the view last received an event or resync.
+	LastEvent time.Time
+	// LastError is the most recent watch or list error, if any.
+	LastError error
+	// LastErrorTime is when LastError happened.
+	LastErrorTime time.Time
+	// Connected is false while the watch is failing.
+	Connected bool
+}
+
+// View is a read-only snapshot source. Implementations are goroutine-safe;
+// returned slices must not be modified by callers.
+type View interface {
+	// Services returns every Service known to the view.
+	Services() []Service
+	// Endpoints returns the endpoints of a Service (all its slices merged).
+	Endpoints(namespace, name string) []Endpoint
+	// Freshness reports the view's sync state.
+	Freshness() Freshness
+}
