@@ -1,0 +1,147 @@
+//go:build linux
+
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	mobyipvs "github.com/moby/ipvs"
+)
+
+func ipvsLoaded() bool {
+	_, err := os.Stat("/proc/net/ip_vs")
+	return err == nil
+}
+
+// newTestNetns creates a network namespace for the test and deletes it at
+// the end; it returns its path.
+func newTestNetns(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2 (ip)")
+	}
+	name := fmt.Sprintf("remediate-ipvs-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del: %v: %s", err, out)
+		}
+	})
+	return "/var/run/netns/" + name
+}
+
+// TestRealAdapterReportsUnavailable runs the real adapter against this
+// kernel, which has no ip_vs: every call must fail with ErrUnavailable and a
+// readable reason, never succeed silently.
+func TestRealAdapterReportsUnavailable(t *testing.T) {
+	ns := newTestNetns(t)
+	if ipvsLoaded() {
+		t.Skip("ip_vs is loaded on this kernel; this test covers kernels without it")
+	}
+	a := New(Options{ProcRoot: "/proc", NetNSPath: ns})
+	defer a.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	err := a.Available(ctx)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Available = %v, want ErrUnavailable", err)
+	}
+	msg := err.Error()
+	t.Logf("reason: %s", msg)
+	if !strings.HasPrefix(msg, "IPVS unavailable: ") || !strings.Contains(msg, "/proc/net/ip_vs") || !strings.Contains(msg, `"IPVS"`) {
+		t.Errorf("reason should name both checks: %q", msg)
+	}
+	checks := map[string]error{}
+	_, checks["VirtualServers"] = a.VirtualServers(ctx)
+	_, checks["RealServers"] = a.RealServers(ctx, dnsUDP)
+	checks["DeleteVirtualServer"] = a.DeleteVirtualServer(ctx, dnsUDP)
+	checks["DeleteRealServer"] = a.DeleteRealServer(ctx, dnsUDP, pod1)
+	_, checks["Timeouts"] = a.Timeouts(ctx)
+	checks["SetTimeouts"] = a.SetTimeouts(ctx, Timeouts{UDP: 30 * time.Second})
+	_, checks["Connections"] = a.Connections(ctx, UDP)
+	for m, err := range checks {
+		if !errors.Is(err, ErrUnavailable) {
+			t.Errorf("%s: err = %v, want ErrUnavailable", m, err)
+		}
+	}
+	if a.h != nil {
+		t.Error("no moby/ipvs handle may be opened when IPVS is unavailable")
+	}
+}
+
+// TestMobyGetConfigPanicRecovered shows the trap the adapter guards
+// against: without ip_vs, moby/ipvs.New succeeds and GetConfig panics;
+// getConfig turns the panic into an error.
+func TestMobyGetConfigPanicRecovered(t *testing.T) {
+	ns := newTestNetns(t)
+	if ipvsLoaded() {
+		t.Skip("ip_vs is loaded; the panic happens only without it")
+	}
+	// moby/ipvs runs `modprobe -va ip_vs` once: make sure it cannot load
+	// anything on this machine before letting it.
+	if out, err := exec.Command("modprobe", "-n", "ip_vs").CombinedOutput(); err == nil {
+		t.Skipf("ip_vs module is installable here (%s); not letting moby/ipvs load it", strings.TrimSpace(string(out)))
+	}
+	h, err := mobyipvs.New(ns)
+	if err != nil {
+		t.Skipf("moby/ipvs.New: %v", err)
+	}
+	defer h.Close()
+	c, err := getConfig(h)
+	if err == nil {
+		t.Fatalf("GetConfig without ip_vs returned %+v and no error", c)
+	}
+	t.Logf("recovered: %v", err)
+	// And the trap itself: moby's writes report success.
+	if err := h.SetConfig(&mobyipvs.Config{TimeoutUDP: 30 * time.Second}); err != nil {
+		t.Logf("SetConfig returned %v (moby/ipvs changed behaviour?)", err)
+	} else {
+		t.Logf("moby/ipvs SetConfig without ip_vs returned nil: the silent success the adapter's check prevents")
+	}
+}
+
+// TestDoBoundsHungCalls shows that a call hung in the kernel does not hang
+// its caller nor the callers after it, and that a panic becomes an error.
+func TestDoBoundsHungCalls(t *testing.T) {
+	a := New(Options{})
+	a.h = &mobyipvs.Handle{} // skip the availability check; fn never uses it
+	release := make(chan struct{})
+	ctx1, cancel1 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel1()
+	err := a.do(ctx1, "hung", func(*mobyipvs.Handle) error { <-release; return nil })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("hung call: err = %v", err)
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	err = a.do(ctx2, "next", func(*mobyipvs.Handle) error { return nil })
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "previous IPVS call") {
+		t.Fatalf("call behind a hung one: err = %v", err)
+	}
+	close(release)
+	ctx3, cancel3 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel3()
+	if err := a.do(ctx3, "after", func(*mobyipvs.Handle) error { return nil }); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	err = a.do(ctx3, "panics", func(*mobyipvs.Handle) error { panic("index out of range") })
+	if err == nil || !strings.Contains(err.Error(), "panicked") {
+		t.Fatalf("panic: err = %v", err)
+	}
+	if err := a.do(ctx3, "after panic", func(*mobyipvs.Handle) error { return nil }); err != nil {
+		t.Fatalf("the semaphore must be released after a panic: %v", err)
+	}
+}
