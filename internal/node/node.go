@@ -11,6 +11,9 @@ package node
 import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/ipvs"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -33,6 +36,11 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// Cluster is the Kubernetes Service/EndpointSlice view ("kubernetes").
+	Cluster cluster.View
+	// IPVS is the kernel's IP Virtual Server tables ("ipvs").
+	IPVS ipvs.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

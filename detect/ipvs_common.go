@@ -1,0 +1,116 @@
+package detect
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// Shared pieces of the IPVS detectors (ipvs*.go).
+
+// ipvsPrecheck returns a Skip when an IPVS detector cannot run here: no IPVS
+// adapter, kube-proxy not in IPVS mode (no kube-ipvs0 interface, unless
+// requireMode is false), or, when needView, no cluster view or one that is
+// not synced or not connected.
+func ipvsPrecheck(n *node.Node, requireMode, needView bool) error {
+	if n.IPVS == nil {
+		return Skip("%s", n.Why("ipvs"))
+	}
+	if requireMode {
+		ok, err := ipvs.KubeIPVSInterfacePresent(n.ProcRoot)
+		if err != nil {
+			return Skip("cannot tell whether kube-proxy runs in IPVS mode: %v", err)
+		}
+		if !ok {
+			return Skip("kube-proxy does not appear to run in IPVS mode: no kube-ipvs0 interface in %s (set requireIPVSMode: false to check anyway)",
+				filepath.Join(procRootOr(n.ProcRoot), "net", "dev"))
+		}
+	}
+	if needView {
+		if n.Cluster == nil {
+			return Skip("%s", n.Why("kubernetes"))
+		}
+		f := n.Cluster.Freshness()
+		if !f.Synced {
+			return Skip("cluster view not synced yet: cannot compare IPVS with the desired state")
+		}
+		if !f.Connected {
+			reason := "cluster view disconnected"
+			if f.LastError != nil {
+				reason += ": " + f.LastError.Error()
+			}
+			return Skip("%s: the desired state may be stale", reason)
+		}
+	}
+	return nil
+}
+
+func procRootOr(p string) string {
+	if p == "" {
+		return "/proc"
+	}
+	return p
+}
+
+// ipvsErr turns ErrUnavailable into a Skip and wraps anything else.
+func ipvsErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ipvs.ErrUnavailable) {
+		return Skip("%s", err.Error())
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// parseAddrs parses a list of IP addresses (a parameter); field names the
+// parameter for errors.
+func parseAddrs(field string, in []string) ([]netip.Addr, []policy.FieldError) {
+	var out []netip.Addr
+	var errs []policy.FieldError
+	for i, s := range in {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: fmt.Sprintf("%q is not an IP address", s)})
+			continue
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, errs
+}
+
+func parsePrefixes(field string, in []string) ([]netip.Prefix, []policy.FieldError) {
+	var out []netip.Prefix
+	var errs []policy.FieldError
+	for i, s := range in {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: fmt.Sprintf("%q is not a CIDR", s)})
+			continue
+		}
+		out = append(out, p.Masked())
+	}
+	return out, errs
+}
+
+// vsEvidence is the evidence every IPVS finding about a virtual server
+// carries; the IPVS actions read these keys.
+func vsEvidence(vs ipvs.VirtualServer) map[string]any {
+	return map[string]any{
+		"vsProtocol": vs.Protocol,
+		"vsAddress":  vs.Address.String(),
+		"vsPort":     int(vs.Port),
+	}
+}
+
+func maxFindingsErr(n int) []policy.FieldError {
+	if n < 1 {
+		return []policy.FieldError{{Field: "maxFindings", Msg: "must be at least 1"}}
+	}
+	return nil
+}

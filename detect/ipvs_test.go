@@ -1,0 +1,477 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+
+// procRoot returns a fake proc root whose net/dev lists kube-ipvs0 when
+// ipvsMode is true.
+func procRoot(t *testing.T, ipvsMode bool) string {
+	t.Helper()
+	root := t.TempDir()
+	dev := "Inter-|   Receive                                                |  Transmit\n" +
+		" face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n" +
+		"    lo:  123456    1234    0    0    0     0          0         0   123456    1234    0    0    0     0       0          0\n" +
+		"  eth0: 9876543   98765    0    0    0     0          0         0  8765432   87654    0    0    0     0       0          0\n"
+	if ipvsMode {
+		dev += "kube-ipvs0:       0       0    0    0    0     0          0         0        0       0    0    0    0     0       0          0\n"
+	}
+	if err := os.MkdirAll(filepath.Join(root, "net"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "net", "dev"), []byte(dev), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+func vs(proto, addr string, port uint16) ipvs.VirtualServer {
+	return ipvs.VirtualServer{Address: netip.MustParseAddr(addr), Protocol: proto, Port: port}
+}
+
+func rs(addr string, port uint16, weight, active, inactive int) ipvs.RealServer {
+	return ipvs.RealServer{Address: netip.MustParseAddr(addr), Port: port, Weight: weight, ActiveConns: active, InactiveConns: inactive}
+}
+
+func ep(addr string, port int32, proto, portName string, ready, serving, terminating bool) cluster.Endpoint {
+	return cluster.Endpoint{Address: addr, Port: port, Protocol: proto, PortName: portName, Ready: ready, Serving: serving, Terminating: terminating}
+}
+
+// world is one fake IPVS state and one fake cluster view.
+type world struct {
+	ipvs *ipvs.Fake
+	view *clustertest.Fake
+	node *node.Node
+}
+
+func newWorld(t *testing.T) *world {
+	w := &world{ipvs: ipvs.NewFake(), view: clustertest.New(t0)}
+	w.node = &node.Node{Name: "node1", ProcRoot: procRoot(t, true), IPVS: w.ipvs, Cluster: w.view}
+	return w
+}
+
+func (w *world) addVS(t *testing.T, v ipvs.VirtualServer, rss ...ipvs.RealServer) {
+	t.Helper()
+	if err := w.ipvs.AddVirtualServer(v); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rss {
+		if err := w.ipvs.AddRealServer(v, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+var kubeDNS = cluster.Service{
+	Namespace: "kube-system", Name: "kube-dns",
+	ClusterIPs: []string{"10.96.0.10"},
+	Ports: []cluster.ServicePort{
+		{Name: "dns", Protocol: "UDP", Port: 53},
+		{Name: "dns-tcp", Protocol: "TCP", Port: 53},
+	},
+}
+
+// coreDNSRollout is the rolling update of CoreDNS from the guides: the old
+// pod 10.244.0.12 is gone from the EndpointSlices, two new pods are ready,
+// but IPVS still has the old pod as a UDP real server (kube-proxy missed the
+// update) and DNS clients' UDP entries stay pinned to it; the TCP real
+// server is at weight 0 draining its last connection.
+func coreDNSRollout(t *testing.T) *world {
+	w := newWorld(t)
+	w.view.SetService(kubeDNS,
+		ep("10.244.1.21", 53, "UDP", "dns", true, true, false),
+		ep("10.244.2.22", 53, "UDP", "dns", true, true, false),
+		ep("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false),
+		ep("10.244.2.22", 53, "TCP", "dns-tcp", true, true, false),
+	)
+	w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 2), rs("10.244.1.21", 53, 1, 0, 5), rs("10.244.2.22", 53, 1, 0, 4))
+	w.addVS(t, vs("TCP", "10.96.0.10", 53), rs("10.244.0.12", 53, 0, 1, 0), rs("10.244.1.21", 53, 1, 0, 0), rs("10.244.2.22", 53, 1, 0, 0))
+	f, err := os.Open("testdata/ip_vs_conn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := ipvs.ParseConns(context.Background(), f, "", func(c ipvs.Conn) error { w.ipvs.AddConn(c); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func newDetector(t *testing.T, name string, n *node.Node, set func(p any)) Detector {
+	t.Helper()
+	typ, ok := Lookup(name)
+	if !ok {
+		t.Fatalf("%s not registered", name)
+	}
+	p := typ.NewParams()
+	if set != nil {
+		set(p)
+	}
+	d, err := typ.New(p, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func targets(fs []Finding) []string {
+	out := []string{}
+	for _, f := range fs {
+		out = append(out, f.Target)
+	}
+	return out
+}
+
+func TestIPVSStaleRealServer(t *testing.T) {
+	cases := []struct {
+		name      string
+		world     func(t *testing.T) *world
+		set       func(p any)
+		want      []string
+		wantSkip  string
+		checkEvid func(t *testing.T, fs []Finding)
+	}{
+		{
+			name:  "CoreDNS rollout: terminated pod left as UDP real server, draining TCP one kept",
+			world: coreDNSRollout,
+			want:  []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+			checkEvid: func(t *testing.T, fs []Finding) {
+				e := fs[0].Evidence
+				if e["backendIP"] != "10.244.0.12" || e["backendPort"] != 53 || e["protocol"] != "UDP" ||
+					e["reason"] != ipvs.BackendNotEndpoint || e["service"] != "kube-system/kube-dns" ||
+					e["vsAddress"] != "10.96.0.10" || e["vsPort"] != 53 || e["rsAddress"] != "10.244.0.12" {
+					t.Errorf("evidence = %v", e)
+				}
+				if fs[0].Severity != Warning {
+					t.Errorf("severity = %s, want warning (two good real servers remain)", fs[0].Severity)
+				}
+			},
+		},
+		{
+			name:  "draining TCP real server reported when asked",
+			world: coreDNSRollout,
+			set:   func(p any) { p.(*IPVSStaleRealServerParams).IncludeDraining = true },
+			want:  []string{"ipvs-rs/TCP/10.96.0.10:53/10.244.0.12:53", "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+		},
+		{
+			name: "terminating but serving endpoint with no ready one is what kube-proxy uses",
+			world: func(t *testing.T) *world {
+				w := newWorld(t)
+				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, true, true))
+				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0))
+				return w
+			},
+			want: []string{},
+		},
+		{
+			name: "terminating endpoint while ready ones exist is stale",
+			world: func(t *testing.T) *world {
+				w := newWorld(t)
+				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, true, true), ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
+				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0), rs("10.244.1.21", 53, 1, 0, 0))
+				return w
+			},
+			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+			checkEvid: func(t *testing.T, fs []Finding) {
+				if fs[0].Evidence["reason"] != ipvs.BackendTerminatingWhileReady {
+					t.Errorf("reason = %v", fs[0].Evidence["reason"])
+				}
+			},
+		},
+		{
+			name: "every real server stale is critical",
+			world: func(t *testing.T) *world {
+				w := newWorld(t)
+				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, false, false))
+				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0))
+				return w
+			},
+			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+			checkEvid: func(t *testing.T, fs []Finding) {
+				if fs[0].Severity != Critical || fs[0].Evidence["reason"] != ipvs.BackendNotServing {
+					t.Errorf("finding = %+v", fs[0])
+				}
+			},
+		},
+		{
+			name: "NodePort virtual server on a node address",
+			world: func(t *testing.T) *world {
+				w := newWorld(t)
+				s := kubeDNS
+				s.Ports = []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53, NodePort: 30053}}
+				w.view.SetService(s, ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
+				w.addVS(t, vs("UDP", "192.168.1.10", 30053), rs("10.244.0.12", 53, 1, 0, 0), rs("10.244.1.21", 53, 1, 0, 0))
+				return w
+			},
+			want: []string{"ipvs-rs/UDP/192.168.1.10:30053/10.244.0.12:53"},
+		},
+		{
+			name: "virtual servers of no Service are left to IPVSStaleVirtualServer",
+			world: func(t *testing.T) *world {
+				w := newWorld(t)
+				w.addVS(t, vs("TCP", "10.96.7.7", 80), rs("10.244.0.12", 8080, 1, 0, 0))
+				return w
+			},
+			want: []string{},
+		},
+		{
+			name:     "view not synced",
+			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.view.SetFreshness(cluster.Freshness{}); return w },
+			wantSkip: "not synced",
+		},
+		{
+			name: "view disconnected",
+			world: func(t *testing.T) *world {
+				w := coreDNSRollout(t)
+				w.view.SetFreshness(cluster.Freshness{Synced: true, LastError: errors.New("watch: connection refused")})
+				return w
+			},
+			wantSkip: "disconnected: watch: connection refused",
+		},
+		{
+			name:     "IPVS unavailable",
+			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.ipvs.SetUnavailable("no ip_vs module"); return w },
+			wantSkip: "IPVS unavailable: no ip_vs module",
+		},
+		{
+			name:     "kube-proxy not in IPVS mode",
+			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.node.ProcRoot = procRoot(t, false); return w },
+			wantSkip: "no kube-ipvs0 interface",
+		},
+		{
+			name: "no IPVS adapter",
+			world: func(t *testing.T) *world {
+				w := coreDNSRollout(t)
+				w.node.IPVS = nil
+				w.node.Unavailable = map[string]string{"ipvs": "IPVS unavailable: no ip_vs module"}
+				return w
+			},
+			wantSkip: "IPVS unavailable: no ip_vs module",
+		},
+		{
+			name:     "no cluster view",
+			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.node.Cluster = nil; return w },
+			wantSkip: "kubernetes is not configured",
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := c.world(t)
+			fs, err := newDetector(t, "IPVSStaleRealServer", w.node, c.set).Detect(context.Background())
+			checkResult(t, fs, err, c.want, c.wantSkip)
+			if c.checkEvid != nil && err == nil && len(fs) > 0 {
+				c.checkEvid(t, fs)
+			}
+		})
+	}
+}
+
+func checkResult(t *testing.T, fs []Finding, err error, want []string, wantSkip string) {
+	t.Helper()
+	if wantSkip != "" {
+		reason, ok := IsSkip(err)
+		if !ok || !strings.Contains(reason, wantSkip) {
+			t.Fatalf("err = %v, want a skip containing %q", err, wantSkip)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := targets(fs)
+	if want == nil {
+		want = []string{}
+	}
+	sortStrings(got)
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("targets = %v, want %v", got, want)
+	}
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+func TestIPVSStaleVirtualServer(t *testing.T) {
+	build := func(t *testing.T) *world {
+		w := newWorld(t)
+		s := kubeDNS
+		s.Ports = append([]cluster.ServicePort{}, kubeDNS.Ports...)
+		s.Ports[0].NodePort = 30053
+		s.ExternalIPs = []string{"203.0.113.7"}
+		w.view.SetService(s, ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
+		w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.1.21", 53, 1, 0, 0))
+		w.addVS(t, vs("UDP", "203.0.113.7", 53))                                // external IP: expected
+		w.addVS(t, vs("UDP", "192.168.1.10", 30053))                            // NodePort: expected
+		w.addVS(t, vs("TCP", "10.96.5.5", 80), rs("10.244.3.3", 8080, 1, 0, 0)) // deleted Service
+		w.addVS(t, vs("TCP", "172.16.0.1", 80))                                 // not kube-proxy's
+		w.addVS(t, vs("TCP", "192.168.1.10", 31999))                            // NodePort of a deleted Service
+		w.addVS(t, ipvs.VirtualServer{FWMark: 9})                               // firewall mark: not kube-proxy's
+		return w
+	}
+	t.Run("default scope", func(t *testing.T) {
+		w := build(t)
+		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80"}, "")
+		if fs[0].Evidence["realServers"] != 1 || fs[0].Evidence["vsProtocol"] != "TCP" || fs[0].Evidence["vsPort"] != 80 {
+			t.Errorf("evidence = %v", fs[0].Evidence)
+		}
+	})
+	t.Run("with node IPs", func(t *testing.T) {
+		w := build(t)
+		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, func(p any) {
+			p.(*IPVSStaleVirtualServerParams).NodeIPs = []string{"192.168.1.10"}
+		}).Detect(context.Background())
+		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/TCP/192.168.1.10:31999"}, "")
+	})
+	t.Run("service deleted from view makes its virtual server stale", func(t *testing.T) {
+		w := build(t)
+		w.view.DeleteService("kube-system", "kube-dns")
+		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+	})
+	t.Run("not synced", func(t *testing.T) {
+		w := build(t)
+		w.view.SetFreshness(cluster.Freshness{})
+		_, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		checkResult(t, nil, err, nil, "not synced")
+	})
+	t.Run("invalid params", func(t *testing.T) {
+		typ, _ := Lookup("IPVSStaleVirtualServer")
+		p := typ.NewParams().(*IPVSStaleVirtualServerParams)
+		p.ManagedCIDRs = []string{"10.96.0.0/12", "nope"}
+		p.NodeIPs = []string{"x"}
+		p.MaxFindings = 0
+		errs := p.Validate()
+		if len(errs) != 3 || errs[0].Field != "managedCIDRs[1]" || errs[1].Field != "nodeIPs[0]" || errs[2].Field != "maxFindings" {
+			t.Fatalf("errs = %+v", errs)
+		}
+	})
+}
+
+func TestIPVSMissingVirtualServer(t *testing.T) {
+	w := newWorld(t)
+	w.view.SetService(kubeDNS,
+		ep("10.244.1.21", 53, "UDP", "dns", true, true, false),
+		ep("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false))
+	w.view.SetService(cluster.Service{Namespace: "default", Name: "empty", ClusterIPs: []string{"10.96.3.3"},
+		Ports: []cluster.ServicePort{{Protocol: "TCP", Port: 80}}})
+	w.view.SetService(cluster.Service{Namespace: "default", Name: "dual", ClusterIPs: []string{"10.96.4.4", "fd00::4"},
+		Ports: []cluster.ServicePort{{Protocol: "TCP", Port: 443, NodePort: 30443}}},
+		ep("10.244.2.2", 8443, "TCP", "", true, true, false))
+	w.addVS(t, vs("TCP", "10.96.0.10", 53), rs("10.244.1.21", 53, 1, 0, 0))
+
+	fs, err := newDetector(t, "IPVSMissingVirtualServer", w.node, nil).Detect(context.Background())
+	// UDP/53 of kube-dns and the IPv4 ClusterIP of "dual" are missing; the
+	// Service without endpoints and the IPv6 family (no IPv6 virtual server
+	// at all on this node) are not reported.
+	checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+	for _, f := range fs {
+		if f.Severity != Critical || f.Evidence["service"] == nil {
+			t.Errorf("finding = %+v", f)
+		}
+	}
+
+	fs, err = newDetector(t, "IPVSMissingVirtualServer", w.node, func(p any) {
+		p.(*IPVSMissingVirtualServerParams).NodeIPs = []string{"192.168.1.10"}
+	}).Detect(context.Background())
+	checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/TCP/192.168.1.10:30443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+}
+
+func TestIPVSUDPDeadBackend(t *testing.T) {
+	t.Run("CoreDNS rollout: DNS clients pinned to the terminated pod", func(t *testing.T) {
+		w := coreDNSRollout(t)
+		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		checkResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
+		e := fs[0].Evidence
+		want := map[string]any{
+			"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "UDP",
+			"connections": 2, "clientCount": 2, "clients": []string{"10.0.0.5", "10.0.0.6"},
+			"virtualServers": []string{"UDP/10.96.0.10:53"}, "services": []string{"kube-system/kube-dns"},
+			"templates": 0, "reason": ipvs.BackendNotEndpoint,
+		}
+		if !reflect.DeepEqual(e, want) {
+			t.Errorf("evidence = %#v\nwant %#v", e, want)
+		}
+	})
+	t.Run("entries to a terminating pod that still serves are not dead", func(t *testing.T) {
+		w := coreDNSRollout(t)
+		w.view.SetEndpoints("kube-system", "kube-dns",
+			ep("10.244.0.12", 53, "UDP", "dns", false, true, true),
+			ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
+		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		checkResult(t, fs, err, nil, "")
+	})
+	t.Run("threshold", func(t *testing.T) {
+		w := coreDNSRollout(t)
+		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
+			p.(*IPVSUDPDeadBackendParams).MinConnections = 3
+		}).Detect(context.Background())
+		checkResult(t, fs, err, nil, "")
+	})
+	t.Run("client list is bounded, count is not", func(t *testing.T) {
+		w := coreDNSRollout(t)
+		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
+			p.(*IPVSUDPDeadBackendParams).MaxClients = 1
+		}).Detect(context.Background())
+		checkResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
+		if fs[0].Evidence["clientCount"] != 2 || len(fs[0].Evidence["clients"].([]string)) != 1 {
+			t.Errorf("evidence = %v", fs[0].Evidence)
+		}
+	})
+	t.Run("IPVS unavailable", func(t *testing.T) {
+		w := coreDNSRollout(t)
+		w.ipvs.SetUnavailable("no ip_vs module")
+		_, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		checkResult(t, nil, err, nil, "IPVS unavailable")
+	})
+}
+
+func TestIPVSUDPTimeoutHigh(t *testing.T) {
+	w := newWorld(t)
+	d := newDetector(t, "IPVSUDPTimeoutHigh", w.node, nil)
+	fs, err := d.Detect(context.Background())
+	checkResult(t, fs, err, []string{TimeoutsTarget}, "")
+	if fs[0].Evidence["udpTimeoutSeconds"] != 300 || fs[0].Evidence["ceilingSeconds"] != 60 {
+		t.Errorf("evidence = %v", fs[0].Evidence)
+	}
+	if err := w.ipvs.SetTimeouts(context.Background(), ipvs.Timeouts{UDP: 60 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = d.Detect(context.Background())
+	checkResult(t, fs, err, nil, "")
+	// The timeout detector does not need the cluster view.
+	w.node.Cluster = nil
+	if _, err := d.Detect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.ipvs.SetUnavailable("no ip_vs module")
+	_, err = d.Detect(context.Background())
+	checkResult(t, nil, err, nil, "IPVS unavailable")
+
+	typ, _ := Lookup("IPVSUDPTimeoutHigh")
+	p := typ.NewParams().(*IPVSUDPTimeoutHighParams)
+	p.Ceiling.Duration = 500 * time.Millisecond
+	if errs := p.Validate(); len(errs) != 1 || errs[0].Field != "ceiling" {
+		t.Fatalf("errs = %+v", errs)
+	}
+}

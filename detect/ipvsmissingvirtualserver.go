@@ -1,0 +1,106 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// IPVSMissingVirtualServerParams are the IPVSMissingVirtualServer thresholds.
+type IPVSMissingVirtualServerParams struct {
+	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
+	// interface exists (default true).
+	RequireIPVSMode bool `yaml:"requireIPVSMode"`
+	// NodeIPs are this node's addresses; when set, NodePort virtual
+	// servers on them are expected too. Optional.
+	NodeIPs []string `yaml:"nodeIPs"`
+	// MaxFindings bounds the findings of one run (default 50).
+	MaxFindings int `yaml:"maxFindings"`
+}
+
+// Validate implements policy.Validator.
+func (p *IPVSMissingVirtualServerParams) Validate() []policy.FieldError {
+	_, errs := parseAddrs("nodeIPs", p.NodeIPs)
+	return append(errs, maxFindingsErr(p.MaxFindings)...)
+}
+
+func init() {
+	Register(Type{
+		Name: "IPVSMissingVirtualServer",
+		Doc:  "a Service with endpoints has no IPVS virtual server for one of its frontends",
+		NewParams: func() any {
+			return &IPVSMissingVirtualServerParams{RequireIPVSMode: true, MaxFindings: 50}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			p := *params.(*IPVSMissingVirtualServerParams)
+			ips, errs := parseAddrs("nodeIPs", p.NodeIPs)
+			if len(errs) > 0 {
+				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
+			}
+			return &ipvsMissingVirtualServer{p: p, n: n, nodeIPs: ips}, nil
+		},
+	})
+}
+
+type ipvsMissingVirtualServer struct {
+	p       IPVSMissingVirtualServerParams
+	n       *node.Node
+	nodeIPs []netip.Addr
+}
+
+// Detect reports frontends of Services that have expected endpoints but no
+// virtual server. Only address families that have at least one virtual
+// server are checked: a node whose kube-proxy programs no IPv6 at all is
+// single-stack, not missing every IPv6 Service.
+func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
+	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+		return nil, err
+	}
+	vss, err := d.n.IPVS.VirtualServers(ctx)
+	if err != nil {
+		return nil, ipvsErr("listing IPVS virtual servers", err)
+	}
+	have := map[string]bool{}
+	has4, has6 := false, false
+	for _, vs := range vss {
+		have[vs.Key()] = true
+		if vs.FWMark != 0 {
+			continue
+		}
+		if vs.Address.Unmap().Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	var out []Finding
+	for _, fe := range ipvs.NewDesired(d.n.Cluster, d.nodeIPs).Frontends() {
+		if have[fe.VS.Key()] || len(fe.SP.Expected) == 0 {
+			continue
+		}
+		if (fe.VS.Address.Is4() && !has4) || (fe.VS.Address.Is6() && !has6) {
+			continue
+		}
+		ev := vsEvidence(fe.VS)
+		ev["service"] = fe.SP.ServiceName()
+		ev["portName"] = fe.SP.Port.Name
+		ev["frontend"] = fe.Kind
+		ev["expectedEndpoints"] = expectedList(fe.SP)
+		out = append(out, Finding{
+			Detector: "IPVSMissingVirtualServer",
+			Target:   VirtualServerTarget(fe.VS),
+			Severity: Critical,
+			Message: fmt.Sprintf("no IPVS virtual server for %s %s of %s (%d endpoints): kube-proxy is not programming it",
+				fe.Kind, fe.VS.Key(), fe.SP.ServiceName(), len(fe.SP.Expected)),
+			Evidence: ev,
+		})
+		if len(out) >= d.p.MaxFindings {
+			break
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,139 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"sort"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// IPVSStaleRealServerParams are the IPVSStaleRealServer thresholds.
+type IPVSStaleRealServerParams struct {
+	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
+	// interface exists (default true).
+	RequireIPVSMode bool `yaml:"requireIPVSMode"`
+	// IncludeDraining also reports TCP/SCTP real servers at weight 0 that
+	// still carry connections: kube-proxy keeps those on purpose while
+	// they drain (graceful termination). Default false.
+	IncludeDraining bool `yaml:"includeDraining"`
+	// MaxFindings bounds the findings of one run (default 50).
+	MaxFindings int `yaml:"maxFindings"`
+}
+
+// Validate implements policy.Validator.
+func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
+	return maxFindingsErr(p.MaxFindings)
+}
+
+func init() {
+	Register(Type{
+		Name: "IPVSStaleRealServer",
+		Doc:  "IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
+		NewParams: func() any {
+			return &IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &ipvsStaleRealServer{p: *params.(*IPVSStaleRealServerParams), n: n}, nil
+		},
+	})
+}
+
+type ipvsStaleRealServer struct {
+	p IPVSStaleRealServerParams
+	n *node.Node
+}
+
+// RealServerTarget is the finding target of a real server of a virtual
+// server: "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53".
+func RealServerTarget(vs ipvs.VirtualServer, rs ipvs.RealServer) string {
+	return "ipvs-rs/" + vs.Key() + "/" + rs.AddrPort().String()
+}
+
+func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
+	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+		return nil, err
+	}
+	vss, err := d.n.IPVS.VirtualServers(ctx)
+	if err != nil {
+		return nil, ipvsErr("listing IPVS virtual servers", err)
+	}
+	desired := ipvs.NewDesired(d.n.Cluster, nil)
+	var out []Finding
+	for _, vs := range vss {
+		fe, ok := desired.Lookup(vs)
+		if !ok {
+			continue // a stale virtual server: IPVSStaleVirtualServer's job
+		}
+		rss, err := d.n.IPVS.RealServers(ctx, vs)
+		if err != nil {
+			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
+		}
+		type stale struct {
+			rs    ipvs.RealServer
+			class string
+		}
+		var bad []stale
+		for _, rs := range rss {
+			class := fe.SP.Classify(rs.AddrPort())
+			if class == ipvs.BackendExpected {
+				continue
+			}
+			if Draining(vs, rs) && !d.p.IncludeDraining {
+				continue
+			}
+			bad = append(bad, stale{rs, class})
+		}
+		for _, b := range bad {
+			sev := Warning
+			if len(bad) == len(rss) {
+				sev = Critical // every destination is stale: traffic is black-holed
+			}
+			ev := vsEvidence(vs)
+			ev["rsAddress"] = b.rs.Address.String()
+			ev["rsPort"] = int(b.rs.Port)
+			ev["backendIP"] = b.rs.Address.String()
+			ev["backendPort"] = int(b.rs.Port)
+			ev["protocol"] = vs.Protocol
+			ev["service"] = fe.SP.ServiceName()
+			ev["portName"] = fe.SP.Port.Name
+			ev["frontend"] = fe.Kind
+			ev["reason"] = b.class
+			ev["weight"] = b.rs.Weight
+			ev["activeConns"] = b.rs.ActiveConns
+			ev["inactiveConns"] = b.rs.InactiveConns
+			ev["realServers"] = len(rss)
+			ev["expectedEndpoints"] = expectedList(fe.SP)
+			out = append(out, Finding{
+				Detector: "IPVSStaleRealServer",
+				Target:   RealServerTarget(vs, b.rs),
+				Severity: sev,
+				Message: fmt.Sprintf("IPVS %s (%s %s) sends to %s, which is %s",
+					vs.Key(), fe.SP.ServiceName(), fe.Kind, b.rs.AddrPort(), b.class),
+				Evidence: ev,
+			})
+			if len(out) >= d.p.MaxFindings {
+				return out, nil
+			}
+		}
+	}
+	return out, nil
+}
+
+// Draining reports whether kube-proxy is gracefully terminating rs: weight
+// 0 with connections left, which kube-proxy does for TCP and SCTP only (UDP
+// real servers are removed at once).
+func Draining(vs ipvs.VirtualServer, rs ipvs.RealServer) bool {
+	return vs.Protocol != ipvs.UDP && rs.Weight == 0 && rs.ActiveConns+rs.InactiveConns > 0
+}
+
+func expectedList(sp *ipvs.ServicePort) []string {
+	out := make([]string, 0, len(sp.Expected))
+	for ap := range sp.Expected {
+		out = append(out, ap.String())
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,123 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// IPVSStaleVirtualServerParams are the IPVSStaleVirtualServer thresholds.
+type IPVSStaleVirtualServerParams struct {
+	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
+	// interface exists (default true).
+	RequireIPVSMode bool `yaml:"requireIPVSMode"`
+	// ManagedCIDRs scope the detector to kube-proxy's addresses: the
+	// Service CIDRs and the external/load-balancer IP pools. A virtual
+	// server outside them (and not on NodeIPs) belongs to someone else
+	// (keepalived, another load balancer) and is never reported. Default
+	// the kubeadm Service CIDR 10.96.0.0/12.
+	ManagedCIDRs []string `yaml:"managedCIDRs"`
+	// NodeIPs are this node's addresses, where NodePort virtual servers
+	// live; a virtual server on one of them whose port is no Service's
+	// NodePort is reported. Optional.
+	NodeIPs []string `yaml:"nodeIPs"`
+	// MaxFindings bounds the findings of one run (default 50).
+	MaxFindings int `yaml:"maxFindings"`
+}
+
+// Validate implements policy.Validator.
+func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
+	_, errs := parsePrefixes("managedCIDRs", p.ManagedCIDRs)
+	_, e2 := parseAddrs("nodeIPs", p.NodeIPs)
+	errs = append(errs, e2...)
+	return append(errs, maxFindingsErr(p.MaxFindings)...)
+}
+
+func init() {
+	Register(Type{
+		Name: "IPVSStaleVirtualServer",
+		Doc:  "IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort",
+		NewParams: func() any {
+			return &IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			p := *params.(*IPVSStaleVirtualServerParams)
+			cidrs, errs := parsePrefixes("managedCIDRs", p.ManagedCIDRs)
+			ips, e2 := parseAddrs("nodeIPs", p.NodeIPs)
+			if errs = append(errs, e2...); len(errs) > 0 {
+				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
+			}
+			return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
+		},
+	})
+}
+
+type ipvsStaleVirtualServer struct {
+	p       IPVSStaleVirtualServerParams
+	n       *node.Node
+	cidrs   []netip.Prefix
+	nodeIPs []netip.Addr
+}
+
+// VirtualServerTarget is the finding target of a virtual server:
+// "ipvs-vs/UDP/10.96.0.10:53".
+func VirtualServerTarget(vs ipvs.VirtualServer) string { return "ipvs-vs/" + vs.Key() }
+
+// Managed reports whether addr is in kube-proxy's scope: one of cidrs or
+// nodeIPs, or a Service address in the view.
+func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipvs.Desired) bool {
+	addr = addr.Unmap()
+	for _, p := range cidrs {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	for _, ip := range nodeIPs {
+		if ip == addr {
+			return true
+		}
+	}
+	return d.IsServiceAddress(addr)
+}
+
+func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
+	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+		return nil, err
+	}
+	vss, err := d.n.IPVS.VirtualServers(ctx)
+	if err != nil {
+		return nil, ipvsErr("listing IPVS virtual servers", err)
+	}
+	desired := ipvs.NewDesired(d.n.Cluster, d.nodeIPs)
+	var out []Finding
+	for _, vs := range vss {
+		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {
+			continue
+		}
+		if _, ok := desired.Lookup(vs); ok {
+			continue
+		}
+		rss, err := d.n.IPVS.RealServers(ctx, vs)
+		if err != nil {
+			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
+		}
+		ev := vsEvidence(vs)
+		ev["realServers"] = len(rss)
+		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
+		out = append(out, Finding{
+			Detector: "IPVSStaleVirtualServer",
+			Target:   VirtualServerTarget(vs),
+			Severity: Warning,
+			Message:  fmt.Sprintf("IPVS virtual server %s (%d real servers) matches no Service", vs.Key(), len(rss)),
+			Evidence: ev,
+		})
+		if len(out) >= d.p.MaxFindings {
+			break
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,190 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// IPVSUDPDeadBackendParams are the IPVSUDPDeadBackend thresholds.
+type IPVSUDPDeadBackendParams struct {
+	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
+	// interface exists (default true).
+	RequireIPVSMode bool `yaml:"requireIPVSMode"`
+	// MinConnections is how many entries pinned to one dead backend make
+	// a finding (default 1).
+	MinConnections int `yaml:"minConnections"`
+	// MaxClients bounds the client addresses listed in the evidence
+	// (default 20); the count is always complete.
+	MaxClients int `yaml:"maxClients"`
+	// MaxFindings bounds the findings of one run (default 50).
+	MaxFindings int `yaml:"maxFindings"`
+}
+
+// Validate implements policy.Validator.
+func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if p.MinConnections < 1 {
+		errs = append(errs, policy.FieldError{Field: "minConnections", Msg: "must be at least 1"})
+	}
+	if p.MaxClients < 0 {
+		errs = append(errs, policy.FieldError{Field: "maxClients", Msg: "must not be negative"})
+	}
+	return append(errs, maxFindingsErr(p.MaxFindings)...)
+}
+
+func init() {
+	Register(Type{
+		Name: "IPVSUDPDeadBackend",
+		Doc:  "UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
+		NewParams: func() any {
+			return &IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &ipvsUDPDeadBackend{p: *params.(*IPVSUDPDeadBackendParams), n: n}, nil
+		},
+	})
+}
+
+type ipvsUDPDeadBackend struct {
+	p IPVSUDPDeadBackendParams
+	n *node.Node
+}
+
+// DeadBackendTarget is the finding target for UDP entries pinned to a dead
+// backend: "ipvs-conn/UDP/10.244.0.12:53".
+func DeadBackendTarget(proto string, backend netip.AddrPort) string {
+	return "ipvs-conn/" + proto + "/" + backend.String()
+}
+
+type deadBackend struct {
+	backend   netip.AddrPort
+	conns     int
+	templates int
+	clients   map[netip.Addr]bool
+	vss       map[string]bool
+	services  map[string]bool
+	reason    string
+}
+
+// Detect groups the UDP connection entries whose virtual address belongs
+// to a Service by destination, and reports each destination that is not an
+// endpoint of that Service or not serving. Entries for addresses that are
+// not Services are ignored. A terminating endpoint that still serves is not
+// dead.
+func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
+	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+		return nil, err
+	}
+	conns, err := d.n.IPVS.Connections(ctx, ipvs.UDP)
+	if err != nil {
+		return nil, ipvsErr("reading the IPVS connection table", err)
+	}
+	desired := ipvs.NewDesired(d.n.Cluster, nil)
+	dead := map[netip.AddrPort]*deadBackend{}
+	for _, c := range conns {
+		vs := ipvs.VirtualServer{Address: c.Virtual.Addr(), Protocol: c.Protocol, Port: c.Virtual.Port()}
+		fe, ok := desired.Lookup(vs)
+		if !ok {
+			continue
+		}
+		class := fe.SP.Classify(c.Dest)
+		if !ipvs.Dead(class) {
+			continue
+		}
+		dest := netip.AddrPortFrom(c.Dest.Addr().Unmap(), c.Dest.Port())
+		b := dead[dest]
+		if b == nil {
+			b = &deadBackend{backend: dest, clients: map[netip.Addr]bool{}, vss: map[string]bool{}, services: map[string]bool{}, reason: class}
+			dead[dest] = b
+		}
+		b.conns++
+		if c.Template() {
+			b.templates++
+		}
+		b.clients[c.Client.Addr()] = true
+		b.vss[vs.Key()] = true
+		b.services[fe.SP.ServiceName()] = true
+	}
+	list := make([]*deadBackend, 0, len(dead))
+	for _, b := range dead {
+		if b.conns >= d.p.MinConnections {
+			list = append(list, b)
+		}
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].conns != list[j].conns {
+			return list[i].conns > list[j].conns
+		}
+		return list[i].backend.String() < list[j].backend.String()
+	})
+	var out []Finding
+	for _, b := range list {
+		clients := sortedAddrs(b.clients)
+		shown := clients
+		if len(shown) > d.p.MaxClients {
+			shown = shown[:d.p.MaxClients]
+		}
+		out = append(out, Finding{
+			Detector: "IPVSUDPDeadBackend",
+			Target:   DeadBackendTarget(ipvs.UDP, b.backend),
+			Severity: Critical,
+			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s",
+				b.conns, len(clients), b.backend, b.reason, joinKeys(b.services)),
+			Evidence: map[string]any{
+				"backendIP":      b.backend.Addr().String(),
+				"backendPort":    int(b.backend.Port()),
+				"protocol":       ipvs.UDP,
+				"connections":    b.conns,
+				"templates":      b.templates,
+				"clientCount":    len(clients),
+				"clients":        shown,
+				"virtualServers": sortedKeys(b.vss),
+				"services":       sortedKeys(b.services),
+				"reason":         b.reason,
+			},
+		})
+		if len(out) >= d.p.MaxFindings {
+			break
+		}
+	}
+	return out, nil
+}
+
+func sortedAddrs(m map[netip.Addr]bool) []string {
+	as := make([]netip.Addr, 0, len(m))
+	for a := range m {
+		as = append(as, a)
+	}
+	sort.Slice(as, func(i, j int) bool { return as[i].Less(as[j]) })
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = a.String()
+	}
+	return out
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func joinKeys(m map[string]bool) string {
+	s := ""
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			s += ", "
+		}
+		s += k
+	}
+	return s
+}
