@@ -28,7 +28,7 @@ func ipvsPrecheck(n *node.Node, requireMode, needView bool) error {
 		}
 		if !ok {
 			return Skip("kube-proxy does not appear to run in IPVS mode: no kube-ipvs0 interface in %s (set requireIPVSMode: false to check anyway)",
-				filepath.Join(procRootOr(n.ProcRoot), "net", "dev"))
+				filepath.Join(ipvsProcRootOr(n.ProcRoot), "net", "dev"))
 		}
 	}
 	if needView {
@@ -50,7 +50,7 @@ func ipvsPrecheck(n *node.Node, requireMode, needView bool) error {
 	return nil
 }
 
-func procRootOr(p string) string {
+func ipvsProcRootOr(p string) string {
 	if p == "" {
 		return "/proc"
 	}
@@ -68,9 +68,9 @@ func ipvsErr(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
-// parseAddrs parses a list of IP addresses (a parameter); field names the
+// ipvsParseAddrs parses a list of IP addresses (a parameter); field names the
 // parameter for errors.
-func parseAddrs(field string, in []string) ([]netip.Addr, []policy.FieldError) {
+func ipvsParseAddrs(field string, in []string) ([]netip.Addr, []policy.FieldError) {
 	var out []netip.Addr
 	var errs []policy.FieldError
 	for i, s := range in {
@@ -84,7 +84,7 @@ func parseAddrs(field string, in []string) ([]netip.Addr, []policy.FieldError) {
 	return out, errs
 }
 
-func parsePrefixes(field string, in []string) ([]netip.Prefix, []policy.FieldError) {
+func ipvsParsePrefixes(field string, in []string) ([]netip.Prefix, []policy.FieldError) {
 	var out []netip.Prefix
 	var errs []policy.FieldError
 	for i, s := range in {
@@ -108,7 +108,7 @@ func vsEvidence(vs ipvs.VirtualServer) map[string]any {
 	}
 }
 
-func maxFindingsErr(n int) []policy.FieldError {
+func ipvsMaxFindingsErr(n int) []policy.FieldError {
 	if n < 1 {
 		return []policy.FieldError{{Field: "maxFindings", Msg: "must be at least 1"}}
 	}

@@ -17,11 +17,11 @@ import (
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
-var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+var ipvsT0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 // procRoot returns a fake proc root whose net/dev lists kube-ipvs0 when
 // ipvsMode is true.
-func procRoot(t *testing.T, ipvsMode bool) string {
+func ipvsProcRoot(t *testing.T, ipvsMode bool) string {
 	t.Helper()
 	root := t.TempDir()
 	dev := "Inter-|   Receive                                                |  Transmit\n" +
@@ -40,32 +40,32 @@ func procRoot(t *testing.T, ipvsMode bool) string {
 	return root
 }
 
-func vs(proto, addr string, port uint16) ipvs.VirtualServer {
+func tVS(proto, addr string, port uint16) ipvs.VirtualServer {
 	return ipvs.VirtualServer{Address: netip.MustParseAddr(addr), Protocol: proto, Port: port}
 }
 
-func rs(addr string, port uint16, weight, active, inactive int) ipvs.RealServer {
+func tRS(addr string, port uint16, weight, active, inactive int) ipvs.RealServer {
 	return ipvs.RealServer{Address: netip.MustParseAddr(addr), Port: port, Weight: weight, ActiveConns: active, InactiveConns: inactive}
 }
 
-func ep(addr string, port int32, proto, portName string, ready, serving, terminating bool) cluster.Endpoint {
+func tEP(addr string, port int32, proto, portName string, ready, serving, terminating bool) cluster.Endpoint {
 	return cluster.Endpoint{Address: addr, Port: port, Protocol: proto, PortName: portName, Ready: ready, Serving: serving, Terminating: terminating}
 }
 
-// world is one fake IPVS state and one fake cluster view.
-type world struct {
+// ipvsWorld is one fake IPVS state and one fake cluster view.
+type ipvsWorld struct {
 	ipvs *ipvs.Fake
 	view *clustertest.Fake
 	node *node.Node
 }
 
-func newWorld(t *testing.T) *world {
-	w := &world{ipvs: ipvs.NewFake(), view: clustertest.New(t0)}
-	w.node = &node.Node{Name: "node1", ProcRoot: procRoot(t, true), IPVS: w.ipvs, Cluster: w.view}
+func newIPVSWorld(t *testing.T) *ipvsWorld {
+	w := &ipvsWorld{ipvs: ipvs.NewFake(), view: clustertest.New(ipvsT0)}
+	w.node = &node.Node{Name: "node1", ProcRoot: ipvsProcRoot(t, true), IPVS: w.ipvs, Cluster: w.view}
 	return w
 }
 
-func (w *world) addVS(t *testing.T, v ipvs.VirtualServer, rss ...ipvs.RealServer) {
+func (w *ipvsWorld) addVS(t *testing.T, v ipvs.VirtualServer, rss ...ipvs.RealServer) {
 	t.Helper()
 	if err := w.ipvs.AddVirtualServer(v); err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func (w *world) addVS(t *testing.T, v ipvs.VirtualServer, rss ...ipvs.RealServer
 	}
 }
 
-var kubeDNS = cluster.Service{
+var ipvsKubeDNS = cluster.Service{
 	Namespace: "kube-system", Name: "kube-dns",
 	ClusterIPs: []string{"10.96.0.10"},
 	Ports: []cluster.ServicePort{
@@ -86,21 +86,21 @@ var kubeDNS = cluster.Service{
 	},
 }
 
-// coreDNSRollout is the rolling update of CoreDNS from the guides: the old
+// ipvsCoreDNSRollout is the rolling update of CoreDNS from the guides: the old
 // pod 10.244.0.12 is gone from the EndpointSlices, two new pods are ready,
 // but IPVS still has the old pod as a UDP real server (kube-proxy missed the
 // update) and DNS clients' UDP entries stay pinned to it; the TCP real
 // server is at weight 0 draining its last connection.
-func coreDNSRollout(t *testing.T) *world {
-	w := newWorld(t)
-	w.view.SetService(kubeDNS,
-		ep("10.244.1.21", 53, "UDP", "dns", true, true, false),
-		ep("10.244.2.22", 53, "UDP", "dns", true, true, false),
-		ep("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false),
-		ep("10.244.2.22", 53, "TCP", "dns-tcp", true, true, false),
+func ipvsCoreDNSRollout(t *testing.T) *ipvsWorld {
+	w := newIPVSWorld(t)
+	w.view.SetService(ipvsKubeDNS,
+		tEP("10.244.1.21", 53, "UDP", "dns", true, true, false),
+		tEP("10.244.2.22", 53, "UDP", "dns", true, true, false),
+		tEP("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false),
+		tEP("10.244.2.22", 53, "TCP", "dns-tcp", true, true, false),
 	)
-	w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 2), rs("10.244.1.21", 53, 1, 0, 5), rs("10.244.2.22", 53, 1, 0, 4))
-	w.addVS(t, vs("TCP", "10.96.0.10", 53), rs("10.244.0.12", 53, 0, 1, 0), rs("10.244.1.21", 53, 1, 0, 0), rs("10.244.2.22", 53, 1, 0, 0))
+	w.addVS(t, tVS("UDP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 1, 0, 2), tRS("10.244.1.21", 53, 1, 0, 5), tRS("10.244.2.22", 53, 1, 0, 4))
+	w.addVS(t, tVS("TCP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 0, 1, 0), tRS("10.244.1.21", 53, 1, 0, 0), tRS("10.244.2.22", 53, 1, 0, 0))
 	f, err := os.Open("testdata/ip_vs_conn")
 	if err != nil {
 		t.Fatal(err)
@@ -112,7 +112,7 @@ func coreDNSRollout(t *testing.T) *world {
 	return w
 }
 
-func newDetector(t *testing.T, name string, n *node.Node, set func(p any)) Detector {
+func newIPVSDetector(t *testing.T, name string, n *node.Node, set func(p any)) Detector {
 	t.Helper()
 	typ, ok := Lookup(name)
 	if !ok {
@@ -129,7 +129,7 @@ func newDetector(t *testing.T, name string, n *node.Node, set func(p any)) Detec
 	return d
 }
 
-func targets(fs []Finding) []string {
+func ipvsTargets(fs []Finding) []string {
 	out := []string{}
 	for _, f := range fs {
 		out = append(out, f.Target)
@@ -140,16 +140,16 @@ func targets(fs []Finding) []string {
 func TestIPVSStaleRealServer(t *testing.T) {
 	cases := []struct {
 		name      string
-		world     func(t *testing.T) *world
+		ipvsWorld func(t *testing.T) *ipvsWorld
 		set       func(p any)
 		want      []string
 		wantSkip  string
 		checkEvid func(t *testing.T, fs []Finding)
 	}{
 		{
-			name:  "CoreDNS rollout: terminated pod left as UDP real server, draining TCP one kept",
-			world: coreDNSRollout,
-			want:  []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+			name:      "CoreDNS rollout: terminated pod left as UDP real server, draining TCP one kept",
+			ipvsWorld: ipvsCoreDNSRollout,
+			want:      []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
 			checkEvid: func(t *testing.T, fs []Finding) {
 				e := fs[0].Evidence
 				if e["backendIP"] != "10.244.0.12" || e["backendPort"] != 53 || e["protocol"] != "UDP" ||
@@ -163,27 +163,27 @@ func TestIPVSStaleRealServer(t *testing.T) {
 			},
 		},
 		{
-			name:  "draining TCP real server reported when asked",
-			world: coreDNSRollout,
-			set:   func(p any) { p.(*IPVSStaleRealServerParams).IncludeDraining = true },
-			want:  []string{"ipvs-rs/TCP/10.96.0.10:53/10.244.0.12:53", "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+			name:      "draining TCP real server reported when asked",
+			ipvsWorld: ipvsCoreDNSRollout,
+			set:       func(p any) { p.(*IPVSStaleRealServerParams).IncludeDraining = true },
+			want:      []string{"ipvs-rs/TCP/10.96.0.10:53/10.244.0.12:53", "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
 		},
 		{
 			name: "terminating but serving endpoint with no ready one is what kube-proxy uses",
-			world: func(t *testing.T) *world {
-				w := newWorld(t)
-				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, true, true))
-				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0))
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := newIPVSWorld(t)
+				w.view.SetService(ipvsKubeDNS, tEP("10.244.0.12", 53, "UDP", "dns", false, true, true))
+				w.addVS(t, tVS("UDP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 1, 0, 0))
 				return w
 			},
 			want: []string{},
 		},
 		{
 			name: "terminating endpoint while ready ones exist is stale",
-			world: func(t *testing.T) *world {
-				w := newWorld(t)
-				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, true, true), ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
-				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0), rs("10.244.1.21", 53, 1, 0, 0))
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := newIPVSWorld(t)
+				w.view.SetService(ipvsKubeDNS, tEP("10.244.0.12", 53, "UDP", "dns", false, true, true), tEP("10.244.1.21", 53, "UDP", "dns", true, true, false))
+				w.addVS(t, tVS("UDP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 1, 0, 0), tRS("10.244.1.21", 53, 1, 0, 0))
 				return w
 			},
 			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
@@ -195,10 +195,10 @@ func TestIPVSStaleRealServer(t *testing.T) {
 		},
 		{
 			name: "every real server stale is critical",
-			world: func(t *testing.T) *world {
-				w := newWorld(t)
-				w.view.SetService(kubeDNS, ep("10.244.0.12", 53, "UDP", "dns", false, false, false))
-				w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.0.12", 53, 1, 0, 0))
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := newIPVSWorld(t)
+				w.view.SetService(ipvsKubeDNS, tEP("10.244.0.12", 53, "UDP", "dns", false, false, false))
+				w.addVS(t, tVS("UDP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 1, 0, 0))
 				return w
 			},
 			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
@@ -210,53 +210,65 @@ func TestIPVSStaleRealServer(t *testing.T) {
 		},
 		{
 			name: "NodePort virtual server on a node address",
-			world: func(t *testing.T) *world {
-				w := newWorld(t)
-				s := kubeDNS
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := newIPVSWorld(t)
+				s := ipvsKubeDNS
 				s.Ports = []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53, NodePort: 30053}}
-				w.view.SetService(s, ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
-				w.addVS(t, vs("UDP", "192.168.1.10", 30053), rs("10.244.0.12", 53, 1, 0, 0), rs("10.244.1.21", 53, 1, 0, 0))
+				w.view.SetService(s, tEP("10.244.1.21", 53, "UDP", "dns", true, true, false))
+				w.addVS(t, tVS("UDP", "192.168.1.10", 30053), tRS("10.244.0.12", 53, 1, 0, 0), tRS("10.244.1.21", 53, 1, 0, 0))
 				return w
 			},
 			want: []string{"ipvs-rs/UDP/192.168.1.10:30053/10.244.0.12:53"},
 		},
 		{
 			name: "virtual servers of no Service are left to IPVSStaleVirtualServer",
-			world: func(t *testing.T) *world {
-				w := newWorld(t)
-				w.addVS(t, vs("TCP", "10.96.7.7", 80), rs("10.244.0.12", 8080, 1, 0, 0))
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := newIPVSWorld(t)
+				w.addVS(t, tVS("TCP", "10.96.7.7", 80), tRS("10.244.0.12", 8080, 1, 0, 0))
 				return w
 			},
 			want: []string{},
 		},
 		{
-			name:     "view not synced",
-			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.view.SetFreshness(cluster.Freshness{}); return w },
+			name: "view not synced",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.view.SetFreshness(cluster.Freshness{})
+				return w
+			},
 			wantSkip: "not synced",
 		},
 		{
 			name: "view disconnected",
-			world: func(t *testing.T) *world {
-				w := coreDNSRollout(t)
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
 				w.view.SetFreshness(cluster.Freshness{Synced: true, LastError: errors.New("watch: connection refused")})
 				return w
 			},
 			wantSkip: "disconnected: watch: connection refused",
 		},
 		{
-			name:     "IPVS unavailable",
-			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.ipvs.SetUnavailable("no ip_vs module"); return w },
+			name: "IPVS unavailable",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.ipvs.SetUnavailable("no ip_vs module")
+				return w
+			},
 			wantSkip: "IPVS unavailable: no ip_vs module",
 		},
 		{
-			name:     "kube-proxy not in IPVS mode",
-			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.node.ProcRoot = procRoot(t, false); return w },
+			name: "kube-proxy not in IPVS mode",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.node.ProcRoot = ipvsProcRoot(t, false)
+				return w
+			},
 			wantSkip: "no kube-ipvs0 interface",
 		},
 		{
 			name: "no IPVS adapter",
-			world: func(t *testing.T) *world {
-				w := coreDNSRollout(t)
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
 				w.node.IPVS = nil
 				w.node.Unavailable = map[string]string{"ipvs": "IPVS unavailable: no ip_vs module"}
 				return w
@@ -264,16 +276,16 @@ func TestIPVSStaleRealServer(t *testing.T) {
 			wantSkip: "IPVS unavailable: no ip_vs module",
 		},
 		{
-			name:     "no cluster view",
-			world:    func(t *testing.T) *world { w := coreDNSRollout(t); w.node.Cluster = nil; return w },
-			wantSkip: "kubernetes is not configured",
+			name:      "no cluster view",
+			ipvsWorld: func(t *testing.T) *ipvsWorld { w := ipvsCoreDNSRollout(t); w.node.Cluster = nil; return w },
+			wantSkip:  "kubernetes is not configured",
 		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := c.world(t)
-			fs, err := newDetector(t, "IPVSStaleRealServer", w.node, c.set).Detect(context.Background())
-			checkResult(t, fs, err, c.want, c.wantSkip)
+			w := c.ipvsWorld(t)
+			fs, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, c.set).Detect(context.Background())
+			ipvsCheckResult(t, fs, err, c.want, c.wantSkip)
 			if c.checkEvid != nil && err == nil && len(fs) > 0 {
 				c.checkEvid(t, fs)
 			}
@@ -281,7 +293,7 @@ func TestIPVSStaleRealServer(t *testing.T) {
 	}
 }
 
-func checkResult(t *testing.T, fs []Finding, err error, want []string, wantSkip string) {
+func ipvsCheckResult(t *testing.T, fs []Finding, err error, want []string, wantSkip string) {
 	t.Helper()
 	if wantSkip != "" {
 		reason, ok := IsSkip(err)
@@ -293,17 +305,17 @@ func checkResult(t *testing.T, fs []Finding, err error, want []string, wantSkip 
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := targets(fs)
+	got := ipvsTargets(fs)
 	if want == nil {
 		want = []string{}
 	}
-	sortStrings(got)
+	ipvsSortStrings(got)
 	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("targets = %v, want %v", got, want)
+		t.Fatalf("ipvsTargets = %v, want %v", got, want)
 	}
 }
 
-func sortStrings(s []string) {
+func ipvsSortStrings(s []string) {
 	for i := 1; i < len(s); i++ {
 		for j := i; j > 0 && s[j] < s[j-1]; j-- {
 			s[j], s[j-1] = s[j-1], s[j]
@@ -312,48 +324,48 @@ func sortStrings(s []string) {
 }
 
 func TestIPVSStaleVirtualServer(t *testing.T) {
-	build := func(t *testing.T) *world {
-		w := newWorld(t)
-		s := kubeDNS
-		s.Ports = append([]cluster.ServicePort{}, kubeDNS.Ports...)
+	build := func(t *testing.T) *ipvsWorld {
+		w := newIPVSWorld(t)
+		s := ipvsKubeDNS
+		s.Ports = append([]cluster.ServicePort{}, ipvsKubeDNS.Ports...)
 		s.Ports[0].NodePort = 30053
 		s.ExternalIPs = []string{"203.0.113.7"}
-		w.view.SetService(s, ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
-		w.addVS(t, vs("UDP", "10.96.0.10", 53), rs("10.244.1.21", 53, 1, 0, 0))
-		w.addVS(t, vs("UDP", "203.0.113.7", 53))                                // external IP: expected
-		w.addVS(t, vs("UDP", "192.168.1.10", 30053))                            // NodePort: expected
-		w.addVS(t, vs("TCP", "10.96.5.5", 80), rs("10.244.3.3", 8080, 1, 0, 0)) // deleted Service
-		w.addVS(t, vs("TCP", "172.16.0.1", 80))                                 // not kube-proxy's
-		w.addVS(t, vs("TCP", "192.168.1.10", 31999))                            // NodePort of a deleted Service
-		w.addVS(t, ipvs.VirtualServer{FWMark: 9})                               // firewall mark: not kube-proxy's
+		w.view.SetService(s, tEP("10.244.1.21", 53, "UDP", "dns", true, true, false))
+		w.addVS(t, tVS("UDP", "10.96.0.10", 53), tRS("10.244.1.21", 53, 1, 0, 0))
+		w.addVS(t, tVS("UDP", "203.0.113.7", 53))                                 // external IP: expected
+		w.addVS(t, tVS("UDP", "192.168.1.10", 30053))                             // NodePort: expected
+		w.addVS(t, tVS("TCP", "10.96.5.5", 80), tRS("10.244.3.3", 8080, 1, 0, 0)) // deleted Service
+		w.addVS(t, tVS("TCP", "172.16.0.1", 80))                                  // not kube-proxy's
+		w.addVS(t, tVS("TCP", "192.168.1.10", 31999))                             // NodePort of a deleted Service
+		w.addVS(t, ipvs.VirtualServer{FWMark: 9})                                 // firewall mark: not kube-proxy's
 		return w
 	}
 	t.Run("default scope", func(t *testing.T) {
 		w := build(t)
-		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
-		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80"}, "")
+		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80"}, "")
 		if fs[0].Evidence["realServers"] != 1 || fs[0].Evidence["vsProtocol"] != "TCP" || fs[0].Evidence["vsPort"] != 80 {
 			t.Errorf("evidence = %v", fs[0].Evidence)
 		}
 	})
 	t.Run("with node IPs", func(t *testing.T) {
 		w := build(t)
-		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, func(p any) {
+		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, func(p any) {
 			p.(*IPVSStaleVirtualServerParams).NodeIPs = []string{"192.168.1.10"}
 		}).Detect(context.Background())
-		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/TCP/192.168.1.10:31999"}, "")
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/TCP/192.168.1.10:31999"}, "")
 	})
 	t.Run("service deleted from view makes its virtual server stale", func(t *testing.T) {
 		w := build(t)
 		w.view.DeleteService("kube-system", "kube-dns")
-		fs, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
-		checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/UDP/10.96.0.10:53"}, "")
 	})
 	t.Run("not synced", func(t *testing.T) {
 		w := build(t)
 		w.view.SetFreshness(cluster.Freshness{})
-		_, err := newDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
-		checkResult(t, nil, err, nil, "not synced")
+		_, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, nil, err, nil, "not synced")
 	})
 	t.Run("invalid params", func(t *testing.T) {
 		typ, _ := Lookup("IPVSStaleVirtualServer")
@@ -369,39 +381,39 @@ func TestIPVSStaleVirtualServer(t *testing.T) {
 }
 
 func TestIPVSMissingVirtualServer(t *testing.T) {
-	w := newWorld(t)
-	w.view.SetService(kubeDNS,
-		ep("10.244.1.21", 53, "UDP", "dns", true, true, false),
-		ep("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false))
+	w := newIPVSWorld(t)
+	w.view.SetService(ipvsKubeDNS,
+		tEP("10.244.1.21", 53, "UDP", "dns", true, true, false),
+		tEP("10.244.1.21", 53, "TCP", "dns-tcp", true, true, false))
 	w.view.SetService(cluster.Service{Namespace: "default", Name: "empty", ClusterIPs: []string{"10.96.3.3"},
 		Ports: []cluster.ServicePort{{Protocol: "TCP", Port: 80}}})
 	w.view.SetService(cluster.Service{Namespace: "default", Name: "dual", ClusterIPs: []string{"10.96.4.4", "fd00::4"},
 		Ports: []cluster.ServicePort{{Protocol: "TCP", Port: 443, NodePort: 30443}}},
-		ep("10.244.2.2", 8443, "TCP", "", true, true, false))
-	w.addVS(t, vs("TCP", "10.96.0.10", 53), rs("10.244.1.21", 53, 1, 0, 0))
+		tEP("10.244.2.2", 8443, "TCP", "", true, true, false))
+	w.addVS(t, tVS("TCP", "10.96.0.10", 53), tRS("10.244.1.21", 53, 1, 0, 0))
 
-	fs, err := newDetector(t, "IPVSMissingVirtualServer", w.node, nil).Detect(context.Background())
+	fs, err := newIPVSDetector(t, "IPVSMissingVirtualServer", w.node, nil).Detect(context.Background())
 	// UDP/53 of kube-dns and the IPv4 ClusterIP of "dual" are missing; the
 	// Service without endpoints and the IPv6 family (no IPv6 virtual server
 	// at all on this node) are not reported.
-	checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+	ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
 	for _, f := range fs {
 		if f.Severity != Critical || f.Evidence["service"] == nil {
 			t.Errorf("finding = %+v", f)
 		}
 	}
 
-	fs, err = newDetector(t, "IPVSMissingVirtualServer", w.node, func(p any) {
+	fs, err = newIPVSDetector(t, "IPVSMissingVirtualServer", w.node, func(p any) {
 		p.(*IPVSMissingVirtualServerParams).NodeIPs = []string{"192.168.1.10"}
 	}).Detect(context.Background())
-	checkResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/TCP/192.168.1.10:30443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+	ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/TCP/192.168.1.10:30443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
 }
 
 func TestIPVSUDPDeadBackend(t *testing.T) {
 	t.Run("CoreDNS rollout: DNS clients pinned to the terminated pod", func(t *testing.T) {
-		w := coreDNSRollout(t)
-		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
-		checkResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
+		w := ipvsCoreDNSRollout(t)
+		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
 		e := fs[0].Evidence
 		want := map[string]any{
 			"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "UDP",
@@ -414,43 +426,43 @@ func TestIPVSUDPDeadBackend(t *testing.T) {
 		}
 	})
 	t.Run("entries to a terminating pod that still serves are not dead", func(t *testing.T) {
-		w := coreDNSRollout(t)
+		w := ipvsCoreDNSRollout(t)
 		w.view.SetEndpoints("kube-system", "kube-dns",
-			ep("10.244.0.12", 53, "UDP", "dns", false, true, true),
-			ep("10.244.1.21", 53, "UDP", "dns", true, true, false))
-		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
-		checkResult(t, fs, err, nil, "")
+			tEP("10.244.0.12", 53, "UDP", "dns", false, true, true),
+			tEP("10.244.1.21", 53, "UDP", "dns", true, true, false))
+		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, nil, "")
 	})
 	t.Run("threshold", func(t *testing.T) {
-		w := coreDNSRollout(t)
-		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
+		w := ipvsCoreDNSRollout(t)
+		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
 			p.(*IPVSUDPDeadBackendParams).MinConnections = 3
 		}).Detect(context.Background())
-		checkResult(t, fs, err, nil, "")
+		ipvsCheckResult(t, fs, err, nil, "")
 	})
 	t.Run("client list is bounded, count is not", func(t *testing.T) {
-		w := coreDNSRollout(t)
-		fs, err := newDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
+		w := ipvsCoreDNSRollout(t)
+		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, func(p any) {
 			p.(*IPVSUDPDeadBackendParams).MaxClients = 1
 		}).Detect(context.Background())
-		checkResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
+		ipvsCheckResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
 		if fs[0].Evidence["clientCount"] != 2 || len(fs[0].Evidence["clients"].([]string)) != 1 {
 			t.Errorf("evidence = %v", fs[0].Evidence)
 		}
 	})
 	t.Run("IPVS unavailable", func(t *testing.T) {
-		w := coreDNSRollout(t)
+		w := ipvsCoreDNSRollout(t)
 		w.ipvs.SetUnavailable("no ip_vs module")
-		_, err := newDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
-		checkResult(t, nil, err, nil, "IPVS unavailable")
+		_, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, nil, err, nil, "IPVS unavailable")
 	})
 }
 
 func TestIPVSUDPTimeoutHigh(t *testing.T) {
-	w := newWorld(t)
-	d := newDetector(t, "IPVSUDPTimeoutHigh", w.node, nil)
+	w := newIPVSWorld(t)
+	d := newIPVSDetector(t, "IPVSUDPTimeoutHigh", w.node, nil)
 	fs, err := d.Detect(context.Background())
-	checkResult(t, fs, err, []string{TimeoutsTarget}, "")
+	ipvsCheckResult(t, fs, err, []string{TimeoutsTarget}, "")
 	if fs[0].Evidence["udpTimeoutSeconds"] != 300 || fs[0].Evidence["ceilingSeconds"] != 60 {
 		t.Errorf("evidence = %v", fs[0].Evidence)
 	}
@@ -458,7 +470,7 @@ func TestIPVSUDPTimeoutHigh(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs, err = d.Detect(context.Background())
-	checkResult(t, fs, err, nil, "")
+	ipvsCheckResult(t, fs, err, nil, "")
 	// The timeout detector does not need the cluster view.
 	w.node.Cluster = nil
 	if _, err := d.Detect(context.Background()); err != nil {
@@ -466,7 +478,7 @@ func TestIPVSUDPTimeoutHigh(t *testing.T) {
 	}
 	w.ipvs.SetUnavailable("no ip_vs module")
 	_, err = d.Detect(context.Background())
-	checkResult(t, nil, err, nil, "IPVS unavailable")
+	ipvsCheckResult(t, nil, err, nil, "IPVS unavailable")
 
 	typ, _ := Lookup("IPVSUDPTimeoutHigh")
 	p := typ.NewParams().(*IPVSUDPTimeoutHighParams)

@@ -24,8 +24,8 @@ type IPVSMissingVirtualServerParams struct {
 
 // Validate implements policy.Validator.
 func (p *IPVSMissingVirtualServerParams) Validate() []policy.FieldError {
-	_, errs := parseAddrs("nodeIPs", p.NodeIPs)
-	return append(errs, maxFindingsErr(p.MaxFindings)...)
+	_, errs := ipvsParseAddrs("nodeIPs", p.NodeIPs)
+	return append(errs, ipvsMaxFindingsErr(p.MaxFindings)...)
 }
 
 func init() {
@@ -37,7 +37,7 @@ func init() {
 		},
 		New: func(params any, n *node.Node) (Detector, error) {
 			p := *params.(*IPVSMissingVirtualServerParams)
-			ips, errs := parseAddrs("nodeIPs", p.NodeIPs)
+			ips, errs := ipvsParseAddrs("nodeIPs", p.NodeIPs)
 			if len(errs) > 0 {
 				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
 			}
@@ -89,7 +89,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 		ev["service"] = fe.SP.ServiceName()
 		ev["portName"] = fe.SP.Port.Name
 		ev["frontend"] = fe.Kind
-		ev["expectedEndpoints"] = expectedList(fe.SP)
+		ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
 		out = append(out, Finding{
 			Detector: "IPVSMissingVirtualServer",
 			Target:   VirtualServerTarget(fe.VS),

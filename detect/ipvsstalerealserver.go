@@ -25,7 +25,7 @@ type IPVSStaleRealServerParams struct {
 
 // Validate implements policy.Validator.
 func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
-	return maxFindingsErr(p.MaxFindings)
+	return ipvsMaxFindingsErr(p.MaxFindings)
 }
 
 func init() {
@@ -105,7 +105,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 			ev["activeConns"] = b.rs.ActiveConns
 			ev["inactiveConns"] = b.rs.InactiveConns
 			ev["realServers"] = len(rss)
-			ev["expectedEndpoints"] = expectedList(fe.SP)
+			ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
 			out = append(out, Finding{
 				Detector: "IPVSStaleRealServer",
 				Target:   RealServerTarget(vs, b.rs),
@@ -129,7 +129,7 @@ func Draining(vs ipvs.VirtualServer, rs ipvs.RealServer) bool {
 	return vs.Protocol != ipvs.UDP && rs.Weight == 0 && rs.ActiveConns+rs.InactiveConns > 0
 }
 
-func expectedList(sp *ipvs.ServicePort) []string {
+func ipvsExpectedList(sp *ipvs.ServicePort) []string {
 	out := make([]string, 0, len(sp.Expected))
 	for ap := range sp.Expected {
 		out = append(out, ap.String())

@@ -31,10 +31,10 @@ type IPVSStaleVirtualServerParams struct {
 
 // Validate implements policy.Validator.
 func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
-	_, errs := parsePrefixes("managedCIDRs", p.ManagedCIDRs)
-	_, e2 := parseAddrs("nodeIPs", p.NodeIPs)
+	_, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
+	_, e2 := ipvsParseAddrs("nodeIPs", p.NodeIPs)
 	errs = append(errs, e2...)
-	return append(errs, maxFindingsErr(p.MaxFindings)...)
+	return append(errs, ipvsMaxFindingsErr(p.MaxFindings)...)
 }
 
 func init() {
@@ -46,8 +46,8 @@ func init() {
 		},
 		New: func(params any, n *node.Node) (Detector, error) {
 			p := *params.(*IPVSStaleVirtualServerParams)
-			cidrs, errs := parsePrefixes("managedCIDRs", p.ManagedCIDRs)
-			ips, e2 := parseAddrs("nodeIPs", p.NodeIPs)
+			cidrs, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
+			ips, e2 := ipvsParseAddrs("nodeIPs", p.NodeIPs)
 			if errs = append(errs, e2...); len(errs) > 0 {
 				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
 			}

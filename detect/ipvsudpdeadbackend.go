@@ -35,7 +35,7 @@ func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
 	if p.MaxClients < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxClients", Msg: "must not be negative"})
 	}
-	return append(errs, maxFindingsErr(p.MaxFindings)...)
+	return append(errs, ipvsMaxFindingsErr(p.MaxFindings)...)
 }
 
 func init() {
@@ -62,7 +62,7 @@ func DeadBackendTarget(proto string, backend netip.AddrPort) string {
 	return "ipvs-conn/" + proto + "/" + backend.String()
 }
 
-type deadBackend struct {
+type ipvsDeadBackend struct {
 	backend   netip.AddrPort
 	conns     int
 	templates int
@@ -86,7 +86,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, ipvsErr("reading the IPVS connection table", err)
 	}
 	desired := ipvs.NewDesired(d.n.Cluster, nil)
-	dead := map[netip.AddrPort]*deadBackend{}
+	dead := map[netip.AddrPort]*ipvsDeadBackend{}
 	for _, c := range conns {
 		vs := ipvs.VirtualServer{Address: c.Virtual.Addr(), Protocol: c.Protocol, Port: c.Virtual.Port()}
 		fe, ok := desired.Lookup(vs)
@@ -100,7 +100,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		dest := netip.AddrPortFrom(c.Dest.Addr().Unmap(), c.Dest.Port())
 		b := dead[dest]
 		if b == nil {
-			b = &deadBackend{backend: dest, clients: map[netip.Addr]bool{}, vss: map[string]bool{}, services: map[string]bool{}, reason: class}
+			b = &ipvsDeadBackend{backend: dest, clients: map[netip.Addr]bool{}, vss: map[string]bool{}, services: map[string]bool{}, reason: class}
 			dead[dest] = b
 		}
 		b.conns++
@@ -111,7 +111,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		b.vss[vs.Key()] = true
 		b.services[fe.SP.ServiceName()] = true
 	}
-	list := make([]*deadBackend, 0, len(dead))
+	list := make([]*ipvsDeadBackend, 0, len(dead))
 	for _, b := range dead {
 		if b.conns >= d.p.MinConnections {
 			list = append(list, b)
@@ -125,7 +125,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 	})
 	var out []Finding
 	for _, b := range list {
-		clients := sortedAddrs(b.clients)
+		clients := ipvsSortedAddrs(b.clients)
 		shown := clients
 		if len(shown) > d.p.MaxClients {
 			shown = shown[:d.p.MaxClients]
@@ -135,7 +135,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 			Target:   DeadBackendTarget(ipvs.UDP, b.backend),
 			Severity: Critical,
 			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s",
-				b.conns, len(clients), b.backend, b.reason, joinKeys(b.services)),
+				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services)),
 			Evidence: map[string]any{
 				"backendIP":      b.backend.Addr().String(),
 				"backendPort":    int(b.backend.Port()),
@@ -144,8 +144,8 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 				"templates":      b.templates,
 				"clientCount":    len(clients),
 				"clients":        shown,
-				"virtualServers": sortedKeys(b.vss),
-				"services":       sortedKeys(b.services),
+				"virtualServers": ipvsSortedKeys(b.vss),
+				"services":       ipvsSortedKeys(b.services),
 				"reason":         b.reason,
 			},
 		})
@@ -156,7 +156,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 	return out, nil
 }
 
-func sortedAddrs(m map[netip.Addr]bool) []string {
+func ipvsSortedAddrs(m map[netip.Addr]bool) []string {
 	as := make([]netip.Addr, 0, len(m))
 	for a := range m {
 		as = append(as, a)
@@ -169,7 +169,7 @@ func sortedAddrs(m map[netip.Addr]bool) []string {
 	return out
 }
 
-func sortedKeys(m map[string]bool) []string {
+func ipvsSortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
 		out = append(out, k)
@@ -178,9 +178,9 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
-func joinKeys(m map[string]bool) string {
+func ipvsJoinKeys(m map[string]bool) string {
 	s := ""
-	for i, k := range sortedKeys(m) {
+	for i, k := range ipvsSortedKeys(m) {
 		if i > 0 {
 			s += ", "
 		}
