@@ -1,0 +1,74 @@
+//go:build linux
+
+package detect
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/ipvs"
+)
+
+// TestIPVSDetectorsOnRealKernelWithoutIPVS runs every IPVS detector with the
+// real adapter in a network namespace of this kernel (no ip_vs): each skips
+// with "IPVS unavailable", none reports a finding or "healthy".
+func TestIPVSDetectorsOnRealKernelWithoutIPVS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace")
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		t.Skip("ip_vs is loaded on this kernel; this test covers kernels without it")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2 (ip)")
+	}
+	name := fmt.Sprintf("remediate-ipvsdet-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del: %v: %s", err, out)
+		}
+	})
+	real := ipvs.New(ipvs.Options{ProcRoot: "/proc", NetNSPath: "/var/run/netns/" + name})
+	defer real.Close(context.Background())
+	w := ipvsCoreDNSRollout(t)
+	w.node.IPVS = real
+	w.node.ProcRoot = "/proc" // the real one: no kube-ipvs0 here either
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, typ := range []string{"IPVSStaleRealServer", "IPVSStaleVirtualServer", "IPVSMissingVirtualServer", "IPVSUDPDeadBackend", "IPVSUDPTimeoutHigh"} {
+		// Default: kube-proxy's mode is checked first.
+		fs, err := newIPVSDetector(t, typ, w.node, nil).Detect(ctx)
+		if reason, ok := IsSkip(err); !ok || !strings.Contains(reason, "no kube-ipvs0 interface") {
+			t.Errorf("%s: %v, %v; want a skip naming kube-ipvs0", typ, fs, err)
+		}
+		// Without the mode check, the adapter's availability check answers.
+		fs, err = newIPVSDetector(t, typ, w.node, func(p any) { setRequireIPVSMode(p, false) }).Detect(ctx)
+		reason, ok := IsSkip(err)
+		if !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") || len(fs) != 0 {
+			t.Errorf("%s: %v, %v; want a skip saying IPVS unavailable", typ, fs, err)
+		}
+	}
+}
+
+func setRequireIPVSMode(p any, v bool) {
+	switch x := p.(type) {
+	case *IPVSStaleRealServerParams:
+		x.RequireIPVSMode = v
+	case *IPVSStaleVirtualServerParams:
+		x.RequireIPVSMode = v
+	case *IPVSMissingVirtualServerParams:
+		x.RequireIPVSMode = v
+	case *IPVSUDPDeadBackendParams:
+		x.RequireIPVSMode = v
+	case *IPVSUDPTimeoutHighParams:
+		x.RequireIPVSMode = v
+	}
+}

@@ -1,0 +1,72 @@
+//go:build linux
+
+package action
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/ipvs"
+)
+
+// TestIPVSActionsOnRealKernelWithoutIPVS runs every IPVS action, with the
+// real adapter, in a network namespace of this kernel, which has no ip_vs
+// module: each must refuse with "IPVS unavailable" and none may report
+// success. The cluster view is a fresh fake that would allow the deletes.
+func TestIPVSActionsOnRealKernelWithoutIPVS(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: creates a network namespace")
+	}
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		t.Skip("ip_vs is loaded on this kernel; this test covers kernels without it")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2 (ip)")
+	}
+	name := fmt.Sprintf("remediate-ipvsact-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del: %v: %s", err, out)
+		}
+	})
+	real := ipvs.New(ipvs.Options{ProcRoot: "/proc", NetNSPath: "/var/run/netns/" + name})
+	defer real.Close(context.Background())
+
+	w := newIPVSActWorld(t) // fresh view; its fake IPVS is replaced by the real adapter
+	w.node.IPVS = real
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	for _, c := range []struct {
+		action  string
+		finding detect.Finding
+	}{
+		{"SetIPVSTimeouts", detect.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}},
+		{"DeleteIPVSRealServer", rsFinding(dnsUDPVS, "10.244.0.12")},
+		{"DeleteIPVSVirtualServer", vsFinding("TCP", "10.96.5.5", 80)},
+	} {
+		a := newIPVSAction(t, c.action, w.node, nil)
+		p, err := a.Plan(ctx, c.finding)
+		if reason, ok := detect.IsSkip(err); !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") {
+			t.Errorf("%s Plan = %+v, %v; want a skip saying IPVS unavailable", c.action, p, err)
+		}
+		res, err := a.Execute(ctx, c.finding)
+		reason, ok := detect.IsSkip(err)
+		if !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") {
+			t.Errorf("%s Execute = %+v, %v; want a skip saying IPVS unavailable", c.action, res, err)
+		}
+		if res.Summary != "" || res.Details != nil {
+			t.Errorf("%s claimed a result: %+v", c.action, res)
+		}
+		t.Logf("%s: %s", c.action, reason)
+	}
+}
