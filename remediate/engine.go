@@ -586,7 +586,7 @@ func (c *cycle) guarded(ctx context.Context, rr *ruleRuntime, what string, fn fu
 		if _, skip := detect.IsSkip(err); !skip && (strings.Contains(err.Error(), "panicked") || errors.Is(err, context.DeadlineExceeded)) {
 			c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
 				Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
-				Message:  err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
+				Message: err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
 			}})
 		}
 	}

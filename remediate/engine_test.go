@@ -297,7 +297,7 @@ func TestRateLimitSurvivesRestarts(t *testing.T) {
 	blocked := 0
 	for i := 0; i < 8; i++ {
 		setPresent("a", "process/"+string(rune('a'+i))) // a new target each time: no cooldown involved
-		e := h.engine(p)                                  // fresh engine = restarted daemon
+		e := h.engine(p)                                // fresh engine = restarted daemon
 		rep := h.cycle(e)
 		if d := rep.Decisions[0]; d.Outcome == OutcomeBlocked {
 			if d.Guardrail != GuardRuleRate {
@@ -572,8 +572,10 @@ rules:
 
 type failingGuard struct{}
 
-func (failingGuard) Name() string                             { return "budget" }
-func (failingGuard) Check(context.Context, *Request) error { return errors.New("apiserver unreachable") }
+func (failingGuard) Name() string { return "budget" }
+func (failingGuard) Check(context.Context, *Request) error {
+	return errors.New("apiserver unreachable")
+}
 
 type countingHolder struct {
 	checks, releases atomic.Int32
