@@ -130,7 +130,7 @@ func (a *deleteIPVSRealServer) Plan(ctx context.Context, f detect.Finding) (Plan
 		return Plan{}, err
 	}
 	return Plan{
-		Summary: fmt.Sprintf("would delete real server %s from IPVS %s (%s)", rs.AddrPort(), vs.Key(), class),
+		Summary: fmt.Sprintf("delete real server %s from IPVS %s (%s)", rs.AddrPort(), vs.Key(), class),
 		Details: ipvsRSDetails(vs, rs, class),
 	}, nil
 }

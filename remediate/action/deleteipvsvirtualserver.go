@@ -163,7 +163,7 @@ func (a *deleteIPVSVirtualServer) Plan(ctx context.Context, f detect.Finding) (P
 		return Plan{}, err
 	}
 	return Plan{
-		Summary: fmt.Sprintf("would delete IPVS virtual server %s and its %d real servers", vs.Key(), len(rss)),
+		Summary: fmt.Sprintf("delete IPVS virtual server %s and its %d real servers", vs.Key(), len(rss)),
 		Details: ipvsVSDetails(vs, rss),
 	}, nil
 }

@@ -111,7 +111,7 @@ func (a *setIPVSTimeouts) Plan(ctx context.Context, _ detect.Finding) (Plan, err
 		return Plan{}, err
 	}
 	return Plan{
-		Summary: "would set " + ipvsDescribeTimeoutChange(cur, set),
+		Summary: "set " + ipvsDescribeTimeoutChange(cur, set),
 		Details: ipvsTimeoutDetails(cur, set),
 	}, nil
 }
