@@ -3,6 +3,7 @@ package ipvs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -180,4 +181,29 @@ func FuzzParseConnLine(f *testing.F) {
 			t.Fatalf("ParseConns on accepted line %q: n=%d err=%v", line, n, err)
 		}
 	})
+}
+
+// BenchmarkParseConns measures parsing a 100k-entry table (half UDP) while
+// keeping only the UDP entries, as IPVSUDPDeadBackend does.
+func BenchmarkParseConns(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(ConnHeader + "\n")
+	for i := 0; i < 100000; i++ {
+		proto, state := "UDP", "UDP"
+		if i%2 == 1 {
+			proto, state = "TCP", "ESTABLISHED"
+		}
+		fmt.Fprintf(&sb, "%-3s %08X %04X %08X %04X %08X %04X %-11s %7d\n",
+			proto, 0x0A000000+i, 1024+i%60000, 0x0A60000A, 53, 0x0AF40000+i%200, 53, state, i%300)
+	}
+	data := sb.String()
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		n := 0
+		if err := ParseConns(context.Background(), strings.NewReader(data), UDP, func(Conn) error { n++; return nil }); err != nil || n != 50000 {
+			b.Fatalf("n=%d err=%v", n, err)
+		}
+	}
 }
