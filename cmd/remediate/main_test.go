@@ -210,7 +210,9 @@ func TestOnceSharesDaemonGuardrails(t *testing.T) {
 	// attempt; the retry is held back by the first run's cooldown.
 	src, _ := os.ReadFile(pol)
 	os.WriteFile(pol, []byte(strings.Replace(string(src), "cooldown: 10m", "cooldown: 10m\n  verifyAfter: 0s", 1)), 0o644)
-	_, out, _ = run(t, "--once", "-o", "json", "--policy", pol, "--state-dir", filepath.Join(dir, "state2"))
+	if _, out, _ = run(t, "--once", "-o", "json", "--policy", pol, "--state-dir", filepath.Join(dir, "state2")); !strings.Contains(out, `"outcome": "executed"`) {
+		t.Fatalf("fresh state dir did not act:\n%s", out)
+	}
 	_, out, _ = run(t, "--once", "-o", "json", "--policy", pol, "--state-dir", filepath.Join(dir, "state2"))
 	if !strings.Contains(out, "verification failed") || !strings.Contains(out, `"guardrail": "cooldown"`) {
 		t.Fatalf("second run ignored the first's history:\n%s", out)
