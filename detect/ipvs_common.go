@@ -1,6 +1,7 @@
 package detect
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -17,9 +18,15 @@ import (
 // adapter, kube-proxy not in IPVS mode (no kube-ipvs0 interface, unless
 // requireMode is false), or, when needView, no cluster view or one that is
 // not synced or not connected.
-func ipvsPrecheck(n *node.Node, requireMode, needView bool) error {
+func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool) error {
 	if n.IPVS == nil {
 		return Skip("%s", n.Why("ipvs"))
+	}
+	// The root cause first: without ip_vs nothing else matters.
+	if a, ok := n.IPVS.(interface{ Available(context.Context) error }); ok {
+		if err := a.Available(ctx); err != nil {
+			return ipvsErr("checking IPVS availability", err)
+		}
 	}
 	if requireMode {
 		ok, err := ipvs.KubeIPVSInterfacePresent(n.ProcRoot)

@@ -57,7 +57,7 @@ type ipvsMissingVirtualServer struct {
 // server are checked: a node whose kube-proxy programs no IPv6 at all is
 // single-stack, not missing every IPv6 Service.
 func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
-	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
 	vss, err := d.n.IPVS.VirtualServers(ctx)

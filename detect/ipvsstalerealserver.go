@@ -53,7 +53,7 @@ func RealServerTarget(vs ipvs.VirtualServer, rs ipvs.RealServer) string {
 }
 
 func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
-	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
 	vss, err := d.n.IPVS.VirtualServers(ctx)

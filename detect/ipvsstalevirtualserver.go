@@ -85,7 +85,7 @@ func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipv
 }
 
 func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
-	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
 	vss, err := d.n.IPVS.VirtualServers(ctx)

@@ -78,7 +78,7 @@ type ipvsDeadBackend struct {
 // not Services are ignored. A terminating endpoint that still serves is not
 // dead.
 func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
-	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, true); err != nil {
+	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
 	conns, err := d.n.IPVS.Connections(ctx, ipvs.UDP)

@@ -51,7 +51,7 @@ type ipvsUDPTimeoutHigh struct {
 const TimeoutsTarget = "ipvs/timeouts"
 
 func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
-	if err := ipvsPrecheck(d.n, d.p.RequireIPVSMode, false); err != nil {
+	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, false); err != nil {
 		return nil, err
 	}
 	t, err := d.n.IPVS.Timeouts(ctx)

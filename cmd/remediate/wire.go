@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -19,6 +21,9 @@ type wiring struct {
 	o       *options
 	log     *zap.Logger
 	closers []func()
+
+	// ipvs is created once and shared across policy reloads.
+	ipvs *ipvs.Handle
 }
 
 func newWiring(o *options, log *zap.Logger) *wiring { return &wiring{o: o, log: log} }
@@ -36,6 +41,21 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	}
 	// --- wire adapters here: one block per subsystem, setting the
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
+
+	// IPVS: the adapter does not touch the kernel until first use; on a
+	// kernel without ip_vs every IPVS detector and action skips with
+	// "IPVS unavailable: ..." (checked at each use, so a module loaded
+	// later is picked up).
+	if w.ipvs == nil {
+		h := ipvs.New(ipvs.Options{ProcRoot: w.o.procRoot})
+		w.ipvs = h
+		w.closers = append(w.closers, func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = h.Close(ctx)
+		})
+	}
+	n.IPVS = w.ipvs
 	return n, nil
 }
 

@@ -145,6 +145,14 @@ func (f *Fake) enter(ctx context.Context, method string) error {
 	return f.errs[method]
 }
 
+// Available reports ErrUnavailable when SetUnavailable was called, like
+// the real adapter's availability check.
+func (f *Fake) Available(ctx context.Context) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enter(ctx, "Available")
+}
+
 // VirtualServers implements Interface.
 func (f *Fake) VirtualServers(ctx context.Context) ([]VirtualServer, error) {
 	f.mu.Lock()
