@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -144,6 +145,7 @@ func TestIPVSStaleRealServer(t *testing.T) {
 		set       func(p any)
 		want      []string
 		wantSkip  string
+		wantErr   string
 		checkEvid func(t *testing.T, fs []Finding)
 	}{
 		{
@@ -230,6 +232,24 @@ func TestIPVSStaleRealServer(t *testing.T) {
 			want: []string{},
 		},
 		{
+			name: "virtual server deleted between list and lookup (kube-proxy syncing)",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.ipvs.InjectError("RealServers", fmt.Errorf("list: %w", ipvs.ErrNotFound))
+				return w
+			},
+			want: []string{},
+		},
+		{
+			name: "IPVS error is an error, not healthy",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.ipvs.InjectError("RealServers", errors.New("netlink: no buffer space"))
+				return w
+			},
+			wantErr: "no buffer space",
+		},
+		{
 			name: "view not synced",
 			ipvsWorld: func(t *testing.T) *ipvsWorld {
 				w := ipvsCoreDNSRollout(t)
@@ -285,6 +305,12 @@ func TestIPVSStaleRealServer(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := c.ipvsWorld(t)
 			fs, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, c.set).Detect(context.Background())
+			if c.wantErr != "" {
+				if _, skip := IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err = %v, want an error containing %q", err, c.wantErr)
+				}
+				return
+			}
 			ipvsCheckResult(t, fs, err, c.want, c.wantSkip)
 			if c.checkEvid != nil && err == nil && len(fs) > 0 {
 				c.checkEvid(t, fs)

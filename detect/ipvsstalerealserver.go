@@ -2,6 +2,7 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 
@@ -68,6 +69,9 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 			continue // a stale virtual server: IPVSStaleVirtualServer's job
 		}
 		rss, err := d.n.IPVS.RealServers(ctx, vs)
+		if errors.Is(err, ipvs.ErrNotFound) {
+			continue // deleted since the list (kube-proxy is syncing)
+		}
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}

@@ -2,6 +2,7 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -102,6 +103,9 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 			continue
 		}
 		rss, err := d.n.IPVS.RealServers(ctx, vs)
+		if errors.Is(err, ipvs.ErrNotFound) {
+			continue // deleted since the list (kube-proxy is syncing)
+		}
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}

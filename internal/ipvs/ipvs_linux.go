@@ -258,14 +258,36 @@ func findService(h *mobyipvs.Handle, vs VirtualServer) (*mobyipvs.Service, error
 	return nil, fmt.Errorf("virtual server %s: %w", vs.Key(), ErrNotFound)
 }
 
+// mobyService builds the key of vs as the kernel wants it for a lookup
+// (address family, protocol, address, port or firewall mark), without
+// listing every service: detectors call RealServers once per virtual
+// server, and a list per call would be quadratic on a large node.
+func mobyService(vs VirtualServer) (*mobyipvs.Service, error) {
+	s := &mobyipvs.Service{FWMark: vs.FWMark, AddressFamily: unix.AF_INET}
+	if vs.Address.Is6() && !vs.Address.Is4In6() {
+		s.AddressFamily = unix.AF_INET6
+	}
+	if vs.FWMark != 0 {
+		return s, nil
+	}
+	p, ok := protoNums[vs.Protocol]
+	if !ok {
+		return nil, fmt.Errorf("virtual server %s: unknown protocol %q", vs.Key(), vs.Protocol)
+	}
+	s.Protocol = p
+	s.Address = net.IP(vs.Address.Unmap().AsSlice())
+	s.Port = vs.Port
+	return s, nil
+}
+
 // RealServers implements Interface.
 func (a *Handle) RealServers(ctx context.Context, vs VirtualServer) ([]RealServer, error) {
 	var out []RealServer
-	err := a.do(ctx, "list destinations", func(h *mobyipvs.Handle) error {
-		s, err := findService(h, vs)
-		if err != nil {
-			return err
-		}
+	s, err := mobyService(vs)
+	if err != nil {
+		return nil, err
+	}
+	err = a.do(ctx, "list destinations", func(h *mobyipvs.Handle) error {
 		dests, err := h.GetDestinations(s)
 		if err != nil {
 			return err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	mobyipvs "github.com/moby/ipvs"
+	"net/netip"
 )
 
 func ipvsLoaded() bool {
@@ -145,3 +146,28 @@ func TestDoBoundsHungCalls(t *testing.T) {
 		t.Fatalf("the semaphore must be released after a panic: %v", err)
 	}
 }
+
+func TestMobyServiceKey(t *testing.T) {
+	s, err := mobyService(dnsUDP)
+	if err != nil || s.AddressFamily != 2 || s.Protocol != 17 || s.Port != 53 || s.Address.String() != "10.96.0.10" || len(s.Address) != 4 {
+		t.Fatalf("IPv4 UDP key = %+v, %v", s, err)
+	}
+	v6 := VirtualServer{Address: netipMust("fd00::a"), Protocol: SCTP, Port: 9}
+	s, err = mobyService(v6)
+	if err != nil || s.AddressFamily != 10 || s.Protocol != 132 || s.Address.String() != "fd00::a" {
+		t.Fatalf("IPv6 SCTP key = %+v, %v", s, err)
+	}
+	if s, err := mobyService(VirtualServer{FWMark: 5}); err != nil || s.FWMark != 5 {
+		t.Fatalf("fwmark key = %+v, %v", s, err)
+	}
+	if _, err := mobyService(VirtualServer{Address: netipMust("10.0.0.1"), Protocol: "ICMP", Port: 1}); err == nil {
+		t.Fatal("unknown protocol must fail")
+	}
+	// The conversion back is the identity on the key.
+	s, _ = mobyService(dnsUDP)
+	if got := toVirtualServer(s); !got.Same(dnsUDP) {
+		t.Fatalf("round trip = %+v", got)
+	}
+}
+
+func netipMust(s string) netip.Addr { return netip.MustParseAddr(s) }
