@@ -445,7 +445,7 @@ func TestIPVSUDPDeadBackend(t *testing.T) {
 			"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "UDP",
 			"connections": 2, "clientCount": 2, "clients": []string{"10.0.0.5", "10.0.0.6"},
 			"virtualServers": []string{"UDP/10.96.0.10:53"}, "services": []string{"kube-system/kube-dns"},
-			"templates": 0, "reason": ipvs.BackendNotEndpoint,
+			"templates": 0, "reason": ipvs.BackendNotEndpoint, "clientCountIsLowerBound": false,
 		}
 		if !reflect.DeepEqual(e, want) {
 			t.Errorf("evidence = %#v\nwant %#v", e, want)

@@ -70,7 +70,13 @@ type ipvsDeadBackend struct {
 	vss       map[string]bool
 	services  map[string]bool
 	reason    string
+	// clientsTruncated: more distinct clients than ipvsMaxClientsTracked.
+	clientsTruncated bool
 }
+
+// ipvsMaxClientsTracked bounds the distinct clients remembered per dead
+// backend (memory); clientCount is then a lower bound.
+const ipvsMaxClientsTracked = 10000
 
 // Detect groups the UDP connection entries whose virtual address belongs
 // to a Service by destination, and reports each destination that is not an
@@ -81,21 +87,19 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
-	conns, err := d.n.IPVS.Connections(ctx, ipvs.UDP)
-	if err != nil {
-		return nil, ipvsErr("reading the IPVS connection table", err)
-	}
 	desired := ipvs.NewDesired(d.n.Cluster, nil)
 	dead := map[netip.AddrPort]*ipvsDeadBackend{}
-	for _, c := range conns {
+	// Streamed: only the entries pinned to dead backends are kept, and
+	// per backend at most ipvsMaxClientsTracked distinct clients.
+	err := d.n.IPVS.Connections(ctx, ipvs.UDP, func(c ipvs.Conn) error {
 		vs := ipvs.VirtualServer{Address: c.Virtual.Addr(), Protocol: c.Protocol, Port: c.Virtual.Port()}
 		fe, ok := desired.Lookup(vs)
 		if !ok {
-			continue
+			return nil
 		}
 		class := fe.SP.Classify(c.Dest)
 		if !ipvs.Dead(class) {
-			continue
+			return nil
 		}
 		dest := netip.AddrPortFrom(c.Dest.Addr().Unmap(), c.Dest.Port())
 		b := dead[dest]
@@ -107,9 +111,17 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		if c.Template() {
 			b.templates++
 		}
-		b.clients[c.Client.Addr()] = true
+		if len(b.clients) < ipvsMaxClientsTracked {
+			b.clients[c.Client.Addr()] = true
+		} else if !b.clients[c.Client.Addr()] {
+			b.clientsTruncated = true
+		}
 		b.vss[vs.Key()] = true
 		b.services[fe.SP.ServiceName()] = true
+		return nil
+	})
+	if err != nil {
+		return nil, ipvsErr("reading the IPVS connection table", err)
 	}
 	list := make([]*ipvsDeadBackend, 0, len(dead))
 	for _, b := range dead {
@@ -137,16 +149,17 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s",
 				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services)),
 			Evidence: map[string]any{
-				"backendIP":      b.backend.Addr().String(),
-				"backendPort":    int(b.backend.Port()),
-				"protocol":       ipvs.UDP,
-				"connections":    b.conns,
-				"templates":      b.templates,
-				"clientCount":    len(clients),
-				"clients":        shown,
-				"virtualServers": ipvsSortedKeys(b.vss),
-				"services":       ipvsSortedKeys(b.services),
-				"reason":         b.reason,
+				"backendIP":               b.backend.Addr().String(),
+				"backendPort":             int(b.backend.Port()),
+				"protocol":                ipvs.UDP,
+				"connections":             b.conns,
+				"templates":               b.templates,
+				"clientCount":             len(clients),
+				"clientCountIsLowerBound": b.clientsTruncated,
+				"clients":                 shown,
+				"virtualServers":          ipvsSortedKeys(b.vss),
+				"services":                ipvsSortedKeys(b.services),
+				"reason":                  b.reason,
 			},
 		})
 		if len(out) >= d.p.MaxFindings {

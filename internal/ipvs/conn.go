@@ -167,25 +167,34 @@ func parseConnAddr(s string) (netip.Addr, error) {
 	return a, nil
 }
 
-// ReadConns reads <procRoot>/net/ip_vs_conn. A missing file means IPVS is
-// not loaded (in the reader's network namespace) and returns ErrUnavailable.
-func ReadConns(ctx context.Context, procRoot, proto string) ([]Conn, error) {
+// WalkConns streams <procRoot>/net/ip_vs_conn to fn (see ParseConns). A
+// missing file means IPVS is not loaded (in the reader's network
+// namespace) and returns ErrUnavailable.
+func WalkConns(ctx context.Context, procRoot, proto string, fn func(Conn) error) error {
 	path := filepath.Join(procRoot, "net", "ip_vs_conn")
 	f, err := os.Open(path)
 	if err != nil {
 		if os.IsNotExist(err) {
-			return nil, Unavailable("%s does not exist (no ip_vs module)", path)
+			return Unavailable("%s does not exist (no ip_vs module)", path)
 		}
-		return nil, fmt.Errorf("reading IPVS connection table: %w", err)
+		return fmt.Errorf("reading IPVS connection table: %w", err)
 	}
 	defer f.Close()
+	if err := ParseConns(ctx, f, proto, fn); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadConns collects what WalkConns streams; for tests and small tables.
+func ReadConns(ctx context.Context, procRoot, proto string) ([]Conn, error) {
 	var out []Conn
-	err = ParseConns(ctx, f, proto, func(c Conn) error {
+	err := WalkConns(ctx, procRoot, proto, func(c Conn) error {
 		out = append(out, c)
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	return out, nil
 }

@@ -251,11 +251,11 @@ func (f *Fake) SetTimeouts(ctx context.Context, t Timeouts) error {
 }
 
 // Connections implements Interface.
-func (f *Fake) Connections(ctx context.Context, proto string) ([]Conn, error) {
+func (f *Fake) Connections(ctx context.Context, proto string, fn func(Conn) error) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := f.enter(ctx, "Connections"); err != nil {
-		return nil, err
+		f.mu.Unlock()
+		return err
 	}
 	var out []Conn
 	for _, c := range f.conns {
@@ -263,5 +263,11 @@ func (f *Fake) Connections(ctx context.Context, proto string) ([]Conn, error) {
 			out = append(out, c)
 		}
 	}
-	return out, nil
+	f.mu.Unlock()
+	for _, c := range out {
+		if err := fn(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

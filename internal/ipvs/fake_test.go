@@ -54,8 +54,13 @@ func TestFakeKernelRules(t *testing.T) {
 	if vs, _ := f.VirtualServers(ctx); len(vs) != 0 {
 		t.Fatalf("services left: %v", vs)
 	}
-	if c, _ := f.Connections(ctx, UDP); len(c) != 1 {
-		t.Fatalf("connection entries must outlive their service, as in the kernel: %v", c)
+	n := 0
+	if err := f.Connections(ctx, UDP, func(Conn) error { n++; return nil }); err != nil || n != 1 {
+		t.Fatalf("connection entries must outlive their service, as in the kernel: %d, %v", n, err)
+	}
+	stop := errors.New("stop")
+	if err := f.Connections(ctx, "", func(Conn) error { return stop }); !errors.Is(err, stop) {
+		t.Fatalf("callback error not returned: %v", err)
 	}
 }
 

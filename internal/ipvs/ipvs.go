@@ -110,9 +110,11 @@ type Interface interface {
 	// SetTimeouts sets the non-zero fields of t; values must be whole
 	// seconds and a non-zero UDP timeout must be at least MinUDPTimeout.
 	SetTimeouts(ctx context.Context, t Timeouts) error
-	// Connections returns the entries of the IPVS connection table whose
-	// protocol is proto ("" for every protocol).
-	Connections(ctx context.Context, proto string) ([]Conn, error)
+	// Connections streams the entries of the IPVS connection table whose
+	// protocol is proto ("" for every protocol) to fn, without holding
+	// the table in memory (it can have millions of entries). An error
+	// from fn stops the walk and is returned.
+	Connections(ctx context.Context, proto string, fn func(Conn) error) error
 }
 
 // ValidateTimeouts checks t the way the kernel and ipvsadm do.

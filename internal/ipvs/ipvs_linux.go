@@ -360,6 +360,6 @@ func (a *Handle) SetTimeouts(ctx context.Context, t Timeouts) error {
 }
 
 // Connections implements Interface: it reads <ProcRoot>/net/ip_vs_conn.
-func (a *Handle) Connections(ctx context.Context, proto string) ([]Conn, error) {
-	return ReadConns(ctx, a.opts.procRoot(), proto)
+func (a *Handle) Connections(ctx context.Context, proto string, fn func(Conn) error) error {
+	return WalkConns(ctx, a.opts.procRoot(), proto, fn)
 }

@@ -72,7 +72,7 @@ func TestRealAdapterReportsUnavailable(t *testing.T) {
 	checks["DeleteRealServer"] = a.DeleteRealServer(ctx, dnsUDP, pod1)
 	_, checks["Timeouts"] = a.Timeouts(ctx)
 	checks["SetTimeouts"] = a.SetTimeouts(ctx, Timeouts{UDP: 30 * time.Second})
-	_, checks["Connections"] = a.Connections(ctx, UDP)
+	checks["Connections"] = a.Connections(ctx, UDP, func(Conn) error { return nil })
 	for m, err := range checks {
 		if !errors.Is(err, ErrUnavailable) {
 			t.Errorf("%s: err = %v, want ErrUnavailable", m, err)

@@ -44,4 +44,4 @@ func (a *Handle) Timeouts(context.Context) (Timeouts, error) { return Timeouts{}
 func (a *Handle) SetTimeouts(context.Context, Timeouts) error { return errNotLinux() }
 
 // Connections implements Interface.
-func (a *Handle) Connections(context.Context, string) ([]Conn, error) { return nil, errNotLinux() }
+func (a *Handle) Connections(context.Context, string, func(Conn) error) error { return errNotLinux() }
