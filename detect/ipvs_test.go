@@ -438,6 +438,13 @@ func TestIPVSMissingVirtualServer(t *testing.T) {
 func TestIPVSUDPDeadBackend(t *testing.T) {
 	t.Run("CoreDNS rollout: DNS clients pinned to the terminated pod", func(t *testing.T) {
 		w := ipvsCoreDNSRollout(t)
+		sys := filepath.Join(w.node.ProcRoot, "sys", "net", "ipv4", "vs")
+		if err := os.MkdirAll(sys, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sys, "expire_nodest_conn"), []byte("0\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
 		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
 		ipvsCheckResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
 		e := fs[0].Evidence
@@ -446,9 +453,24 @@ func TestIPVSUDPDeadBackend(t *testing.T) {
 			"connections": 2, "clientCount": 2, "clients": []string{"10.0.0.5", "10.0.0.6"},
 			"virtualServers": []string{"UDP/10.96.0.10:53"}, "services": []string{"kube-system/kube-dns"},
 			"templates": 0, "reason": ipvs.BackendNotEndpoint, "clientCountIsLowerBound": false,
+			"stillRealServerIn": []string{"UDP/10.96.0.10:53"}, "expireNodestConn": "0",
 		}
 		if !reflect.DeepEqual(e, want) {
 			t.Errorf("evidence = %#v\nwant %#v", e, want)
+		}
+		if !strings.Contains(fs[0].Message, "still a real server of UDP/10.96.0.10:53") || !strings.Contains(fs[0].Message, "expire_nodest_conn=0") {
+			t.Errorf("message = %q", fs[0].Message)
+		}
+	})
+	t.Run("real server already removed, entries still pinned", func(t *testing.T) {
+		w := ipvsCoreDNSRollout(t)
+		if err := w.ipvs.DeleteRealServer(context.Background(), tVS("UDP", "10.96.0.10", 53), tRS("10.244.0.12", 53, 1, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+		fs, err := newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-conn/UDP/10.244.0.12:53"}, "")
+		if still := fs[0].Evidence["stillRealServerIn"].([]string); len(still) != 0 {
+			t.Errorf("stillRealServerIn = %v", still)
 		}
 	})
 	t.Run("entries to a terminating pod that still serves are not dead", func(t *testing.T) {

@@ -2,9 +2,13 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -67,7 +71,7 @@ type ipvsDeadBackend struct {
 	conns     int
 	templates int
 	clients   map[netip.Addr]bool
-	vss       map[string]bool
+	vss       map[string]ipvs.VirtualServer
 	services  map[string]bool
 	reason    string
 	// clientsTruncated: more distinct clients than ipvsMaxClientsTracked.
@@ -104,7 +108,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		dest := netip.AddrPortFrom(c.Dest.Addr().Unmap(), c.Dest.Port())
 		b := dead[dest]
 		if b == nil {
-			b = &ipvsDeadBackend{backend: dest, clients: map[netip.Addr]bool{}, vss: map[string]bool{}, services: map[string]bool{}, reason: class}
+			b = &ipvsDeadBackend{backend: dest, clients: map[netip.Addr]bool{}, vss: map[string]ipvs.VirtualServer{}, services: map[string]bool{}, reason: class}
 			dead[dest] = b
 		}
 		b.conns++
@@ -116,7 +120,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		} else if !b.clients[c.Client.Addr()] {
 			b.clientsTruncated = true
 		}
-		b.vss[vs.Key()] = true
+		b.vss[vs.Key()] = vs
 		b.services[fe.SP.ServiceName()] = true
 		return nil
 	})
@@ -135,8 +139,39 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		return list[i].backend.String() < list[j].backend.String()
 	})
+	expireNodest := ipvsReadSysctl(d.n.ProcRoot, "net/ipv4/vs/expire_nodest_conn")
 	var out []Finding
 	for _, b := range list {
+		// Is the dead backend still a real server somewhere? If it is,
+		// IPVSStaleRealServer/DeleteIPVSRealServer is the fix; if not,
+		// the entries linger only until they expire (or, with
+		// expire_nodest_conn=1, until their next packet).
+		still := []string{}
+		vsKeys := make([]string, 0, len(b.vss))
+		for k, vs := range b.vss {
+			vsKeys = append(vsKeys, k)
+			rss, err := d.n.IPVS.RealServers(ctx, vs)
+			if errors.Is(err, ipvs.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, ipvsErr("listing real servers of "+k, err)
+			}
+			for _, r := range rss {
+				if r.AddrPort() == b.backend {
+					still = append(still, k)
+				}
+			}
+		}
+		sort.Strings(vsKeys)
+		sort.Strings(still)
+		hint := ""
+		if len(still) > 0 {
+			hint = "; still a real server of " + strings.Join(still, ", ")
+		}
+		if expireNodest == "0" {
+			hint += "; net.ipv4.vs.expire_nodest_conn=0 keeps entries pinned even after the real server is deleted"
+		}
 		clients := ipvsSortedAddrs(b.clients)
 		shown := clients
 		if len(shown) > d.p.MaxClients {
@@ -146,8 +181,8 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 			Detector: "IPVSUDPDeadBackend",
 			Target:   DeadBackendTarget(ipvs.UDP, b.backend),
 			Severity: Critical,
-			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s",
-				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services)),
+			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s%s",
+				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services), hint),
 			Evidence: map[string]any{
 				"backendIP":               b.backend.Addr().String(),
 				"backendPort":             int(b.backend.Port()),
@@ -157,7 +192,9 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 				"clientCount":             len(clients),
 				"clientCountIsLowerBound": b.clientsTruncated,
 				"clients":                 shown,
-				"virtualServers":          ipvsSortedKeys(b.vss),
+				"virtualServers":          vsKeys,
+				"stillRealServerIn":       still,
+				"expireNodestConn":        expireNodest,
 				"services":                ipvsSortedKeys(b.services),
 				"reason":                  b.reason,
 			},
@@ -167,6 +204,16 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	return out, nil
+}
+
+// ipvsReadSysctl reads <procRoot>/sys/<name> trimmed, or "" when it
+// cannot be read (the value is evidence only).
+func ipvsReadSysctl(procRoot, name string) string {
+	b, err := os.ReadFile(filepath.Join(ipvsProcRootOr(procRoot), "sys", filepath.FromSlash(name)))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func ipvsSortedAddrs(m map[netip.Addr]bool) []string {
