@@ -68,7 +68,7 @@ type Type struct {
 	New func(params any, n *node.Node) (Detector, error)
 }
 
-var types = registry.New[Type]("detector")
+var typeRegistry = registry.New[Type]("detector")
 
 // Register adds a detector type. It panics on a duplicate or incomplete
 // registration: that is a programming error, found at init.
@@ -76,14 +76,14 @@ func Register(t Type) {
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("detect: incomplete registration %+v", t))
 	}
-	types.Add(t.Name, t)
+	typeRegistry.Add(t.Name, t)
 }
 
 // Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) { return types.Get(name) }
+func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
 
 // Types returns all registered types sorted by name.
-func Types() []Type { return types.All() }
+func Types() []Type { return typeRegistry.All() }
 
 // SkipError says a detector or action cannot run on this node and why (IPVS
 // unavailable, no cluster access, kube-proxy in another mode). It is not a

@@ -58,7 +58,7 @@ type Type struct {
 	New func(params any, n *node.Node) (Action, error)
 }
 
-var types = registry.New[Type]("action")
+var typeRegistry = registry.New[Type]("action")
 
 // Register adds a action type. It panics on a duplicate or incomplete
 // registration: that is a programming error, found at init.
@@ -66,11 +66,11 @@ func Register(t Type) {
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("action: incomplete registration %+v", t))
 	}
-	types.Add(t.Name, t)
+	typeRegistry.Add(t.Name, t)
 }
 
 // Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) { return types.Get(name) }
+func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
 
 // Types returns all registered types sorted by name.
-func Types() []Type { return types.All() }
+func Types() []Type { return typeRegistry.All() }
