@@ -100,13 +100,20 @@ func genlFamilyExists(nsPath, name string) error {
 	if err := h.SetSocketTimeout(3 * time.Second); err != nil {
 		return fmt.Errorf("netlink socket timeout: %w", err)
 	}
-	if _, err := h.GenlFamilyGet(name); err != nil {
-		if errors.Is(err, syscall.ENOENT) {
-			return errors.New("not registered")
-		}
-		return err
+	// Dump the registered families rather than asking for one by name: a
+	// lookup by name makes the kernel request_module() the family's
+	// module (ip_vs declares MODULE_ALIAS_GENL_FAMILY("IPVS") since
+	// 5.16), and observing must never load a kernel module.
+	fams, err := h.GenlFamilyList()
+	if err != nil {
+		return fmt.Errorf("listing generic netlink families: %w", err)
 	}
-	return nil
+	for _, f := range fams {
+		if f.Name == name {
+			return nil
+		}
+	}
+	return errors.New("not registered")
 }
 
 // handle returns the moby handle, creating it after the availability check.

@@ -171,3 +171,19 @@ func TestMobyServiceKey(t *testing.T) {
 }
 
 func netipMust(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestGenlFamilyDump checks the generic-netlink half of the availability
+// check on this kernel: it finds a family that always exists ("nlctrl")
+// by dumping, and does not find IPVS.
+func TestGenlFamilyDump(t *testing.T) {
+	ns := newTestNetns(t)
+	if err := genlFamilyExists(ns, "nlctrl"); err != nil {
+		t.Fatalf("nlctrl: %v", err)
+	}
+	if ipvsLoaded() {
+		t.Skip("ip_vs loaded")
+	}
+	if err := genlFamilyExists(ns, "IPVS"); err == nil || err.Error() != "not registered" {
+		t.Fatalf("IPVS: %v", err)
+	}
+}
