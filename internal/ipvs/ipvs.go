@@ -9,6 +9,21 @@
 // silently succeeds or panics without the ip_vs module), and bounds every
 // kernel call by the caller's context. Fake is a stateful in-memory
 // implementation that enforces the kernel's rules, for tests.
+//
+// Traps of github.com/moby/ipvs v1.1.0 that the real adapter works around:
+//   - New runs `modprobe -va ip_vs` and resolves the "IPVS" netlink family
+//     once per process; without ip_vs the family stays 0 for the life of
+//     the process, writes (SetConfig, DelService) then return nil and do
+//     nothing, GetServices returns an empty list, and GetConfig panics.
+//     The adapter checks availability first and only then calls New.
+//   - Resolving a generic netlink family by name makes the kernel load its
+//     module (ip_vs has MODULE_ALIAS_GENL_FAMILY since 5.16), so the
+//     availability check dumps the family list instead.
+//   - Its receive loop retries forever on the socket's receive timeout, so
+//     a lost reply hangs the call: every call runs in its own goroutine
+//     and the caller waits only until its context is done.
+//   - Handles are not goroutine-safe: one call at a time (a semaphore, so
+//     waiting for it also honours the context).
 package ipvs
 
 import (
