@@ -60,9 +60,15 @@ type ipvsWorld struct {
 	node *node.Node
 }
 
+// newIPVSWorld has what every cluster has: default/kubernetes and its
+// virtual server.
 func newIPVSWorld(t *testing.T) *ipvsWorld {
 	w := &ipvsWorld{ipvs: ipvs.NewFake(), view: clustertest.New(ipvsT0)}
 	w.node = &node.Node{Name: "node1", ProcRoot: ipvsProcRoot(t, true), IPVS: w.ipvs, Cluster: w.view}
+	w.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"10.96.0.1"},
+		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
+		tEP("10.200.0.1", 6443, "TCP", "https", true, true, false))
+	w.addVS(t, tVS("TCP", "10.96.0.1", 443), tRS("10.200.0.1", 6443, 1, 3, 0))
 	return w
 }
 
@@ -386,6 +392,13 @@ func TestIPVSStaleVirtualServer(t *testing.T) {
 		w.view.DeleteService("kube-system", "kube-dns")
 		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
 		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/UDP/10.96.0.10:53"}, "")
+	})
+	t.Run("empty view is not trusted", func(t *testing.T) {
+		w := build(t)
+		w.view.DeleteService("kube-system", "kube-dns")
+		w.view.DeleteService("default", "kubernetes")
+		_, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, nil, err, nil, "no Services at all")
 	})
 	t.Run("not synced", func(t *testing.T) {
 		w := build(t)

@@ -94,6 +94,9 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 		return nil, ipvsErr("listing IPVS virtual servers", err)
 	}
 	desired := ipvs.NewDesired(d.n.Cluster, d.nodeIPs)
+	if desired.Empty() {
+		return nil, Skip("the cluster view has no Services at all (not even default/kubernetes): not judging virtual servers against it")
+	}
 	var out []Finding
 	for _, vs := range vss {
 		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {

@@ -170,6 +170,11 @@ func (d *Desired) Frontends() []Frontend {
 	return out
 }
 
+// Empty reports whether the view has no Service at all. Every cluster has
+// default/kubernetes, so an empty view is broken (RBAC, wrong cluster), and
+// nothing may be judged stale against it.
+func (d *Desired) Empty() bool { return len(d.ports) == 0 && len(d.addrs) == 0 }
+
 // IsServiceAddress reports whether a is a ClusterIP, external or
 // load-balancer address of some Service.
 func (d *Desired) IsServiceAddress(a netip.Addr) bool { return d.addrs[a.Unmap()] }

@@ -94,6 +94,10 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now 
 	if !ok {
 		return vs, rs, "", detect.Skip("virtual server %s matches no Service in the view now: not editing it", vs.Key())
 	}
+	if len(fe.SP.Endpoints) == 0 {
+		return vs, rs, "", detect.Skip("the view has no endpoints at all for %s port %q: not trusting it to delete %s",
+			fe.SP.ServiceName(), fe.SP.Port.Name, rs.AddrPort())
+	}
 	class := fe.SP.Classify(rs.AddrPort())
 	if class == ipvs.BackendExpected {
 		return vs, rs, class, detect.Skip("%s is now an expected endpoint of %s: keeping it", rs.AddrPort(), fe.SP.ServiceName())

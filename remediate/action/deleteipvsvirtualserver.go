@@ -106,6 +106,9 @@ func (a *deleteIPVSVirtualServer) check(ctx context.Context, f detect.Finding, n
 		return vs, nil, err
 	}
 	desired := ipvs.NewDesired(a.n.Cluster, a.nodeIPs)
+	if desired.Empty() {
+		return vs, nil, detect.Skip("the cluster view has no Services at all (not even default/kubernetes): refusing to delete against it")
+	}
 	if fe, ok := desired.Lookup(vs); ok {
 		return vs, nil, detect.Skip("the cluster view says %s should exist (%s of %s): not deleting it", vs.Key(), fe.Kind, fe.SP.ServiceName())
 	}

@@ -111,11 +111,11 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 			tmo, _ := fk.Timeouts(ctx)
 			vss, _ := fk.VirtualServers(ctx)
 			rss, _ := fk.RealServers(ctx, ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.0.10"), Protocol: ipvs.UDP, Port: 53})
-			changed := tmo.UDP != 300*time.Second || len(vss) != 2 || len(rss) != 2
+			changed := tmo.UDP != 300*time.Second || len(vss) != 3 || len(rss) != 2
 			if mode == "audit" && changed {
 				t.Errorf("audit mode changed IPVS: timeouts %+v, %d virtual servers, %d real servers", tmo, len(vss), len(rss))
 			}
-			if mode == "enforce" && (tmo.UDP != 30*time.Second || len(vss) != 1 || len(rss) != 1) {
+			if mode == "enforce" && (tmo.UDP != 30*time.Second || len(vss) != 2 || len(rss) != 1) {
 				t.Errorf("enforce: timeouts %+v, virtual servers %v, real servers %v", tmo, vss, rss)
 			}
 		})
@@ -124,6 +124,16 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 
 func buildCoreDNS(t *testing.T, fk *ipvs.Fake, view *clustertest.Fake) {
 	t.Helper()
+	view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"10.96.0.1"},
+		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
+		cluster.Endpoint{Address: "10.200.0.1", Port: 6443, Protocol: "TCP", PortName: "https", Ready: true, Serving: true})
+	apiVS := ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.0.1"), Protocol: ipvs.TCP, Port: 443}
+	if err := fk.AddVirtualServer(apiVS); err != nil {
+		t.Fatal(err)
+	}
+	if err := fk.AddRealServer(apiVS, ipvs.RealServer{Address: netip.MustParseAddr("10.200.0.1"), Port: 6443, Weight: 1}); err != nil {
+		t.Fatal(err)
+	}
 	view.SetService(cluster.Service{
 		Namespace: "kube-system", Name: "kube-dns", ClusterIPs: []string{"10.96.0.10"},
 		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}},

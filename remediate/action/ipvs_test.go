@@ -48,6 +48,9 @@ func newIPVSActWorld(t *testing.T) *ipvsActWorld {
 	t.Helper()
 	w := &ipvsActWorld{ipvs: ipvs.NewFake(), view: clustertest.New(ipvsT0), clock: testingclock.NewFakePassiveClock(ipvsT0)}
 	w.node = &node.Node{Name: "node1", Clock: w.clock, IPVS: w.ipvs, Cluster: w.view}
+	w.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"10.96.0.1"},
+		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
+		cluster.Endpoint{Address: "10.200.0.1", Port: 6443, Protocol: "TCP", PortName: "https", Ready: true, Serving: true})
 	w.view.SetService(cluster.Service{
 		Namespace: "kube-system", Name: "kube-dns", ClusterIPs: []string{"10.96.0.10"},
 		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53}},
@@ -239,6 +242,9 @@ func TestDeleteIPVSRealServer(t *testing.T) {
 			w.view.SetEndpoints("kube-system", "kube-dns",
 				ipvsEP("10.244.0.12", "UDP", "dns", false, true, true), ipvsEP("10.244.9.9", "UDP", "dns", true, true, false))
 		}, finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "would black-hole traffic"},
+		{name: "no endpoints at all in the view for that port", prep: func(w *ipvsActWorld) {
+			w.view.SetEndpoints("kube-system", "kube-dns", ipvsEP("10.244.1.21", "TCP", "dns-tcp", true, true, false))
+		}, finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "no endpoints at all for kube-system/kube-dns port \"dns\""},
 		{name: "virtual server of no Service", prep: func(w *ipvsActWorld) { w.view.DeleteService("kube-system", "kube-dns") },
 			finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "matches no Service"},
 		{name: "IPVS unavailable", prep: func(w *ipvsActWorld) { w.ipvs.SetUnavailable("no ip_vs module") },
@@ -329,6 +335,10 @@ func TestDeleteIPVSVirtualServer(t *testing.T) {
 			w.view.SetService(cluster.Service{Namespace: "default", Name: "web", ClusterIPs: []string{"10.96.5.5"},
 				Ports: []cluster.ServicePort{{Protocol: "TCP", Port: 80}}})
 		}, finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "should exist"},
+		{name: "empty view", prep: func(w *ipvsActWorld) {
+			w.view.DeleteService("default", "kubernetes")
+			w.view.DeleteService("kube-system", "kube-dns")
+		}, finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "no Services at all"},
 		{name: "not kube-proxy's", finding: vsFinding("TCP", "172.16.0.1", 80), wantSkip: "outside managedCIDRs"},
 		{name: "already gone", finding: vsFinding("TCP", "10.96.6.6", 80), wantSkip: "no longer exists"},
 		{name: "view stale", prep: func(w *ipvsActWorld) { w.clock.SetTime(ipvsT0.Add(time.Hour)) },
