@@ -34,6 +34,16 @@
 //     original tuple AND the entry's CTA_ID, so the kernel deletes exactly
 //     the entry that was seen, never a new entry that reused the tuple.
 //     Memory is O(batch), independent of the table and of the match count.
+//     Only the last delete of a batch asks for an ack (netlink acks are one
+//     datagram each; reading 250k of them tripled the time): the kernel
+//     handles a sendmsg to NETLINK_NETFILTER synchronously and in order, so
+//     the errors of the batch (ENOENT = already gone) arrive before it.
+//
+// Kernel trap (observed on 6.18): CTA_FILTER's IPv6 address comparison is
+// inverted (ctnetlink_filter_match_tuple tests !ipv6_addr_cmp), so an IPv6
+// address filter returns every entry EXCEPT the wanted ones. IPv6 dumps are
+// therefore filtered by family, protocol and port in the kernel and by
+// address in user space.
 //
 // The kernel can also delete by filter in one request (IPCTNL_MSG_CT_DELETE
 // with CTA_FILTER, Linux 6.10+). It is not used: it cannot be bounded (the
@@ -47,8 +57,12 @@
 // <procRoot>/sys/net/netfilter/nf_conntrack_max and
 // <sysRoot>/module/nf_conntrack/parameters/hashsize.
 //
-// Measured on this project's CI machine (2 vCPU, Linux 6.18), see
-// BenchmarkDeleteUDPByReplySource: see README.md in this directory.
+// Measured (BenchmarkDeleteUDPByReplySource, 2 vCPU, Linux 6.18, 250k UDP
+// entries in a test namespace, deleting those of one backend; README.md has
+// the table): peak heap in use 1.0-2.4 MiB; 0.15 s / 0.84 s / 1.37 s for
+// 10k / 125k / 250k matches against 1.34 s / 2.09 s / 3.55 s for
+// `conntrack -D -p udp --reply-src IP --reply-port-src 53` (conntrack-tools
+// 1.4.7). ti-mo's Dump of the same table peaks at 371 MiB of heap.
 package conntrack
 
 import (

@@ -275,3 +275,41 @@ func TestKernelDeleteHonoursContext(t *testing.T) {
 	}
 	equalKeys(t, "cancelled delete changed the table", tableKeys(t, c), keysOf(s.all()))
 }
+
+// A delete names the entry's CTA_ID: an entry that is not the one seen (here:
+// same tuple, other id, as after the original expired and a new flow reused
+// the tuple) is not deleted and counts as vanished.
+func TestKernelDeleteChecksEntryID(t *testing.T) {
+	r, c, s := setupTable(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sock, err := openSock(r.cfg.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sock.Close()
+	var seen []Flow
+	if _, err := sock.dumpByReplySource(ctx, Backend{IP: deadIP, Port: 53}, func(f *Flow) error {
+		seen = append(seen, *f)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != len(s.dead) {
+		t.Fatalf("dump saw %d, want %d", len(seen), len(s.dead))
+	}
+	stale := seen[:3]
+	stale[1].ID++ // not the entry the kernel holds under that tuple
+	del, err := openSock(r.cfg.NetNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer del.Close()
+	deleted, vanished, err := del.deleteBatch(ctx, stale)
+	if err != nil || deleted != 2 || vanished != 1 {
+		t.Fatalf("deleteBatch = %d deleted, %d vanished, %v; want 2, 1, nil", deleted, vanished, err)
+	}
+	if got := len(tableKeys(t, c)); got != len(s.all())-2 {
+		t.Fatalf("table has %d entries, want %d", got, len(s.all())-2)
+	}
+}

@@ -212,9 +212,13 @@ func (e *encoder) dumpRequest(seq, pid uint32, b Backend) {
 }
 
 // deleteRequest encodes the deletion of exactly the entry f (by original
-// tuple, zone and CTA_ID).
-func (e *encoder) deleteRequest(seq, pid uint32, f *Flow) {
-	off := e.begin(msgType(ctMsgDelete), nlmFRequest|nlmFAck, seq, pid, familyOf(f.OrigSrc.Addr()))
+// tuple, zone and CTA_ID). Without ack the kernel only answers on error.
+func (e *encoder) deleteRequest(seq, pid uint32, f *Flow, ack bool) {
+	flags := uint16(nlmFRequest)
+	if ack {
+		flags |= nlmFAck
+	}
+	off := e.begin(msgType(ctMsgDelete), flags, seq, pid, familyOf(f.OrigSrc.Addr()))
 	e.tuple(ctaTupleOrig, f.Proto, f.OrigSrc, f.OrigDst)
 	if f.Zone != 0 {
 		e.be16(ctaZone, f.Zone)
