@@ -190,4 +190,3 @@ func countLeft(tb testing.TB, fd int) int {
 	}
 	return int(u.Count)
 }
-
