@@ -11,6 +11,8 @@ package node
 import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/conntrack"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -33,6 +35,10 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
