@@ -212,13 +212,20 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	}
 
 	if d.p.ReportDrift {
+		// Drift compares the tunable file (what RaiseConntrackMax writes,
+		// under --proc-root) with the record of the last write.
 		rec, ok, err := ct.LastSetMax(ctx)
+		var cur uint64
+		if err == nil && ok {
+			cur, err = ct.Max(ctx)
+		}
 		if err != nil {
-			// The record is only needed for drift: say so, keep the rest.
+			// Only drift needs these: say so, keep the rest.
 			if d.n.Log != nil {
-				d.n.Log.Warn("conntrack: cannot read the last nf_conntrack_max set by remediate", zap.Error(err))
+				d.n.Log.Warn("conntrack: cannot check nf_conntrack_max drift", zap.Error(err))
 			}
-		} else if ok && u.Max < rec.Max {
+		} else if ok && cur < rec.Max {
+			u.Max = cur
 			out = append(out, Finding{
 				Detector: ConntrackExhaustionName,
 				Target:   ConntrackDriftTarget,
