@@ -94,10 +94,18 @@ func totalAlloc() uint64 {
 //
 //	go test -run XXX -bench DeleteUDPByReplySource -benchtime 1x ./internal/conntrack/
 func BenchmarkDeleteUDPByReplySource(b *testing.B) {
-	for _, match := range []int{10_000, 125_000, benchTable} {
-		b.Run(fmt.Sprintf("match=%d", match), func(b *testing.B) {
+	for _, tc := range []struct {
+		match  int
+		filter bool
+	}{{10_000, true}, {125_000, true}, {benchTable, true}, {10_000, false}} {
+		match := tc.match
+		name := fmt.Sprintf("match=%d", match)
+		if !tc.filter {
+			name += "/unfiltered" // the path for kernels < 5.16
+		}
+		b.Run(name, func(b *testing.B) {
 			fd, ns := newNetNS(b)
-			r := New(Config{NetNS: fd})
+			r := New(Config{NetNS: fd, NoKernelFilter: !tc.filter})
 			var ours, cli time.Duration
 			var peak, alloc uint64
 			for i := 0; i < b.N; i++ {

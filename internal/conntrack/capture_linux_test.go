@@ -53,10 +53,10 @@ func TestCaptureFixtures(t *testing.T) {
 		}
 	}
 	s.enc.reset()
-	s.enc.dumpRequest(s.nextSeq(), s.pid, Backend{IP: deadIP})
+	s.enc.dumpRequest(s.nextSeq(), s.pid, Backend{IP: deadIP}, true)
 	capture("dump-udp-reply-src-v4.bin", s.seq)
 	s.enc.reset()
-	s.enc.dumpRequest(s.nextSeq(), s.pid, Backend{IP: netip.MustParseAddr("fd00:1::1")})
+	s.enc.dumpRequest(s.nextSeq(), s.pid, Backend{IP: netip.MustParseAddr("fd00:1::1")}, true)
 	capture("dump-udp-v6.bin", s.seq)
 	s.enc.reset()
 	s.enc.statsRequest(s.nextSeq(), s.pid, ctMsgGetStatsCPU)

@@ -139,16 +139,16 @@ func (s *nlSock) roundTrip(ctx context.Context, seq uint32, fn func(h nlHeader, 
 // dumpByReplySource streams the kernel-filtered dump for b and calls fn for
 // each decoded entry (f is reused: copy it to keep it). filtered reports
 // whether the kernel flagged its messages NLM_F_DUMP_FILTERED.
-func (s *nlSock) dumpByReplySource(ctx context.Context, b Backend, fn func(f *Flow) error) (filtered bool, err error) {
+func (s *nlSock) dumpByReplySource(ctx context.Context, b Backend, kernelFilter bool, fn func(f *Flow) error) (filtered bool, err error) {
 	seq := s.nextSeq()
 	s.enc.reset()
-	s.enc.dumpRequest(seq, s.pid, b)
+	s.enc.dumpRequest(seq, s.pid, b, kernelFilter)
 	var f Flow
 	err = s.roundTrip(ctx, seq, func(h nlHeader, payload []byte) error {
 		if h.Type>>8 != subsysCTNetlink {
 			return nil
 		}
-		if h.Flags&nlmFDumpFiltered != 0 {
+		if kernelFilter && h.Flags&nlmFDumpFiltered != 0 {
 			filtered = true
 		}
 		if err := decodeFlow(payload, &f); err != nil {

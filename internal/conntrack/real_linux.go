@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/remediate-dev/remediate/internal/sysctl"
 )
 
@@ -44,6 +46,9 @@ type Config struct {
 	// DeleteBatch is how many deletes are sent per sendmsg (default
 	// DefaultDeleteBatch).
 	DeleteBatch int
+	// NoKernelFilter forces unfiltered (streamed) dumps. New sets it on
+	// kernels whose reply-tuple CTA_FILTER is missing or broken (< 5.16).
+	NoKernelFilter bool
 }
 
 // Real is the kernel adapter.
@@ -65,6 +70,10 @@ func New(cfg Config) *Real {
 	}
 	if cfg.DeleteBatch <= 0 {
 		cfg.DeleteBatch = DefaultDeleteBatch
+	}
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil || !kernelFilterWorks(unix.ByteSliceToString(uts.Release[:])) {
+		cfg.NoKernelFilter = true
 	}
 	return &Real{cfg: cfg, sysctl: sysctl.New(cfg.ProcRoot)}
 }
@@ -230,7 +239,7 @@ func (r *Real) CountUDPByReplySource(ctx context.Context, b Backend, limit int) 
 	}
 	n := 0
 	err := r.withSock(func(s *nlSock) error {
-		_, err := s.dumpByReplySource(ctx, b, func(f *Flow) error {
+		_, err := s.dumpByReplySource(ctx, b, !r.cfg.NoKernelFilter, func(f *Flow) error {
 			if b.Matches(f) {
 				n++
 				if limit > 0 && n > limit {
@@ -281,7 +290,7 @@ func (r *Real) DeleteUDPByReplySource(ctx context.Context, b Backend, limit int)
 		batch = batch[:0]
 		return err
 	}
-	res.KernelFiltered, err = dump.dumpByReplySource(ctx, b, func(f *Flow) error {
+	res.KernelFiltered, err = dump.dumpByReplySource(ctx, b, !r.cfg.NoKernelFilter, func(f *Flow) error {
 		res.Scanned++
 		if !b.Matches(f) {
 			return nil

@@ -178,13 +178,18 @@ func (e *encoder) tuple(typ uint16, proto uint8, src, dst netip.AddrPort) {
 	e.close()
 }
 
-// dumpRequest encodes a filtered dump: the kernel only returns entries
-// whose reply tuple has source b.IP, protocol UDP and (if set) source port
-// b.Port.
-func (e *encoder) dumpRequest(seq, pid uint32, b Backend) {
+// dumpRequest encodes a dump of the backend's address family. With
+// kernelFilter the kernel only returns entries whose reply tuple has
+// protocol UDP, source b.IP (IPv4 only, see below) and (if set) source port
+// b.Port; without, every entry of the family (the caller filters).
+func (e *encoder) dumpRequest(seq, pid uint32, b Backend, kernelFilter bool) {
 	ip := b.IP.Unmap()
 	fam := familyOf(ip)
 	off := e.begin(msgType(ctMsgGet), nlmFRequest|nlmFDump, seq, pid, fam)
+	if !kernelFilter {
+		e.end(off)
+		return
+	}
 	e.open(ctaTupleReply)
 	flags := uint32(filterFProtoNum)
 	if fam == afInet {
@@ -246,6 +251,20 @@ func (e *encoder) createRequest(seq, pid uint32, f *Flow, timeout uint32) {
 func (e *encoder) statsRequest(seq, pid uint32, msg uint16) {
 	off := e.begin(msgType(msg), nlmFRequest|nlmFDump, seq, pid, 0)
 	e.end(off)
+}
+
+// kernelFilterWorks reports whether a kernel release (uname -r) has a
+// working reply-tuple CTA_FILTER: added in 5.8, but until "netfilter:
+// ctnetlink: fix filtering with CTA_TUPLE_REPLY" (5.16, backported to some
+// 5.10/5.15 stable releases) the reply tuple was parsed with the original
+// tuple's flags and matched nothing. Older kernels get an unfiltered
+// (still streamed) dump.
+func kernelFilterWorks(release string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 5 || major == 5 && minor >= 16
 }
 
 // Errors from the decoder.

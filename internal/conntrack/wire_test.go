@@ -224,3 +224,20 @@ func FuzzDecodeDatagram(f *testing.F) {
 		}
 	})
 }
+
+func TestKernelFilterWorks(t *testing.T) {
+	for rel, want := range map[string]bool{
+		"6.18.44-fc-v657":   true,
+		"5.16.0":            true,
+		"10.1":              true,
+		"5.15.0-91-generic": false,
+		"5.10.83":           false,
+		"4.19.0":            false,
+		"garbage":           false,
+		"":                  false,
+	} {
+		if got := kernelFilterWorks(rel); got != want {
+			t.Errorf("kernelFilterWorks(%q) = %v, want %v", rel, got, want)
+		}
+	}
+}
