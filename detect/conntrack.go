@@ -29,6 +29,10 @@ const (
 )
 
 // ConntrackExhaustionParams are the thresholds of ConntrackExhaustion.
+//
+// Rates need two cycles of the same detector instance (it is rebuilt on
+// policy reload): the first cycle, and every `remediate --once` run, judges
+// utilization and drift only.
 type ConntrackExhaustionParams struct {
 	// UtilizationThreshold is count/max at or above which the table is
 	// reported (warning). The usual guidance is 75-90%.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -32,6 +33,11 @@ const (
 //	              absent = every port of that IP.
 //	"protocol"    string, optional: when present it must be "UDP" (case
 //	              insensitive); a TCP finding is refused, never widened.
+//
+// An IP of this node (a hostNetwork backend) is refused without a port: by
+// IP alone it would name every UDP conversation the node answers. Entries
+// are matched on the reply source only (as `conntrack -D --reply-src`), so
+// direct, un-NATed UDP flows to the dead pod IP go too; they are as stale.
 const (
 	EvidenceBackendIP   = "backendIP"
 	EvidenceBackendPort = "backendPort"
@@ -116,7 +122,7 @@ func init() {
 			if !ok {
 				return nil, fmt.Errorf("%s: unexpected params %T", FlushConntrackName, params)
 			}
-			return &flushConntrack{p: *p, n: n}, nil
+			return &flushConntrack{p: *p, n: n, isLocal: localAddr}, nil
 		},
 	})
 }
@@ -290,6 +296,28 @@ func (a *raiseConntrackMax) Execute(ctx context.Context, f detect.Finding) (Resu
 type flushConntrack struct {
 	p FlushConntrackParams
 	n *node.Node
+	// isLocal reports whether an address is the node's own (interface
+	// addresses of the daemon's network namespace, loopback).
+	isLocal func(netip.Addr) (bool, error)
+}
+
+// localAddr is the real isLocal.
+func localAddr(ip netip.Addr) (bool, error) {
+	if ip.IsLoopback() {
+		return true, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("list local addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if pfx, ok := a.(*net.IPNet); ok {
+			if la, ok := netip.AddrFromSlice(pfx.IP); ok && la.Unmap() == ip {
+				return true, nil
+			}
+		}
+	}
+	return false, nil
 }
 
 // backendFromEvidence reads the dead backend from a finding.
@@ -362,6 +390,18 @@ func (a *flushConntrack) backend(f detect.Finding) (conntrack.Interface, conntra
 	b, err := backendFromEvidence(f.Evidence)
 	if err != nil {
 		return nil, b, detect.Skip("cannot name the dead backend: %v", err)
+	}
+	if b.Port == 0 {
+		// A hostNetwork backend has the node's address: without a port,
+		// "reply source = node IP" is every UDP conversation the node
+		// answers, not one dead backend.
+		local, err := a.isLocal(b.IP)
+		if err != nil {
+			return nil, b, err
+		}
+		if local {
+			return nil, b, detect.Skip("backend %s is an address of this node: refusing to flush by IP alone (needs backendPort)", b.IP)
+		}
 	}
 	return ct, b, nil
 }

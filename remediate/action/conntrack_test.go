@@ -270,8 +270,22 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}}); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("TCP finding: %v", err)
 	}
+	// The node's own address (a hostNetwork backend) needs a port.
+	a.(*flushConntrack).isLocal = func(ip netip.Addr) (bool, error) { return ip == netip.MustParseAddr("10.0.1.2"), nil }
+	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}}); !isSkip(err) || len(f.Flows) != 3 {
+		t.Fatalf("node address without port: %v (table %d)", err, len(f.Flows))
+	}
+	if r, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53}}); err != nil || r.Details["deleted"] != 1 {
+		t.Fatalf("node address with port: %+v, %v", r, err)
+	}
+	if _, err := localAddr(netip.MustParseAddr("127.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	if l, _ := localAddr(netip.MustParseAddr("127.0.0.1")); !l {
+		t.Fatal("loopback is local")
+	}
 	f.InjectError("DeleteUDPByReplySource", errors.New("netlink: EPERM"))
-	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}}); err == nil || isSkip(err) {
+	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.3"}}); err == nil || isSkip(err) {
 		t.Fatalf("adapter error must fail: %v", err)
 	}
 }
