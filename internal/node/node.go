@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 )
 
@@ -41,6 +42,9 @@ type Node struct {
 	Cluster cluster.View
 	// IPVS is the kernel's IP Virtual Server tables ("ipvs").
 	IPVS ipvs.Interface
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

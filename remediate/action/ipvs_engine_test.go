@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -23,6 +24,7 @@ import (
 const ipvsPolicy = `apiVersion: remediate.dev/v1alpha1
 kind: RemediationPolicy
 mode: %s
+guardrails: {maxTargetsPerCycle: 10, maxActionsPerHour: 20}
 rules:
 - name: ipvs-stale-real-server
   detector: {type: IPVSStaleRealServer}
@@ -34,6 +36,7 @@ rules:
   detector: {type: IPVSMissingVirtualServer}
 - name: ipvs-udp-dead-backend
   detector: {type: IPVSUDPDeadBackend, minConnections: 1}
+  action: {type: FlushConntrack, maxEntries: 1000}
 - name: ipvs-udp-timeout
   detector: {type: IPVSUDPTimeoutHigh, ceiling: 60s}
   action: {type: SetIPVSTimeouts, udpTimeout: 30s}
@@ -43,7 +46,8 @@ rules:
 // and runs one --once cycle of the real engine over the CoreDNS rolling
 // update (fake IPVS, fake view): in audit mode nothing changes; in enforce
 // mode the stale real server, the stale virtual server and the UDP timeout
-// are fixed, and the dead-backend finding carries what FlushConntrack needs.
+// are fixed, and FlushConntrack, paired with the dead-backend finding,
+// removes exactly the dead pod's nf_conntrack entries.
 func TestIPVSRulesThroughTheEngine(t *testing.T) {
 	for _, mode := range []string{"audit", "enforce"} {
 		t.Run(mode, func(t *testing.T) {
@@ -67,8 +71,17 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// nf_conntrack: one DNS flow answered by the dead pod, one by a
+			// live one.
+			ct := conntrack.NewFake(262144, 65536)
+			ct.Flows = []conntrack.Flow{
+				{Proto: 17, OrigSrc: netip.MustParseAddrPort("10.0.0.5:54177"), OrigDst: netip.MustParseAddrPort("10.96.0.10:53"),
+					ReplySrc: netip.MustParseAddrPort("10.244.0.12:53"), ReplyDst: netip.MustParseAddrPort("10.0.0.5:54177")},
+				{Proto: 17, OrigSrc: netip.MustParseAddrPort("10.0.0.6:40000"), OrigDst: netip.MustParseAddrPort("10.96.0.10:53"),
+					ReplySrc: netip.MustParseAddrPort("10.244.1.21:53"), ReplyDst: netip.MustParseAddrPort("10.0.0.6:40000")},
+			}
 			e, err := remediate.New(p, remediate.Options{
-				Node:     &node.Node{Name: "node1", ProcRoot: proc, Clock: clk, IPVS: fk, Cluster: view},
+				Node:     &node.Node{Name: "node1", ProcRoot: proc, Clock: clk, IPVS: fk, Cluster: view, Conntrack: ct},
 				StateDir: dir, Journal: j, Clock: clk, Once: true, LockTimeout: time.Second,
 			})
 			if err != nil {
@@ -102,7 +115,7 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 			if mode == "enforce" {
 				wantOutcome = remediate.OutcomeExecuted
 			}
-			for _, target := range []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53", "ipvs-vs/TCP/10.96.5.5:80", "ipvs/timeouts"} {
+			for _, target := range []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53", "ipvs-vs/TCP/10.96.5.5:80", "ipvs/timeouts", "ipvs-conn/UDP/10.244.0.12:53"} {
 				if d := byTarget[target]; d.Outcome != wantOutcome {
 					t.Errorf("%s: outcome %s (%s), want %s", target, d.Outcome, d.Reason, wantOutcome)
 				}
@@ -112,6 +125,14 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 			vss, _ := fk.VirtualServers(ctx)
 			rss, _ := fk.RealServers(ctx, ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.0.10"), Protocol: ipvs.UDP, Port: 53})
 			changed := tmo.UDP != 300*time.Second || len(vss) != 3 || len(rss) != 2
+			var flows []conntrack.Flow
+			ct.Do(func(f *conntrack.Fake) { flows = append(flows, f.Flows...) })
+			if mode == "audit" && len(flows) != 2 {
+				t.Errorf("audit mode flushed conntrack: %v", flows)
+			}
+			if mode == "enforce" && (len(flows) != 1 || flows[0].ReplySrc.Addr().String() != "10.244.1.21") {
+				t.Errorf("enforce: conntrack left %v, want only the live backend's flow", flows)
+			}
 			if mode == "audit" && changed {
 				t.Errorf("audit mode changed IPVS: timeouts %+v, %d virtual servers, %d real servers", tmo, len(vss), len(rss))
 			}
