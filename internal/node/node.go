@@ -9,6 +9,7 @@
 package node
 
 import (
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 )
@@ -33,6 +34,10 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
+	// (subsystem "kube-proxy").
+	KubeProxy kubeproxy.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
