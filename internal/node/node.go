@@ -9,9 +9,10 @@
 package node
 
 import (
-	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
