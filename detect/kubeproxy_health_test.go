@@ -141,7 +141,7 @@ func TestKubeProxyParamsValidate(t *testing.T) {
 		errs  []string
 		field string
 	}{
-		{"stale factor", fields((&KubeProxySyncStaleParams{Factor: 0.5, RequireQueued: true}).Validate()), "factor"},
+		{"stale factor", fields((&KubeProxySyncStaleParams{Factor: 0.05, RequireQueued: true}).Validate()), "factor"},
 		{"slow quantile", fields((&KubeProxySyncSlowParams{Quantile: 1, Fraction: 0.5, MinSyncs: 3}).Validate()), "quantile"},
 		{"slow fraction", fields((&KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0, MinSyncs: 3}).Validate()), "fraction"},
 		{"slow minSyncs", fields((&KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5}).Validate()), "minSyncs"},
