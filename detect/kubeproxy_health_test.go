@@ -63,9 +63,12 @@ func TestKubeProxyUnreachable(t *testing.T) {
 		if fs[0].Evidence["kind"] != string(kubeproxy.KindBadResponse) || fs[0].Severity != Warning {
 			t.Errorf("finding %+v", fs[0])
 		}
-		// The other detectors cannot tell, and say so as an error.
+		// The other detectors cannot tell, and say so with a skip naming
+		// the cause (the rule's state stays as it was).
 		if _, err := newDetector(t, "KubeProxySyncStale", n, nil).Detect(ctx); err == nil {
 			t.Error("KubeProxySyncStale on malformed metrics: no error")
+		} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "bad-response") {
+			t.Errorf("KubeProxySyncStale on malformed metrics: %v, want a skip naming the bad response", err)
 		}
 	})
 	t.Run("connection closed", func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
@@ -35,6 +36,10 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
 
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
