@@ -155,7 +155,7 @@ func staleSyncFindings(m *kubeproxy.Metrics, pendingSince map[kubeproxy.Family]f
 			msg = fmt.Sprintf("kube-proxy %s rules never synced; a sync has been pending for %s (limit %s)", f, now.Sub(waiting).Round(time.Second), limit)
 		case pending:
 			msg = fmt.Sprintf("kube-proxy %s: a sync pending since %s has not completed after %s (limit %s); rules last synced %s ago",
-				f, rfc3339(waiting), now.Sub(waiting).Round(time.Second), limit, now.Sub(last).Round(time.Second))
+				f, rfc3339(waiting), now.Sub(waiting).Round(100*time.Millisecond), limit, now.Sub(last).Round(time.Second))
 		default:
 			msg = fmt.Sprintf("kube-proxy %s rules last synced %s ago (limit %s)", f, age.Round(time.Second), limit)
 		}

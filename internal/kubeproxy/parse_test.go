@@ -19,10 +19,6 @@ func readFixture(t testing.TB, name string) []byte {
 	return b
 }
 
-func unix(sec float64) time.Time {
-	return time.Unix(0, int64(sec*1e9)).UTC()
-}
-
 func TestParseMetricsFixtures(t *testing.T) {
 	for _, tc := range []struct {
 		file         string
