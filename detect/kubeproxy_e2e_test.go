@@ -25,7 +25,8 @@ import (
 // healthy → no finding; the xtables lock held by another process and an
 // EndpointSlice changed → stale-sync and restore-failure findings for IPv4
 // within 2 x syncPeriod + one interval, then /healthz unhealthy; lock
-// released → every finding clears.
+// released → every finding clears; kube-proxy stopped → KubeProxyUnreachable
+// for both endpoints and the other detectors skip.
 func TestE2EKubeProxyLockStall(t *testing.T) {
 	const (
 		syncPeriod = 10 * time.Second
@@ -66,12 +67,16 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	}
 	// cycle runs every detector once, as the engine would, and returns
 	// "Detector target" keys of the findings.
+	allowSkips := false
 	cycle := func() map[string]Finding {
 		out := map[string]Finding{}
 		for name, d := range dets {
 			dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 			fs, err := d.Detect(dctx)
 			dcancel()
+			if _, skip := IsSkip(err); skip && allowSkips {
+				continue
+			}
 			if err != nil {
 				t.Errorf("%s: %v", name, err)
 				continue
@@ -155,6 +160,24 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 			t.Fatalf("findings still present %v after the release: %s", time.Since(released).Round(time.Second), keys(last))
 		}
 		<-tick.C
+	}
+
+	// kube-proxy gone: one finding per endpoint (connection refused); the
+	// other detectors skip, naming the cause.
+	kp.Stop(t)
+	allowSkips = true
+	time.Sleep(1100 * time.Millisecond) // past the adapter's cache TTL
+	last = cycle()
+	if got, want := keys(last), "KubeProxyUnreachable kube-proxy/healthz, KubeProxyUnreachable kube-proxy/metrics"; got != want {
+		t.Fatalf("kube-proxy stopped: findings %q, want %q", got, want)
+	}
+	if f := last["KubeProxyUnreachable kube-proxy/metrics"]; f.Evidence["kind"] != "unreachable" || !strings.Contains(f.Message, "connection refused") {
+		t.Errorf("unreachable finding %+v", f)
+	}
+	if _, err := dets["KubeProxySyncStale"].Detect(ctx); err == nil {
+		t.Error("KubeProxySyncStale without kube-proxy: no skip")
+	} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "unreachable") {
+		t.Errorf("KubeProxySyncStale without kube-proxy: %v, want a skip naming the cause", err)
 	}
 }
 
