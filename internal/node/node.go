@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -45,6 +46,10 @@ type Node struct {
 	// Conntrack is the nf_conntrack table and its tunables (subsystem
 	// "conntrack").
 	Conntrack conntrack.Interface
+
+	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
+	// (subsystem "kube-proxy").
+	KubeProxy kubeproxy.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
