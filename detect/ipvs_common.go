@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -29,6 +30,16 @@ func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool)
 		}
 	}
 	if requireMode {
+		// kube-proxy's own answer first (/proxyMode); when it cannot be
+		// asked, the kube-ipvs0 interface it creates in IPVS mode.
+		if n.KubeProxy != nil {
+			if mode, err := n.KubeProxy.ProxyMode(ctx); err == nil {
+				if mode != kubeproxy.ModeIPVS {
+					return Skip("kube-proxy runs in %q mode (its /proxyMode), not IPVS", mode)
+				}
+				return ipvsViewPrecheck(n, needView)
+			}
+		}
 		ok, err := ipvs.KubeIPVSInterfacePresent(n.ProcRoot)
 		if err != nil {
 			return Skip("cannot tell whether kube-proxy runs in IPVS mode: %v", err)
@@ -38,6 +49,12 @@ func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool)
 				filepath.Join(ipvsProcRootOr(n.ProcRoot), "net", "dev"))
 		}
 	}
+	return ipvsViewPrecheck(n, needView)
+}
+
+// ipvsViewPrecheck skips when the view is needed and missing, not synced
+// or not connected.
+func ipvsViewPrecheck(n *node.Node, needView bool) error {
 	if needView {
 		if n.Cluster == nil {
 			return Skip("%s", n.Why("kubernetes"))

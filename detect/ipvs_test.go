@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -287,6 +288,41 @@ func TestIPVSStaleRealServer(t *testing.T) {
 			ipvsWorld: func(t *testing.T) *ipvsWorld {
 				w := ipvsCoreDNSRollout(t)
 				w.node.ProcRoot = ipvsProcRoot(t, false)
+				return w
+			},
+			wantSkip: "no kube-ipvs0 interface",
+		},
+		{
+			name: "kube-proxy says iptables mode (/proxyMode)",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				kp := kubeproxy.NewFake(nil, 30*time.Second)
+				kp.SetMode(kubeproxy.ModeIPTables, nil)
+				w.node.KubeProxy = kp
+				return w
+			},
+			wantSkip: `kube-proxy runs in "iptables" mode`,
+		},
+		{
+			name: "kube-proxy says ipvs mode: kube-ipvs0 not needed",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.node.ProcRoot = ipvsProcRoot(t, false)
+				kp := kubeproxy.NewFake(nil, 30*time.Second)
+				kp.SetMode(kubeproxy.ModeIPVS, nil)
+				w.node.KubeProxy = kp
+				return w
+			},
+			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
+		},
+		{
+			name: "kube-proxy unreachable: falls back to kube-ipvs0",
+			ipvsWorld: func(t *testing.T) *ipvsWorld {
+				w := ipvsCoreDNSRollout(t)
+				w.node.ProcRoot = ipvsProcRoot(t, false)
+				kp := kubeproxy.NewFake(nil, 30*time.Second)
+				kp.SetMode("", errors.New("connection refused"))
+				w.node.KubeProxy = kp
 				return w
 			},
 			wantSkip: "no kube-ipvs0 interface",

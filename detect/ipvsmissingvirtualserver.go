@@ -12,8 +12,9 @@ import (
 
 // IPVSMissingVirtualServerParams are the IPVSMissingVirtualServer thresholds.
 type IPVSMissingVirtualServerParams struct {
-	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
-	// interface exists (default true).
+	// RequireIPVSMode skips the detector unless kube-proxy runs in IPVS
+	// mode: its /proxyMode says so or, when it cannot be asked, its
+	// kube-ipvs0 interface exists (default true).
 	RequireIPVSMode bool `yaml:"requireIPVSMode"`
 	// NodeIPs are this node's addresses; when set, NodePort virtual
 	// servers on them are expected too. Optional.

@@ -13,8 +13,9 @@ import (
 
 // IPVSStaleRealServerParams are the IPVSStaleRealServer thresholds.
 type IPVSStaleRealServerParams struct {
-	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
-	// interface exists (default true).
+	// RequireIPVSMode skips the detector unless kube-proxy runs in IPVS
+	// mode: its /proxyMode says so or, when it cannot be asked, its
+	// kube-ipvs0 interface exists (default true).
 	RequireIPVSMode bool `yaml:"requireIPVSMode"`
 	// IncludeDraining also reports TCP/SCTP real servers at weight 0 that
 	// still carry connections: kube-proxy keeps those on purpose while

@@ -13,8 +13,9 @@ import (
 
 // IPVSStaleVirtualServerParams are the IPVSStaleVirtualServer thresholds.
 type IPVSStaleVirtualServerParams struct {
-	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
-	// interface exists (default true).
+	// RequireIPVSMode skips the detector unless kube-proxy runs in IPVS
+	// mode: its /proxyMode says so or, when it cannot be asked, its
+	// kube-ipvs0 interface exists (default true).
 	RequireIPVSMode bool `yaml:"requireIPVSMode"`
 	// ManagedCIDRs scope the detector to kube-proxy's addresses: the
 	// Service CIDRs and the external/load-balancer IP pools. A virtual

@@ -17,8 +17,9 @@ import (
 
 // IPVSUDPDeadBackendParams are the IPVSUDPDeadBackend thresholds.
 type IPVSUDPDeadBackendParams struct {
-	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
-	// interface exists (default true).
+	// RequireIPVSMode skips the detector unless kube-proxy runs in IPVS
+	// mode: its /proxyMode says so or, when it cannot be asked, its
+	// kube-ipvs0 interface exists (default true).
 	RequireIPVSMode bool `yaml:"requireIPVSMode"`
 	// MinConnections is how many entries pinned to one dead backend make
 	// a finding (default 1).

@@ -12,8 +12,9 @@ import (
 
 // IPVSUDPTimeoutHighParams are the IPVSUDPTimeoutHigh thresholds.
 type IPVSUDPTimeoutHighParams struct {
-	// RequireIPVSMode skips the detector unless kube-proxy's kube-ipvs0
-	// interface exists (default true).
+	// RequireIPVSMode skips the detector unless kube-proxy runs in IPVS
+	// mode: its /proxyMode says so or, when it cannot be asked, its
+	// kube-ipvs0 interface exists (default true).
 	RequireIPVSMode bool `yaml:"requireIPVSMode"`
 	// Ceiling is the highest acceptable IPVS UDP timeout (default 60s;
 	// the kernel's default is 300s, which keeps DNS clients pinned to a
