@@ -2,7 +2,6 @@ package ipvs
 
 import (
 	"bufio"
-	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -47,12 +46,29 @@ type Frontend struct {
 // Desired is the set of virtual servers and real servers the cluster view
 // calls for. Build it with NewDesired; it is read-only afterwards.
 type Desired struct {
-	frontends map[string]Frontend // by VirtualServer.Key
-	// nodePorts maps "UDP/30053" to the service ports with that NodePort.
-	nodePorts map[string][]*ServicePort
+	frontends map[frontendKey]Frontend
+	// nodePorts maps protocol and NodePort to the service ports with it.
+	nodePorts map[nodePortKey][]*ServicePort
 	// addrs are the ClusterIP, external and load-balancer addresses.
 	addrs map[netip.Addr]bool
 	ports []*ServicePort
+}
+
+// frontendKey and nodePortKey are map keys that cost no allocation to
+// build (Lookup runs once per virtual server and connection entry).
+type frontendKey struct {
+	addr  netip.Addr
+	proto string
+	port  uint16
+}
+
+type nodePortKey struct {
+	proto string
+	port  uint16
+}
+
+func keyOf(vs VirtualServer) frontendKey {
+	return frontendKey{vs.Address.Unmap(), vs.Protocol, vs.Port}
 }
 
 // NewDesired computes the desired IPVS state from the view's Services and
@@ -60,7 +76,7 @@ type Desired struct {
 // are expected on; without them a NodePort virtual server is recognised by
 // protocol and port alone.
 func NewDesired(v cluster.View, nodeIPs []netip.Addr) *Desired {
-	d := &Desired{frontends: map[string]Frontend{}, nodePorts: map[string][]*ServicePort{}, addrs: map[netip.Addr]bool{}}
+	d := &Desired{frontends: map[frontendKey]Frontend{}, nodePorts: map[nodePortKey][]*ServicePort{}, addrs: map[netip.Addr]bool{}}
 	for _, s := range v.Services() {
 		eps := v.Endpoints(s.Namespace, s.Name)
 		for _, p := range s.Ports {
@@ -81,8 +97,8 @@ func NewDesired(v cluster.View, nodeIPs []netip.Addr) *Desired {
 				a = a.Unmap()
 				d.addrs[a] = true
 				vs := VirtualServer{Address: a, Protocol: p.Protocol, Port: uint16(p.Port)}
-				if _, dup := d.frontends[vs.Key()]; !dup {
-					d.frontends[vs.Key()] = Frontend{VS: vs, Kind: kind, SP: sp}
+				if _, dup := d.frontends[keyOf(vs)]; !dup {
+					d.frontends[keyOf(vs)] = Frontend{VS: vs, Kind: kind, SP: sp}
 				}
 			}
 			for _, ip := range s.ClusterIPs {
@@ -95,12 +111,12 @@ func NewDesired(v cluster.View, nodeIPs []netip.Addr) *Desired {
 				add(ip, KindLoadBalancer)
 			}
 			if p.NodePort > 0 {
-				k := fmt.Sprintf("%s/%d", p.Protocol, p.NodePort)
+				k := nodePortKey{p.Protocol, uint16(p.NodePort)}
 				d.nodePorts[k] = append(d.nodePorts[k], sp)
 				for _, ip := range nodeIPs {
 					vs := VirtualServer{Address: ip.Unmap(), Protocol: p.Protocol, Port: uint16(p.NodePort)}
-					if _, dup := d.frontends[vs.Key()]; !dup {
-						d.frontends[vs.Key()] = Frontend{VS: vs, Kind: KindNodePort, SP: sp}
+					if _, dup := d.frontends[keyOf(vs)]; !dup {
+						d.frontends[keyOf(vs)] = Frontend{VS: vs, Kind: KindNodePort, SP: sp}
 					}
 				}
 			}
@@ -148,13 +164,13 @@ func (d *Desired) Lookup(vs VirtualServer) (Frontend, bool) {
 		return Frontend{}, false
 	}
 	vs.Address = vs.Address.Unmap()
-	if f, ok := d.frontends[vs.Key()]; ok {
+	if f, ok := d.frontends[keyOf(vs)]; ok {
 		return f, true
 	}
 	if d.addrs[vs.Address] {
 		return Frontend{}, false
 	}
-	if sps := d.nodePorts[fmt.Sprintf("%s/%d", vs.Protocol, vs.Port)]; len(sps) > 0 {
+	if sps := d.nodePorts[nodePortKey{vs.Protocol, vs.Port}]; len(sps) > 0 {
 		return Frontend{VS: vs, Kind: KindNodePort, SP: sps[0]}, true
 	}
 	return Frontend{}, false
