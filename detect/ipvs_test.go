@@ -23,7 +23,7 @@ var ipvsT0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 // procRoot returns a fake proc root whose net/dev lists kube-ipvs0 when
 // ipvsMode is true.
-func ipvsProcRoot(t *testing.T, ipvsMode bool) string {
+func ipvsProcRoot(t testing.TB, ipvsMode bool) string {
 	t.Helper()
 	root := t.TempDir()
 	dev := "Inter-|   Receive                                                |  Transmit\n" +
@@ -63,7 +63,7 @@ type ipvsWorld struct {
 
 // newIPVSWorld has what every cluster has: default/kubernetes and its
 // virtual server.
-func newIPVSWorld(t *testing.T) *ipvsWorld {
+func newIPVSWorld(t testing.TB) *ipvsWorld {
 	w := &ipvsWorld{ipvs: ipvs.NewFake(), view: clustertest.New(ipvsT0)}
 	w.node = &node.Node{Name: "node1", ProcRoot: ipvsProcRoot(t, true), IPVS: w.ipvs, Cluster: w.view}
 	w.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"10.96.0.1"},
@@ -73,7 +73,7 @@ func newIPVSWorld(t *testing.T) *ipvsWorld {
 	return w
 }
 
-func (w *ipvsWorld) addVS(t *testing.T, v ipvs.VirtualServer, rss ...ipvs.RealServer) {
+func (w *ipvsWorld) addVS(t testing.TB, v ipvs.VirtualServer, rss ...ipvs.RealServer) {
 	t.Helper()
 	if err := w.ipvs.AddVirtualServer(v); err != nil {
 		t.Fatal(err)
@@ -592,8 +592,7 @@ func TestIPVSUDPTimeoutHigh(t *testing.T) {
 // virtual server are a large part of it; the real adapter asks the kernel
 // by key).
 func BenchmarkIPVSDetectorsLargeNode(b *testing.B) {
-	t := &testing.T{}
-	w := newIPVSWorld(t)
+	w := newIPVSWorld(b)
 	for i := 0; i < 2000; i++ {
 		cip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
 		svc := cluster.Service{Namespace: "ns", Name: fmt.Sprintf("svc-%d", i), ClusterIPs: []string{cip.String()},
