@@ -10,7 +10,10 @@ package node
 
 import (
 	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -33,6 +36,13 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// Kube is the Kubernetes API client; nil without cluster access
+	// (Unavailable["kubernetes"] says why). Built by internal/kube.
+	Kube kubernetes.Interface
+	// Cluster is the informer-backed view of Services and EndpointSlices;
+	// nil without cluster access. Callers check Cluster.Freshness().
+	Cluster cluster.View
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
