@@ -20,9 +20,12 @@ const AnnotationCordonedBy = "remediate.dev/cordoned-by"
 
 // CordonRecord is the JSON value of AnnotationCordonedBy.
 type CordonRecord struct {
-	Rule   string    `json:"rule"`
-	Target string    `json:"target"`
-	Time   time.Time `json:"time"`
+	// Detector and Target identify the finding that caused the cordon:
+	// once no finding of that detector on that target is seen, the cordon
+	// is undone.
+	Detector string    `json:"detector"`
+	Target   string    `json:"target"`
+	Time     time.Time `json:"time"`
 	// Taint is the taint remediate added, if any (removed on uncordon).
 	Taint *corev1.Taint `json:"taint,omitempty"`
 }
@@ -36,7 +39,7 @@ func CordonedBy(n *corev1.Node) (CordonRecord, bool) {
 	var r CordonRecord
 	if err := json.Unmarshal([]byte(v), &r); err != nil {
 		// Ours but unreadable: still ours; uncordon keeps working.
-		return CordonRecord{Rule: "unknown"}, true
+		return CordonRecord{Detector: "unknown"}, true
 	}
 	return r, true
 }

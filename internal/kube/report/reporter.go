@@ -82,7 +82,7 @@ type Options struct {
 		Node() (*corev1.Node, bool)
 	}
 	Clock clock.PassiveClock
-	Log    *zap.Logger
+	Log   *zap.Logger
 }
 
 // Reporter publishes reports. It is goroutine-safe.
@@ -386,8 +386,9 @@ func patchCondition(ctx context.Context, cs kubernetes.Interface, node string, c
 	return nil
 }
 
-// uncordon undoes remediate's cordon once the rule that caused it has had
-// no finding for UncordonAfter while its detector ran.
+// uncordon undoes remediate's cordon once the finding that caused it
+// (detector and target) has been absent for UncordonAfter while its
+// detector ran.
 func (r *Reporter) uncordon(ctx context.Context, rep *remediate.Report) error {
 	var n *corev1.Node
 	if r.opts.Nodes != nil {
@@ -402,6 +403,7 @@ func (r *Reporter) uncordon(ctx context.Context, rep *remediate.Report) error {
 		}
 	}
 	rec, ours := kube.CordonedBy(n)
+	key := rec.Detector + "|" + rec.Target
 	r.mu.Lock()
 	if !ours {
 		r.cleanSince = map[string]time.Time{}
@@ -411,23 +413,26 @@ func (r *Reporter) uncordon(ctx context.Context, rep *remediate.Report) error {
 	now := r.opts.Clock.Now()
 	firing := false
 	for _, f := range rep.Findings {
-		if f.Rule == rec.Rule {
+		if f.Detector == rec.Detector && f.Target == rec.Target {
 			firing = true
 		}
 	}
 	for _, s := range rep.Skipped {
-		if s.Rule == rec.Rule {
+		if s.Detector == rec.Detector {
 			firing = true // cannot tell: keep the cordon
 		}
 	}
-	if firing {
-		delete(r.cleanSince, rec.Rule)
+	// An unreadable record, or a detector no rule runs any more, would
+	// never clear: keep the cordon and say so.
+	ran := rec.Detector != "unknown"
+	if firing || !ran {
+		delete(r.cleanSince, key)
 		r.mu.Unlock()
 		return nil
 	}
-	since, ok := r.cleanSince[rec.Rule]
+	since, ok := r.cleanSince[key]
 	if !ok {
-		r.cleanSince[rec.Rule] = now
+		r.cleanSince[key] = now
 		since = now
 	}
 	r.mu.Unlock()
@@ -440,12 +445,12 @@ func (r *Reporter) uncordon(ctx context.Context, rep *remediate.Report) error {
 	}
 	if changed {
 		r.mu.Lock()
-		delete(r.cleanSince, rec.Rule)
+		delete(r.cleanSince, key)
 		r.mu.Unlock()
-		r.opts.Log.Info("uncordoned node: the rule that cordoned it has resolved", zap.String("rule", rec.Rule))
-		return r.Emit(ctx, "uncordon|"+rec.Rule, corev1.EventTypeNormal, ReasonUncordon, "Uncordon",
-			fmt.Sprintf("rule %s resolved (no finding for %s): uncordoned the node remediate cordoned at %s",
-				rec.Rule, r.opts.UncordonAfter, rec.Time.UTC().Format(time.RFC3339)))
+		r.opts.Log.Info("uncordoned node: the finding that cordoned it has resolved", zap.String("detector", rec.Detector), zap.String("target", rec.Target))
+		return r.Emit(ctx, "uncordon|"+key, corev1.EventTypeNormal, ReasonUncordon, "Uncordon",
+			fmt.Sprintf("%s on %s resolved (no finding for %s): uncordoned the node remediate cordoned at %s",
+				rec.Detector, rec.Target, r.opts.UncordonAfter, rec.Time.UTC().Format(time.RFC3339)))
 	}
 	return nil
 }

@@ -91,12 +91,12 @@ func TestReporterUncordon(t *testing.T) {
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 	taint := &corev1.Taint{Key: "remediate.dev/dataplane", Effect: corev1.TaintEffectNoSchedule}
-	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Rule: "cordon", Target: "kube-proxy/IPv4", Time: clk.Now(), Taint: taint}); err != nil {
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Time: clk.Now(), Taint: taint}); err != nil {
 		t.Fatal(err)
 	}
 	r := New(cs, Options{Node: "n1", Clock: clk, UncordonAfter: time.Minute})
-	firing := &remediate.Report{Findings: []remediate.ReportFinding{{Rule: "cordon", Finding: detect.Finding{Target: "kube-proxy/IPv4", Severity: detect.Warning}}}}
-	skipped := &remediate.Report{Skipped: []remediate.SkippedCheck{{Rule: "cordon", Reason: "no cluster access"}}}
+	firing := &remediate.Report{Findings: []remediate.ReportFinding{{Rule: "cordon", Finding: detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: detect.Warning}}}}
+	skipped := &remediate.Report{Skipped: []remediate.SkippedCheck{{Rule: "cordon", Detector: "KubeProxySyncStale", Reason: "no cluster access"}}}
 	clean := &remediate.Report{}
 	steps := []struct {
 		rep         *remediate.Report
@@ -121,7 +121,7 @@ func TestReporterUncordon(t *testing.T) {
 	n, _ := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
 	n.Spec.Unschedulable = true
 	_, _ = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
-	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Rule: "x"}); err != kube.ErrCordonedByOther {
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "x"}); err != kube.ErrCordonedByOther {
 		t.Fatalf("cordon over another's: %v", err)
 	}
 	clk.Step(time.Hour)
