@@ -51,8 +51,9 @@ const DefaultConditionType = "KubeProxyDataplaneHealthy"
 type Options struct {
 	// Node is this node's name.
 	Node string
-	// EventNamespace holds the Events about the (cluster-scoped) Node;
-	// default "default", like the kubelet's.
+	// EventNamespace holds the Events about the (cluster-scoped) Node:
+	// the apiserver accepts "default" or "kube-system" for them; default
+	// kube-system, where the DaemonSet runs, so one Role covers it.
 	EventNamespace string
 	// Controller is the events' reportingController (default
 	// "remediate.dev/remediate").
@@ -109,7 +110,7 @@ type seriesState struct {
 // New returns a Reporter writing through cs.
 func New(cs kubernetes.Interface, o Options) *Reporter {
 	if o.EventNamespace == "" {
-		o.EventNamespace = metav1.NamespaceDefault
+		o.EventNamespace = metav1.NamespaceSystem
 	}
 	if o.Controller == "" {
 		o.Controller = "remediate.dev/remediate"

@@ -33,7 +33,7 @@ func TestReporterFake(t *testing.T) {
 		}
 		clk.Step(30 * time.Second)
 	}
-	evs, _ := cs.EventsV1().Events("default").List(ctx, metav1.ListOptions{})
+	evs, _ := cs.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
 	var dry, cond int
 	for _, e := range evs.Items {
 		switch e.Reason {
