@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -43,6 +44,9 @@ type Node struct {
 	// Cluster is the informer-backed view of Services and EndpointSlices;
 	// nil without cluster access. Callers check Cluster.Freshness().
 	Cluster cluster.View
+	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
+	// (subsystem "kube-proxy").
+	KubeProxy kubeproxy.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
