@@ -1,0 +1,320 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+)
+
+const (
+	benchServices  = 10000
+	benchEndpoints = 5 // per Service: 50,000 endpoints in all
+	benchNS        = 10
+	childEnv       = "REMEDIATE_VIEW_CHILD_KUBECONFIG"
+)
+
+// viewStats is what the child process reports.
+type viewStats struct {
+	SyncSeconds     float64 `json:"syncSeconds"`
+	Services        int     `json:"services"`
+	Endpoints       int     `json:"endpoints"`
+	RSSBytes        int64   `json:"rssBytes"`
+	HeapInuseBytes  uint64  `json:"heapInuseBytes"`
+	ListsBeforeSync int64   `json:"listsBeforeSync"`
+	ListsAfterSync  int64   `json:"listsAfterSync"`
+	Watches         int64   `json:"watches"`
+	SawChurn        bool    `json:"sawChurn"`
+}
+
+// BenchmarkViewSteadyState measures the cluster view against a real
+// apiserver holding 10,000 Services and 50,000 endpoints (10,000
+// EndpointSlices of 5): the view runs in a child process (this test binary,
+// inside the control plane's namespace) so its RSS is the view's alone.
+// Reported: steady RSS and heap after sync and 20 s of churn, sync time,
+// and the LIST requests after the initial sync (must be 0: resync is off
+// and changes arrive by WATCH). Run with -benchtime=1x.
+func BenchmarkViewSteadyState(b *testing.B) {
+	cp := controlplane.Start(b, controlplane.Options{})
+	cfg := rest.CopyConfig(cp.RestConfig)
+	cfg.QPS, cfg.Burst = -1, 0 // no client-side limit for the fill
+	cs := kubernetes.NewForConfigOrDie(cfg)
+	start := time.Now()
+	fill(b, cs)
+	b.Logf("created %d Services and %d EndpointSlices (%d endpoints) in %s", benchServices, benchServices, benchServices*benchEndpoints, time.Since(start).Round(time.Second))
+
+	for range b.N {
+		st := runChild(b, cp, cs)
+		b.ReportMetric(float64(st.RSSBytes)/(1<<20), "RSS-MiB")
+		b.ReportMetric(float64(st.HeapInuseBytes)/(1<<20), "heap-MiB")
+		b.ReportMetric(st.SyncSeconds, "sync-s")
+		b.ReportMetric(float64(st.ListsAfterSync), "lists-after-sync")
+		b.Logf("child: %+v", st)
+		if st.Services != benchServices || st.Endpoints != benchServices*benchEndpoints {
+			b.Fatalf("view holds %d services, %d endpoints", st.Services, st.Endpoints)
+		}
+		if !st.SawChurn {
+			b.Error("the view did not see changes made after sync")
+		}
+		if st.ListsAfterSync != 0 {
+			b.Errorf("%d LIST requests after the initial sync", st.ListsAfterSync)
+		}
+		if st.RSSBytes > 64<<20 {
+			b.Errorf("steady RSS %d MiB, target < 64 MiB", st.RSSBytes>>20)
+		}
+	}
+}
+
+func fill(b *testing.B, cs kubernetes.Interface) {
+	ctx := context.Background()
+	for i := range benchNS {
+		_, _ = cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("bench-%d", i)}}, metav1.CreateOptions{})
+	}
+	work := make(chan int)
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				if err := createService(ctx, cs, i); err != nil {
+					if failed.Add(1) == 1 {
+						firstErr.Store(err)
+					}
+				}
+			}
+		}()
+	}
+	for i := range benchServices {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if failed.Load() > 0 {
+		b.Fatalf("%d creations failed, first: %v", failed.Load(), firstErr.Load())
+	}
+}
+
+func createService(ctx context.Context, cs kubernetes.Interface, i int) error {
+	ns := fmt.Sprintf("bench-%d", i%benchNS)
+	name := fmt.Sprintf("svc-%d", i)
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels:      map[string]string{"app": name, "tier": "backend"},
+			Annotations: map[string]string{"example.com/owner": "team-" + strconv.Itoa(i%37), "example.com/description": strings.Repeat("x", 64)}},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP},
+				{Name: "metrics", Port: 9090, TargetPort: intstr.FromInt32(9090), Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := cs.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	sl := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name + "-abcde", Namespace: ns,
+			Labels: map[string]string{discoveryv1.LabelServiceName: name, discoveryv1.LabelManagedBy: "endpointslice-controller.k8s.io"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports: []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)},
+			{Name: ptr.To("metrics"), Port: ptr.To[int32](9090), Protocol: ptr.To(corev1.ProtocolTCP)}},
+	}
+	for e := range benchEndpoints {
+		n := i*benchEndpoints + e
+		sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{fmt.Sprintf("10.%d.%d.%d", 64+n>>16, (n>>8)&255, n&255)},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true), Serving: ptr.To(true), Terminating: ptr.To(false)},
+			NodeName:   ptr.To(fmt.Sprintf("node-%d", n%500)),
+			Zone:       ptr.To("zone-a"),
+			TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("%s-pod-%d", name, e), UID: "0123456789"},
+		})
+	}
+	_, err := cs.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{})
+	return err
+}
+
+// runChild runs the view in a child process and, once it has synced,
+// churns the cluster for it to see.
+func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interface) viewStats {
+	kc := cp.Dir + "/bench-admin.kubeconfig"
+	if err := os.WriteFile(kc, []byte(controlplane.Kubeconfig(controlplane.AdminToken)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	cmd := cp.NetNS.Command(os.Args[0], "-test.run=^TestViewChild$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+kc)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill() // by PID; no-op once it exited
+		_ = cmd.Wait()
+	})
+	var st viewStats
+	got := false
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "SYNCED"):
+			churn(b, cs)
+		case strings.HasPrefix(line, "VIEWSTATS "):
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "VIEWSTATS ")), &st); err != nil {
+				b.Fatal(err)
+			}
+			got = true
+		case strings.Contains(line, "FAIL") || strings.Contains(line, "child:"):
+			b.Log(line)
+		}
+	}
+	if err := cmd.Wait(); err != nil || !got {
+		b.Fatalf("child: %v (stats received: %v)", err, got)
+	}
+	return st
+}
+
+// churn updates 100 Services' endpoints and adds a marker Service the
+// child waits for.
+func churn(b *testing.B, cs kubernetes.Interface) {
+	ctx := context.Background()
+	for i := 0; i < 100; i++ {
+		ns, name := fmt.Sprintf("bench-%d", i%benchNS), fmt.Sprintf("svc-%d", i)
+		sl, err := cs.DiscoveryV1().EndpointSlices(ns).Get(ctx, name+"-abcde", metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sl.Endpoints[0].Conditions.Ready = ptr.To(false)
+		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_, err := cs.CoreV1().Services("bench-0").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "churn-marker"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 1}}}}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// TestViewChild is the benchmark's child process; it skips unless run by
+// BenchmarkViewSteadyState.
+func TestViewChild(t *testing.T) {
+	kc := os.Getenv(childEnv)
+	if kc == "" {
+		t.Skip("child process of BenchmarkViewSteadyState only")
+	}
+	var synced atomic.Bool
+	var listsBefore, listsAfter, watches atomic.Int64
+	count := func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
+			p := r.URL.Path
+			if r.Method == http.MethodGet && (strings.HasSuffix(p, "/services") || strings.HasSuffix(p, "/endpointslices")) {
+				switch {
+				case r.URL.Query().Get("watch") == "true":
+					watches.Add(1)
+				case synced.Load():
+					listsAfter.Add(1)
+				default:
+					listsBefore.Add(1)
+				}
+			}
+			return rt.RoundTrip(r)
+		})
+	}
+	c, err := kube.Connect(kube.Options{Kubeconfig: kc, WrapTransport: count})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	v, err := kube.NewView(c.Interface, c.Contact, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	v.Start(ctx)
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer scancel()
+	if !v.WaitForSync(sctx) {
+		t.Fatal("no sync")
+	}
+	syncTime := time.Since(start)
+	synced.Store(true)
+	fmt.Println("SYNCED")
+
+	// Steady state: wait for the churn, then let 20 s pass.
+	saw := false
+	deadline := time.Now().Add(60 * time.Second)
+	for !saw && time.Now().Before(deadline) {
+		for _, s := range v.Services() {
+			if s.Name == "churn-marker" {
+				saw = true
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	time.Sleep(20 * time.Second)
+	st := viewStats{SyncSeconds: syncTime.Seconds(), SawChurn: saw,
+		ListsBeforeSync: listsBefore.Load(), ListsAfterSync: listsAfter.Load(), Watches: watches.Load()}
+	svcs := v.Services()
+	for _, s := range svcs {
+		if strings.HasPrefix(s.Name, "svc-") {
+			st.Services++
+			st.Endpoints += len(v.Endpoints(s.Namespace, s.Name)) / 2 // two ports per endpoint
+		}
+	}
+	svcs = nil
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	st.HeapInuseBytes = ms.HeapInuse
+	st.RSSBytes = rss(t)
+	js, _ := json.Marshal(st)
+	fmt.Println("VIEWSTATS " + string(js))
+	runtime.KeepAlive(v)
+}
+
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+func rss(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			f := strings.Fields(l)
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
