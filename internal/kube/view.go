@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -163,8 +161,8 @@ func (v *View) Services() []cluster.Service {
 	objs := v.svc.GetStore().List()
 	out := make([]cluster.Service, 0, len(objs))
 	for _, o := range objs {
-		if s, ok := o.(*corev1.Service); ok {
-			out = append(out, toService(s))
+		if s, ok := o.(*compactService); ok {
+			out = append(out, s.svc)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -187,18 +185,26 @@ func (v *View) Endpoints(namespace, name string) []cluster.Endpoint {
 	if err != nil {
 		return nil
 	}
-	slices := make([]*discoveryv1.EndpointSlice, 0, len(objs))
+	slices := make([]*compactSlice, 0, len(objs))
 	for _, o := range objs {
-		if s, ok := o.(*discoveryv1.EndpointSlice); ok {
+		if s, ok := o.(*compactSlice); ok {
 			slices = append(slices, s)
 		}
 	}
-	return MergeSlices(slices)
+	return mergeCompact(slices)
 }
 
 // MergeSlices flattens EndpointSlices into Endpoints, sorted by address,
 // port name and port, deduplicated.
 func MergeSlices(slices []*discoveryv1.EndpointSlice) []cluster.Endpoint {
+	cs := make([]*compactSlice, len(slices))
+	for i, s := range slices {
+		cs[i] = toCompactSlice(s)
+	}
+	return mergeCompact(cs)
+}
+
+func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
 	type key struct {
 		addr, portName, proto string
 		port                  int32
@@ -206,42 +212,19 @@ func MergeSlices(slices []*discoveryv1.EndpointSlice) []cluster.Endpoint {
 	idx := map[key]int{}
 	var out []cluster.Endpoint
 	for _, s := range slices {
-		for _, ep := range s.Endpoints {
-			ready := ep.Conditions.Ready == nil || *ep.Conditions.Ready
-			serving := ready
-			if ep.Conditions.Serving != nil {
-				serving = *ep.Conditions.Serving
-			}
-			terminating := ep.Conditions.Terminating != nil && *ep.Conditions.Terminating
-			node := ""
-			if ep.NodeName != nil {
-				node = *ep.NodeName
-			}
-			for _, addr := range ep.Addresses {
-				for _, p := range s.Ports {
-					if p.Port == nil {
-						continue
+		for _, ep := range s.endpoints {
+			for _, p := range s.ports {
+				e := cluster.Endpoint{Address: ep.address, Port: p.Port, Protocol: p.Protocol, PortName: p.Name, NodeName: ep.node,
+					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0}
+				k := key{ep.address, p.Name, p.Protocol, p.Port}
+				if i, dup := idx[k]; dup {
+					if rank(e) > rank(out[i]) {
+						out[i] = e
 					}
-					proto := string(corev1.ProtocolTCP)
-					if p.Protocol != nil {
-						proto = string(*p.Protocol)
-					}
-					pn := ""
-					if p.Name != nil {
-						pn = *p.Name
-					}
-					e := cluster.Endpoint{Address: addr, Port: *p.Port, Protocol: proto, PortName: pn, NodeName: node,
-						Ready: ready, Serving: serving, Terminating: terminating}
-					k := key{addr, pn, proto, *p.Port}
-					if i, dup := idx[k]; dup {
-						if rank(e) > rank(out[i]) {
-							out[i] = e
-						}
-						continue
-					}
-					idx[k] = len(out)
-					out = append(out, e)
+					continue
 				}
+				idx[k] = len(out)
+				out = append(out, e)
 			}
 		}
 	}
@@ -275,94 +258,3 @@ func rank(e cluster.Endpoint) int {
 	return r
 }
 
-func toService(s *corev1.Service) cluster.Service {
-	out := cluster.Service{Namespace: s.Namespace, Name: s.Name, ExternalIPs: s.Spec.ExternalIPs}
-	for _, ip := range s.Spec.ClusterIPs {
-		if ip != "" && ip != corev1.ClusterIPNone {
-			out.ClusterIPs = append(out.ClusterIPs, ip)
-		}
-	}
-	for _, in := range s.Status.LoadBalancer.Ingress {
-		if in.IP != "" {
-			out.LoadBalancerIPs = append(out.LoadBalancerIPs, in.IP)
-		}
-	}
-	out.Ports = make([]cluster.ServicePort, 0, len(s.Spec.Ports))
-	for _, p := range s.Spec.Ports {
-		proto := string(p.Protocol)
-		if proto == "" {
-			proto = string(corev1.ProtocolTCP)
-		}
-		out.Ports = append(out.Ports, cluster.ServicePort{Name: p.Name, Protocol: proto, Port: p.Port, NodePort: p.NodePort})
-	}
-	return out
-}
-
-func sliceServiceKey(obj any) ([]string, error) {
-	s, ok := obj.(*discoveryv1.EndpointSlice)
-	if !ok {
-		return nil, nil
-	}
-	svc := s.Labels[discoveryv1.LabelServiceName]
-	if svc == "" {
-		return nil, nil
-	}
-	return []string{s.Namespace + "/" + svc}, nil
-}
-
-// Transform is the informers' cache.TransformFunc: it replaces each Service
-// and EndpointSlice by a fresh object holding only what the view uses, so
-// the decoded original (managedFields, annotations, labels, status, hints,
-// target references) is garbage. Other objects pass unchanged. It is
-// idempotent.
-func Transform(obj any) (any, error) {
-	switch o := obj.(type) {
-	case *corev1.Service:
-		return stripService(o), nil
-	case *discoveryv1.EndpointSlice:
-		return stripSlice(o), nil
-	default:
-		return obj, nil
-	}
-}
-
-func minimalMeta(m metav1.ObjectMeta) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
-}
-
-func stripService(s *corev1.Service) *corev1.Service {
-	out := &corev1.Service{ObjectMeta: minimalMeta(s.ObjectMeta)}
-	out.Spec.Type = s.Spec.Type
-	out.Spec.ClusterIPs = s.Spec.ClusterIPs
-	if len(out.Spec.ClusterIPs) == 0 && s.Spec.ClusterIP != "" {
-		out.Spec.ClusterIPs = []string{s.Spec.ClusterIP}
-	}
-	out.Spec.ExternalIPs = s.Spec.ExternalIPs
-	if len(s.Spec.Ports) > 0 {
-		out.Spec.Ports = make([]corev1.ServicePort, len(s.Spec.Ports))
-		for i, p := range s.Spec.Ports {
-			out.Spec.Ports[i] = corev1.ServicePort{Name: p.Name, Protocol: p.Protocol, Port: p.Port, NodePort: p.NodePort}
-		}
-	}
-	for _, in := range s.Status.LoadBalancer.Ingress {
-		if in.IP != "" {
-			out.Status.LoadBalancer.Ingress = append(out.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: in.IP})
-		}
-	}
-	return out
-}
-
-func stripSlice(s *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
-	out := &discoveryv1.EndpointSlice{ObjectMeta: minimalMeta(s.ObjectMeta), AddressType: s.AddressType}
-	if svc := s.Labels[discoveryv1.LabelServiceName]; svc != "" {
-		out.Labels = map[string]string{discoveryv1.LabelServiceName: svc}
-	}
-	out.Ports = s.Ports
-	if len(s.Endpoints) > 0 {
-		out.Endpoints = make([]discoveryv1.Endpoint, len(s.Endpoints))
-		for i, e := range s.Endpoints {
-			out.Endpoints[i] = discoveryv1.Endpoint{Addresses: e.Addresses, Conditions: e.Conditions, NodeName: e.NodeName}
-		}
-	}
-	return out
-}

@@ -11,6 +11,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
@@ -47,32 +48,45 @@ func testSlice(name string, addrs ...string) *discoveryv1.EndpointSlice {
 	return s
 }
 
-func TestTransformStrips(t *testing.T) {
+func TestTransformCompacts(t *testing.T) {
 	o, err := Transform(testService())
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := o.(*corev1.Service)
-	if s.Annotations != nil || s.Labels != nil || s.ManagedFields != nil || s.Spec.Selector != nil {
-		t.Errorf("metadata/selector not stripped: %+v", s.ObjectMeta)
+	s := o.(*compactService)
+	want := cluster.Service{Namespace: "kube-system", Name: "dns", ClusterIPs: []string{"10.96.0.10"},
+		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53, NodePort: 30053}}}
+	if diff := cmp.Diff(want, s.svc); diff != "" {
+		t.Errorf("service (-want +got):\n%s", diff)
 	}
-	if s.Name != "dns" || s.Namespace != "kube-system" || len(s.Spec.Ports) != 2 || s.Spec.ClusterIPs[0] != "10.96.0.10" {
-		t.Errorf("needed fields lost: %+v", s)
+	if m := s.GetObjectMeta(); m.GetName() != "dns" || m.GetNamespace() != "kube-system" || m.GetResourceVersion() != "7" {
+		t.Errorf("meta %+v", m)
 	}
 	o, _ = Transform(testSlice("a", "10.0.0.1"))
-	sl := o.(*discoveryv1.EndpointSlice)
-	if sl.ManagedFields != nil || len(sl.Labels) != 1 || sl.Endpoints[0].Zone != nil || sl.Endpoints[0].TargetRef != nil {
-		t.Errorf("slice not stripped: %+v", sl)
+	sl := o.(*compactSlice)
+	if sl.service != "dns" || len(sl.endpoints) != 1 || sl.endpoints[0] != (compactEndpoint{"10.0.0.1", "node1", epReady | epServing}) {
+		t.Errorf("slice %+v", sl)
 	}
-	// Idempotent.
-	o2, _ := Transform(sl)
-	if diff := cmp.Diff(sl, o2); diff != "" {
-		t.Errorf("not idempotent: %s", diff)
+	if keys, _ := sliceServiceKey(sl); len(keys) != 1 || keys[0] != "kube-system/dns" {
+		t.Errorf("index keys %v", keys)
 	}
-	// Others pass unchanged.
+	// Idempotent: a record passes unchanged; so do other objects.
+	if o2, _ := Transform(sl); o2 != sl {
+		t.Error("record transformed twice")
+	}
 	n := &corev1.Node{}
 	if o, _ := Transform(n); o != n {
 		t.Error("node changed")
+	}
+	// The store keys records like API objects.
+	if k, err := cache.MetaNamespaceKeyFunc(sl); err != nil || k != "kube-system/a" {
+		t.Errorf("key %q %v", k, err)
+	}
+	// Headless: no ClusterIPs.
+	h := testService()
+	h.Spec.ClusterIP, h.Spec.ClusterIPs = "None", []string{"None"}
+	if o, _ := Transform(h); len(o.(*compactService).svc.ClusterIPs) != 0 {
+		t.Error("headless service has a cluster IP")
 	}
 }
 
