@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -36,6 +37,16 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	}
 	// --- wire adapters here: one block per subsystem, setting the
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
+
+	// conntrack: the table of the daemon's network namespace over
+	// ctnetlink (hostNetwork in the DaemonSet), tunables under --proc-root
+	// and --sys-root, the last nf_conntrack_max set recorded in --state-dir
+	// (for drift after a kube-proxy restart).
+	if err := conntrack.Available(w.o.procRoot); err != nil {
+		n.Unavailable["conntrack"] = err.Error()
+	} else {
+		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
+	}
 	return n, nil
 }
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -47,6 +48,9 @@ type Node struct {
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
