@@ -20,6 +20,7 @@ type wiring struct {
 	o       *options
 	log     *zap.Logger
 	closers []func()
+	k       kubeWiring // Kubernetes client, view, reporter (wire_kube.go)
 }
 
 func newWiring(o *options, log *zap.Logger) *wiring { return &wiring{o: o, log: log} }
@@ -47,6 +48,14 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
 	}
+
+	// kubernetes: the API client and the Services/EndpointSlices view
+	// (in-cluster or --kubeconfig; built once, shared across reloads).
+	if k := w.kube(); k.client != nil {
+		n.Kube, n.Cluster = k.client.Interface, k.view
+	} else {
+		n.Unavailable["kubernetes"] = k.noAccess
+	}
 	return n, nil
 }
 
@@ -54,17 +63,19 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 // budget, API freshness), checked before the dry-run guardrail.
 func (w *wiring) Guardrails() []remediate.Guardrail {
 	// --- wire cluster guardrails here ---
-	return nil
+	return w.clusterGuardrails()
 }
 
 // OnReport publishes a daemon cycle's report (events, node conditions).
 func (w *wiring) OnReport(ctx context.Context, rep *remediate.Report) {
 	// --- wire reporters here ---
+	w.reportCycle(ctx, rep)
 }
 
 // OnReloadError reports a rejected policy reload beyond the log and metric.
 func (w *wiring) OnReloadError(ctx context.Context, err error) {
 	// --- wire reload error reporting here ---
+	w.reportReloadError(ctx, err)
 }
 
 // Close releases adapters.

@@ -14,8 +14,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
-	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
