@@ -257,4 +257,3 @@ func rank(e cluster.Endpoint) int {
 	}
 	return r
 }
-
