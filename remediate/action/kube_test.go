@@ -2,6 +2,7 @@ package action
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -10,10 +11,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -116,9 +119,40 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Details["newPod"] != "kp-z" || res.Details["oldUID"] != "a" {
+	if res.Details["newPod"] != "kp-z" || res.Details["oldUID"] != "a" || !strings.HasPrefix(res.Details["syncCheck"].(string), "not checked") {
 		t.Fatalf("result %+v", res)
 	}
+
+	// With the kube-proxy adapter: success needs /healthz healthy too. A
+	// "DaemonSet controller" replaces the pod whenever it is gone.
+	stop := make(chan struct{})
+	go func() {
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
+				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
+			}
+		}
+	}()
+	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
+	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
+	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 500*time.Millisecond)
+	if _, err := a.Execute(ctx, detect.Finding{}); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
+		t.Fatalf("unhealthy kube-proxy after restart: %v", err)
+	}
+	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
+	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 5*time.Second)
+	res, err = a.Execute(ctx, detect.Finding{})
+	if err != nil || res.Details["syncRecoveredAfter"] == nil {
+		t.Fatalf("healthy kube-proxy after restart: %+v %v", res, err)
+	}
+	close(stop)
+	time.Sleep(50 * time.Millisecond)
+
 	// Without a replacement: a bounded wait, then failure.
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs}, 200*time.Millisecond)
 	start := time.Now()

@@ -25,7 +25,9 @@ type RestartKubeProxyParams struct {
 	Namespace string `yaml:"namespace"`
 	// LabelSelector selecting kube-proxy pods.
 	LabelSelector string `yaml:"labelSelector"`
-	// ReadyTimeout bounds the wait for the replacement pod to be Ready.
+	// ReadyTimeout bounds the wait for the replacement pod to be Ready and,
+	// where the kube-proxy adapter is available, for kube-proxy's /healthz
+	// to report healthy (its sync recovered). Keep it under actionTimeout.
 	ReadyTimeout policy.Duration `yaml:"readyTimeout"`
 	// PollInterval between checks of the replacement pod.
 	PollInterval policy.Duration `yaml:"pollInterval"`
@@ -184,8 +186,15 @@ func (a *restartKubeProxy) Execute(ctx context.Context, _ detect.Finding) (Resul
 			if podReady(&p) {
 				details["newPod"], details["newUID"] = p.Name, string(p.UID)
 				details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
-				return Result{Summary: fmt.Sprintf("deleted kube-proxy pod %s/%s; replacement %s Ready after %s",
-					pod.Namespace, pod.Name, p.Name, details["readyAfter"]), Details: details}, nil
+				summary := fmt.Sprintf("deleted kube-proxy pod %s/%s; replacement %s Ready after %s",
+					pod.Namespace, pod.Name, p.Name, details["readyAfter"])
+				if err := a.waitSynced(wctx, t, details); err != nil {
+					return Result{Summary: summary + "; sync not recovered", Details: details}, err
+				}
+				if details["syncRecoveredAfter"] != nil {
+					summary += fmt.Sprintf(", /healthz healthy after %s", details["syncRecoveredAfter"])
+				}
+				return Result{Summary: summary, Details: details}, nil
 			}
 			last = fmt.Sprintf("replacement %s is %s, not Ready", p.Name, p.Status.Phase)
 		}
@@ -193,6 +202,34 @@ func (a *restartKubeProxy) Execute(ctx context.Context, _ detect.Finding) (Resul
 		case <-wctx.Done():
 			return Result{Summary: "kube-proxy pod deleted, replacement not Ready", Details: details},
 				fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
+		case <-t.C:
+		}
+	}
+}
+
+// waitSynced waits for kube-proxy's /healthz to report healthy, through the
+// kube-proxy adapter; without the adapter it records why it did not check.
+func (a *restartKubeProxy) waitSynced(ctx context.Context, t *time.Ticker, details map[string]any) error {
+	if a.n.KubeProxy == nil {
+		details["syncCheck"] = "not checked: " + a.n.Why("kube-proxy")
+		return nil
+	}
+	start := a.clock().Now()
+	last := "no answer yet"
+	for {
+		h, err := a.n.KubeProxy.Healthz(ctx)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case h.Healthy:
+			details["syncRecoveredAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
+			return nil
+		default:
+			last = fmt.Sprintf("/healthz %d, healthy=false", h.StatusCode)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replacement kube-proxy is Ready but its sync did not recover within %s: %s", a.p.ReadyTimeout.Duration, last)
 		case <-t.C:
 		}
 	}
