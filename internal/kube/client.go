@@ -134,11 +134,20 @@ type Contact struct {
 	lastErrTime time.Time
 }
 
+// ContactState is a snapshot of a Contact.
+type ContactState struct {
+	// LastOK is the time of the last answered request.
+	LastOK time.Time
+	// LastError is the last transport error or 5xx, at LastErrorTime.
+	LastError     error
+	LastErrorTime time.Time
+}
+
 // Snapshot returns the last successful contact and the last error.
-func (c *Contact) Snapshot() (lastOK time.Time, lastErr error, lastErrTime time.Time) {
+func (c *Contact) Snapshot() ContactState {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.lastOK, c.lastErr, c.lastErrTime
+	return ContactState{LastOK: c.lastOK, LastError: c.lastErr, LastErrorTime: c.lastErrTime}
 }
 
 // Reachable is true when the latest outcome was a success.

@@ -71,7 +71,7 @@ func TestContactTracksReachability(t *testing.T) {
 	}
 	srv.Close()
 	_, err = c.Interface.Discovery().ServerVersion()
-	if _, lastErr, _ := c.Contact.Snapshot(); err == nil || lastErr == nil || c.Contact.Reachable() {
-		t.Fatalf("closed server: err=%v last=%v", err, lastErr)
+	if st := c.Contact.Snapshot(); err == nil || st.LastError == nil || c.Contact.Reachable() {
+		t.Fatalf("closed server: err=%v", err)
 	}
 }

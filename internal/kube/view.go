@@ -134,12 +134,12 @@ func (v *View) Freshness() cluster.Freshness {
 	v.mu.Unlock()
 	f.Connected = true
 	if v.contact != nil {
-		ok, err, errAt := v.contact.Snapshot()
-		if err != nil && errAt.After(f.LastErrorTime) {
-			f.LastError, f.LastErrorTime = err, errAt
+		st := v.contact.Snapshot()
+		if st.LastError != nil && st.LastErrorTime.After(f.LastErrorTime) {
+			f.LastError, f.LastErrorTime = st.LastError, st.LastErrorTime
 		}
 		// The contact tracker uses wall time; so does a real clock.
-		f.Connected = !ok.IsZero() && !ok.Before(f.LastErrorTime)
+		f.Connected = !st.LastOK.IsZero() && !st.LastOK.Before(f.LastErrorTime)
 	} else if f.LastError != nil {
 		f.Connected = false
 	}

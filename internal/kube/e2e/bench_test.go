@@ -5,10 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
-	"runtime"
-	"runtime/debug"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,7 +22,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
-	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 )
 
@@ -35,7 +32,7 @@ const (
 	childEnv       = "REMEDIATE_VIEW_CHILD_KUBECONFIG"
 )
 
-// viewStats is what the child process reports.
+// viewStats is what the child process (viewchild) reports.
 type viewStats struct {
 	SyncSeconds     float64 `json:"syncSeconds"`
 	Services        int     `json:"services"`
@@ -51,8 +48,9 @@ type viewStats struct {
 
 // BenchmarkViewSteadyState measures the cluster view against a real
 // apiserver holding 10,000 Services and 50,000 endpoints (10,000
-// EndpointSlices of 5): the view runs in a child process (this test binary,
-// inside the control plane's namespace) so its RSS is the view's alone.
+// EndpointSlices of 5): the view runs in a child process (the small
+// viewchild program, inside the control plane's namespace) so its RSS is the
+// view's plus the Go runtime and client-go, not a test binary's.
 // Reported: steady RSS and heap after sync and 20 s of churn, sync time,
 // and the LIST requests after the initial sync (must be 0: resync is off
 // and changes arrive by WATCH). Run with -benchtime=1x.
@@ -162,7 +160,11 @@ func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 	if err := os.WriteFile(kc, []byte(controlplane.Kubeconfig(controlplane.AdminToken)), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	cmd := cp.NetNS.Command(os.Args[0], "-test.run=^TestViewChild$", "-test.v", "-test.count=1")
+	bin := b.TempDir() + "/viewchild"
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/remediate-dev/remediate/internal/kube/e2e/viewchild").CombinedOutput(); err != nil {
+		b.Fatalf("building viewchild: %v: %s", err, out)
+	}
+	cmd := cp.NetNS.Command(bin)
 	cmd.Env = append(os.Environ(), childEnv+"="+kc)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -220,109 +222,4 @@ func churn(b *testing.B, cs kubernetes.Interface) {
 	if err != nil {
 		b.Fatal(err)
 	}
-}
-
-// TestViewChild is the benchmark's child process; it skips unless run by
-// BenchmarkViewSteadyState.
-func TestViewChild(t *testing.T) {
-	kc := os.Getenv(childEnv)
-	if kc == "" {
-		t.Skip("child process of BenchmarkViewSteadyState only")
-	}
-	var synced atomic.Bool
-	var listsBefore, listsAfter, watches atomic.Int64
-	count := func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripperFunc(func(r *http.Request) (*http.Response, error) {
-			p := r.URL.Path
-			if r.Method == http.MethodGet && (strings.HasSuffix(p, "/services") || strings.HasSuffix(p, "/endpointslices")) {
-				switch {
-				case r.URL.Query().Get("watch") == "true":
-					watches.Add(1)
-				case synced.Load():
-					listsAfter.Add(1)
-				default:
-					listsBefore.Add(1)
-				}
-			}
-			return rt.RoundTrip(r)
-		})
-	}
-	c, err := kube.Connect(kube.Options{Kubeconfig: kc, WrapTransport: count})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	// The process before the view: runtime, this (large) test binary's
-	// text, the client.
-	runtime.GC()
-	debug.FreeOSMemory()
-	baseline := rss(t)
-	v, err := kube.NewView(c.Interface, c.Contact, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	v.Start(ctx)
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer scancel()
-	if !v.WaitForSync(sctx) {
-		t.Fatal("no sync")
-	}
-	syncTime := time.Since(start)
-	synced.Store(true)
-	fmt.Println("SYNCED")
-
-	// Steady state: wait for the churn, then let 20 s pass.
-	saw := false
-	deadline := time.Now().Add(60 * time.Second)
-	for !saw && time.Now().Before(deadline) {
-		for _, s := range v.Services() {
-			if s.Name == "churn-marker" {
-				saw = true
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	time.Sleep(20 * time.Second)
-	st := viewStats{SyncSeconds: syncTime.Seconds(), SawChurn: saw,
-		ListsBeforeSync: listsBefore.Load(), ListsAfterSync: listsAfter.Load(), Watches: watches.Load()}
-	svcs := v.Services()
-	for _, s := range svcs {
-		if strings.HasPrefix(s.Name, "svc-") {
-			st.Services++
-			st.Endpoints += len(v.Endpoints(s.Namespace, s.Name)) / 2 // two ports per endpoint
-		}
-	}
-	svcs = nil
-	runtime.GC()
-	debug.FreeOSMemory()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	st.HeapInuseBytes = ms.HeapInuse
-	st.RSSBytes = rss(t)
-	st.BaselineRSS = baseline
-	js, _ := json.Marshal(st)
-	fmt.Println("VIEWSTATS " + string(js))
-	runtime.KeepAlive(v)
-}
-
-type roundTripperFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
-
-func rss(t *testing.T) int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
-			f := strings.Fields(l)
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
 }
