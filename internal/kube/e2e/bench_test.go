@@ -40,6 +40,7 @@ type viewStats struct {
 	RSSBytes        int64   `json:"rssBytes"`
 	BaselineRSS     int64   `json:"baselineRSSBytes"`
 	HeapInuseBytes  uint64  `json:"heapInuseBytes"`
+	HeapAllocBytes  uint64  `json:"heapAllocBytes"`
 	ListsBeforeSync int64   `json:"listsBeforeSync"`
 	ListsAfterSync  int64   `json:"listsAfterSync"`
 	Watches         int64   `json:"watches"`
@@ -63,8 +64,13 @@ func BenchmarkViewSteadyState(b *testing.B) {
 	fill(b, cs)
 	b.Logf("created %d Services and %d EndpointSlices (%d endpoints) in %s", benchServices, benchServices, benchServices*benchEndpoints, time.Since(start).Round(time.Second))
 
-	for range b.N {
-		st := runChild(b, cp, cs)
+	for i := range b.N {
+		// Streaming initial list (client-go's WatchListClient gate, off
+		// by default in v0.34): measured for comparison, not asserted.
+		wl := runChild(b, cp, cs, fmt.Sprintf("marker-wl-%d", i), "KUBE_FEATURE_WatchListClient=true")
+		b.ReportMetric(float64(wl.RSSBytes)/(1<<20), "RSS-watchlist-MiB")
+		b.Logf("child with WatchListClient: %+v", wl)
+		st := runChild(b, cp, cs, fmt.Sprintf("marker-%d", i))
 		b.ReportMetric(float64(st.RSSBytes)/(1<<20), "RSS-MiB")
 		b.ReportMetric(float64(st.HeapInuseBytes)/(1<<20), "heap-MiB")
 		b.ReportMetric(float64(st.BaselineRSS)/(1<<20), "baseline-RSS-MiB")
@@ -155,7 +161,7 @@ func createService(ctx context.Context, cs kubernetes.Interface, i int) error {
 
 // runChild runs the view in a child process and, once it has synced,
 // churns the cluster for it to see.
-func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interface) viewStats {
+func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interface, marker string, env ...string) viewStats {
 	kc := cp.Dir + "/bench-admin.kubeconfig"
 	if err := os.WriteFile(kc, []byte(controlplane.Kubeconfig(controlplane.AdminToken)), 0o600); err != nil {
 		b.Fatal(err)
@@ -165,7 +171,7 @@ func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 		b.Fatalf("building viewchild: %v: %s", err, out)
 	}
 	cmd := cp.NetNS.Command(bin)
-	cmd.Env = append(os.Environ(), childEnv+"="+kc)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+kc, "REMEDIATE_VIEW_CHILD_MARKER="+marker), env...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -186,7 +192,7 @@ func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 		line := sc.Text()
 		switch {
 		case strings.HasPrefix(line, "SYNCED"):
-			churn(b, cs)
+			churn(b, cs, marker)
 		case strings.HasPrefix(line, "VIEWSTATS "):
 			if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "VIEWSTATS ")), &st); err != nil {
 				b.Fatal(err)
@@ -204,7 +210,7 @@ func runChild(b *testing.B, cp *controlplane.ControlPlane, cs kubernetes.Interfa
 
 // churn updates 100 Services' endpoints and adds a marker Service the
 // child waits for.
-func churn(b *testing.B, cs kubernetes.Interface) {
+func churn(b *testing.B, cs kubernetes.Interface, marker string) {
 	ctx := context.Background()
 	for i := 0; i < 100; i++ {
 		ns, name := fmt.Sprintf("bench-%d", i%benchNS), fmt.Sprintf("svc-%d", i)
@@ -212,12 +218,12 @@ func churn(b *testing.B, cs kubernetes.Interface) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		sl.Endpoints[0].Conditions.Ready = ptr.To(false)
+		sl.Endpoints[0].Conditions.Ready = ptr.To(!*sl.Endpoints[0].Conditions.Ready)
 		if _, err := cs.DiscoveryV1().EndpointSlices(ns).Update(ctx, sl, metav1.UpdateOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}
-	_, err := cs.CoreV1().Services("bench-0").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "churn-marker"},
+	_, err := cs.CoreV1().Services("bench-0").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: marker},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 1}}}}, metav1.CreateOptions{})
 	if err != nil {
 		b.Fatal(err)

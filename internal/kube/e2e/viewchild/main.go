@@ -1,6 +1,7 @@
 // Command viewchild runs the cluster view alone, for
-// BenchmarkViewSteadyState: it connects with the kubeconfig in $REMEDIATE_VIEW_CHILD_KUBECONFIG, syncs, prints SYNCED, waits for the
-// benchmark's churn marker and 20 s of steady state, then prints
+// BenchmarkViewSteadyState: it connects with the kubeconfig in
+// $REMEDIATE_VIEW_CHILD_KUBECONFIG, syncs, prints SYNCED, waits for the
+// benchmark's churn marker (the Service named $REMEDIATE_VIEW_CHILD_MARKER) and 20 s of steady state, then prints
 // VIEWSTATS <json> (RSS, heap, LIST requests before and after sync) and
 // exits. A separate small binary, so its RSS is the view's (plus the Go
 // runtime and client-go), not a test binary's.
@@ -30,6 +31,7 @@ type Stats struct {
 	RSSBytes        int64   `json:"rssBytes"`
 	BaselineRSS     int64   `json:"baselineRSSBytes"`
 	HeapInuseBytes  uint64  `json:"heapInuseBytes"`
+	HeapAllocBytes  uint64  `json:"heapAllocBytes"`
 	ListsBeforeSync int64   `json:"listsBeforeSync"`
 	ListsAfterSync  int64   `json:"listsAfterSync"`
 	Watches         int64   `json:"watches"`
@@ -67,6 +69,7 @@ func run() error {
 	if kc == "" {
 		return fmt.Errorf("REMEDIATE_VIEW_CHILD_KUBECONFIG is not set")
 	}
+	marker := os.Getenv("REMEDIATE_VIEW_CHILD_MARKER")
 	var synced atomic.Bool
 	var listsBefore, listsAfter, watches atomic.Int64
 	count := func(rt http.RoundTripper) http.RoundTripper {
@@ -113,7 +116,7 @@ func run() error {
 	deadline := time.Now().Add(60 * time.Second)
 	for !saw && time.Now().Before(deadline) {
 		for _, s := range v.Services() {
-			if s.Name == "churn-marker" {
+			if s.Name == marker {
 				saw = true
 			}
 		}
@@ -132,7 +135,7 @@ func run() error {
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	st.HeapInuseBytes = ms.HeapInuse
+	st.HeapInuseBytes, st.HeapAllocBytes = ms.HeapInuse, ms.HeapAlloc
 	st.RSSBytes = rss()
 	js, _ := json.Marshal(st)
 	fmt.Println("VIEWSTATS " + string(js))
