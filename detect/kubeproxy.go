@@ -24,14 +24,26 @@ func kubeProxyOf(n *node.Node) (kubeproxy.Interface, error) {
 	return n.KubeProxy, nil
 }
 
-// kubeProxyScrape reads kube-proxy's metrics. A failure is returned as an
-// error ("could not tell"): KubeProxyUnreachable reports it as a finding.
+// kubeProxyScrape reads kube-proxy's metrics. When kube-proxy cannot be
+// read (unreachable, or an unusable answer) the detector cannot tell: that
+// is a Skip naming the cause, not an error, because KubeProxyUnreachable
+// reports it as its own finding and the engine keeps the rule's state as
+// it was ("unknown is not absent").
 func kubeProxyScrape(ctx context.Context, kp kubeproxy.Interface) (*kubeproxy.Scrape, error) {
 	sc, err := kp.Metrics(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading kube-proxy metrics (see KubeProxyUnreachable): %w", err)
+		return nil, kubeProxyReadError("metrics", err)
 	}
 	return sc, nil
+}
+
+// kubeProxyReadError turns a failed read into a Skip when it is kube-proxy's
+// side (see kubeProxyScrape), else wraps it.
+func kubeProxyReadError(what string, err error) error {
+	if e, ok := kubeproxy.AsError(err); ok {
+		return Skip("cannot read kube-proxy %s (KubeProxyUnreachable reports it): %v", what, e)
+	}
+	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
 }
 
 // skipUnlessMode returns a Skip when kube-proxy is known to run in a mode

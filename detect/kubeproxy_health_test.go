@@ -63,9 +63,12 @@ func TestKubeProxyUnreachable(t *testing.T) {
 		if fs[0].Evidence["kind"] != string(kubeproxy.KindBadResponse) || fs[0].Severity != Warning {
 			t.Errorf("finding %+v", fs[0])
 		}
-		// The other detectors cannot tell, and say so as an error.
+		// The other detectors cannot tell, and say so with a skip naming
+		// the cause (the rule's state stays as it was).
 		if _, err := newDetector(t, "KubeProxySyncStale", n, nil).Detect(ctx); err == nil {
 			t.Error("KubeProxySyncStale on malformed metrics: no error")
+		} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "bad-response") {
+			t.Errorf("KubeProxySyncStale on malformed metrics: %v, want a skip naming the bad response", err)
 		}
 	})
 	t.Run("connection closed", func(t *testing.T) {
@@ -141,7 +144,7 @@ func TestKubeProxyParamsValidate(t *testing.T) {
 		errs  []string
 		field string
 	}{
-		{"stale factor", fields((&KubeProxySyncStaleParams{Factor: 0.5, RequireQueued: true}).Validate()), "factor"},
+		{"stale factor", fields((&KubeProxySyncStaleParams{Factor: 0.05, RequireQueued: true}).Validate()), "factor"},
 		{"slow quantile", fields((&KubeProxySyncSlowParams{Quantile: 1, Fraction: 0.5, MinSyncs: 3}).Validate()), "quantile"},
 		{"slow fraction", fields((&KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0, MinSyncs: 3}).Validate()), "fraction"},
 		{"slow minSyncs", fields((&KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5}).Validate()), "minSyncs"},

@@ -32,7 +32,7 @@ func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	h, err := kp.Healthz(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading kube-proxy /healthz (see KubeProxyUnreachable): %w", err)
+		return nil, kubeProxyReadError("/healthz", err)
 	}
 	return unhealthyFindings(h), nil
 }

@@ -163,10 +163,9 @@ func (m *Metrics) FamilyNames() []Family {
 // It fails on malformed input; it does not bound the input (callers limit
 // the reader).
 func ParseMetrics(r io.Reader) (*Metrics, error) {
-	var p expfmt.TextParser
-	fams, err := p.TextToMetricFamilies(r)
+	fams, err := parseText(r)
 	if err != nil {
-		return nil, fmt.Errorf("parse metrics: %w", err)
+		return nil, err
 	}
 	m := &Metrics{Families: map[Family]*FamilyMetrics{}}
 	// Decide the schema from the sync timestamp series, which every
@@ -233,6 +232,23 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// parseText runs expfmt's text parser, turning its panics into errors: the
+// v0.62.0 parser dereferences nil on a line starting with "{" after a
+// comment (found by FuzzParseMetrics; input in testdata/fuzz).
+func parseText(r io.Reader) (fams map[string]*dto.MetricFamily, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			fams, err = nil, fmt.Errorf("parse metrics: parser panicked on malformed input: %v", p)
+		}
+	}()
+	var p expfmt.TextParser
+	fams, err = p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	return fams, nil
 }
 
 func ptr(v float64) *float64 { return &v }

@@ -14,11 +14,13 @@
 #   make controlplane-bins
 #   sudo go test -run 'TestE2E' -v ./detect/
 #
-# End-to-end tests are named TestE2E* (the harness's own test: TestControlPlane).
+# End-to-end tests are those whose name contains E2E or EndToEnd (the
+# harness's own test: TestControlPlane); E2E_RUN/E2E_PKGS narrow the run.
 
+GO ?= go
 CONTROLPLANE_BIN ?= $(CURDIR)/_output/bin
-E2E_PKGS ?= ./internal/testing/controlplane/ ./detect/
-E2E_RUN ?= ^(TestE2E|TestControlPlane)
+E2E_PKGS ?= ./...
+E2E_RUN ?= E2E|EndToEnd|^TestControlPlane$$
 
 .PHONY: controlplane-bins e2e
 controlplane-bins:
@@ -26,4 +28,4 @@ controlplane-bins:
 
 e2e: controlplane-bins
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_E2E_REQUIRED=1 \
-		go test -count=1 -timeout 15m -run '$(E2E_RUN)' -v $(E2E_PKGS)
+		$(GO) test -count=1 -timeout 20m -run '$(E2E_RUN)' -v $(E2E_PKGS)

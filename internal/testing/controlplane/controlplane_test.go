@@ -2,11 +2,16 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -45,6 +50,10 @@ func TestControlPlane(t *testing.T) {
 			}
 		}
 	}
+	// The dials switched threads into the namespace and back: no thread of
+	// the test process may be left in it.
+	checkThreadsInOwnNetns(t)
+
 	// Lock holding: a separate process holds kube-proxy's private lock.
 	h := HoldLock(t, kp.XtablesLock)
 	if h.Pid() <= 0 {
@@ -70,4 +79,29 @@ func TestControlPlane(t *testing.T) {
 	if _, err := cp.Client.CoreV1().Nodes().Get(ctx, kp.NodeName, metav1.GetOptions{}); err != nil {
 		t.Fatalf("node after apiserver restart: %v", err)
 	}
+}
+
+// checkThreadsInOwnNetns samples the network namespace of the OS threads
+// goroutines run on and compares it with the process's.
+func checkThreadsInOwnNetns(t *testing.T) {
+	t.Helper()
+	want, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			got, err := os.Readlink(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+			if err == nil && got != want {
+				t.Errorf("a thread is in %s, the process in %s", got, want)
+			}
+			time.Sleep(time.Millisecond)
+		}()
+	}
+	wg.Wait()
 }
