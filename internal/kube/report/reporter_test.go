@@ -131,3 +131,24 @@ func TestReporterUncordon(t *testing.T) {
 		t.Fatal("uncordoned a node remediate did not cordon")
 	}
 }
+
+func TestEventFor(t *testing.T) {
+	for _, tc := range []struct {
+		d      remediate.Decision
+		reason string
+	}{
+		{remediate.Decision{Outcome: remediate.OutcomeExecuted}, ReasonExecuted},
+		{remediate.Decision{Outcome: remediate.OutcomeDryRun}, ReasonDryRun},
+		{remediate.Decision{Outcome: remediate.OutcomeFailed}, ReasonFailed},
+		{remediate.Decision{Outcome: remediate.OutcomeFailed, Phase: remediate.PhaseEscalated}, ReasonEscalated},
+		{remediate.Decision{Outcome: remediate.OutcomeBlocked, Guardrail: "storm-guard"}, ReasonStorm},
+		{remediate.Decision{Outcome: remediate.OutcomeBlocked, Guardrail: "cooldown"}, ""},
+		{remediate.Decision{Outcome: remediate.OutcomeSkipped}, ""},
+		{remediate.Decision{Outcome: remediate.OutcomeSkipped, Phase: remediate.PhaseEscalated}, ""},
+	} {
+		_, reason, _, ok := eventFor(tc.d)
+		if ok != (tc.reason != "") || reason != tc.reason {
+			t.Errorf("%+v: got %q %v, want %q", tc.d, reason, ok, tc.reason)
+		}
+	}
+}
