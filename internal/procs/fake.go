@@ -1,0 +1,167 @@
+package procs
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"syscall"
+)
+
+// Fake is a stateful in-memory Interface for tests. Processes are added with
+// Add; a SIGKILL removes a process, a SIGTERM removes it unless it was added
+// with IgnoreTERM. Locks are set per path with SetLocks. Every signal that
+// was actually delivered is recorded in Signals.
+type Fake struct {
+	mu      sync.Mutex
+	procs   map[int32]*FakeProcess
+	locks   map[string]FileLocks
+	self    int32
+	signals []FakeSignal
+	// Err, when set, is returned by every read.
+	Err error
+}
+
+// FakeProcess is one process of the Fake.
+type FakeProcess struct {
+	Process
+	// IgnoreTERM makes the process survive SIGTERM (only SIGKILL removes it).
+	IgnoreTERM bool
+}
+
+// FakeSignal is one delivered signal.
+type FakeSignal struct {
+	Pid int32
+	Sig syscall.Signal
+}
+
+var _ Interface = (*Fake)(nil)
+
+// NewFake returns an empty Fake whose own PID is self.
+func NewFake(self int32) *Fake {
+	return &Fake{procs: map[int32]*FakeProcess{}, locks: map[string]FileLocks{}, self: self}
+}
+
+// Add adds or replaces a process.
+func (f *Fake) Add(p FakeProcess) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cp := p
+	f.procs[p.Pid] = &cp
+}
+
+// Remove makes a process exit.
+func (f *Fake) Remove(pid int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.procs, pid)
+}
+
+// SetLocks sets what FileLocks returns for path.
+func (f *Fake) SetLocks(path string, l FileLocks) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l.Path = path
+	f.locks[path] = l
+}
+
+// Signals returns the delivered signals in order.
+func (f *Fake) Signals() []FakeSignal {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]FakeSignal(nil), f.signals...)
+}
+
+// Self implements Interface.
+func (f *Fake) Self() int32 { return f.self }
+
+// Find implements Interface.
+func (f *Fake) Find(_ context.Context, names []string) ([]Process, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return nil, f.Err
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []Process
+	for _, p := range f.procs {
+		if p.Name() == "" || (len(want) > 0 && !want[p.Name()]) {
+			continue
+		}
+		out = append(out, f.withParent(p.Process))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out, nil
+}
+
+func (f *Fake) withParent(p Process) Process {
+	if pp, ok := f.procs[p.PPid]; ok {
+		p.ParentName = pp.Comm
+	}
+	p.Cmdline = append([]string(nil), p.Cmdline...)
+	return p
+}
+
+// Get implements Interface.
+func (f *Fake) Get(_ context.Context, pid int32) (Process, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return Process{}, f.Err
+	}
+	p, ok := f.procs[pid]
+	if !ok {
+		return Process{}, ErrNotFound
+	}
+	return f.withParent(p.Process), nil
+}
+
+// FileLocks implements Interface. Holders and waiters that no longer exist
+// are left out, as the real adapter does; a path without locks set is free.
+func (f *Fake) FileLocks(_ context.Context, path string) (FileLocks, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return FileLocks{}, f.Err
+	}
+	l, ok := f.locks[path]
+	if !ok {
+		return FileLocks{Path: path}, nil
+	}
+	out := FileLocks{Path: path, Dev: l.Dev, LockPIDs: append([]int32(nil), l.LockPIDs...)}
+	for _, h := range l.Holders {
+		if p, ok := f.procs[h.Pid]; ok && p.CreateTimeMs == h.CreateTimeMs {
+			out.Holders = append(out.Holders, f.withParent(p.Process))
+		}
+	}
+	for _, w := range l.Waiters {
+		if p, ok := f.procs[w.Pid]; ok && p.CreateTimeMs == w.CreateTimeMs {
+			out.Waiters = append(out.Waiters, f.withParent(p.Process))
+		}
+	}
+	// The lock is held while a holder lives (or, like an invisible holder,
+	// when it was set without holders).
+	out.Held = l.Held && (len(out.Holders) > 0 || len(l.Holders) == 0)
+	return out, nil
+}
+
+// Signal implements Interface with the same identity checks as Real.
+func (f *Fake) Signal(_ context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.procs[pid]
+	if !ok {
+		return ErrNotFound
+	}
+	if p.CreateTimeMs != createTimeMs {
+		return ErrNotSame
+	}
+	f.signals = append(f.signals, FakeSignal{Pid: pid, Sig: sig})
+	switch {
+	case sig == syscall.SIGKILL, sig == syscall.SIGTERM && !p.IgnoreTERM:
+		delete(f.procs, pid)
+	}
+	return nil
+}
