@@ -3,7 +3,6 @@ package iptables
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 )
@@ -72,7 +71,7 @@ func (k *Fake) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s not installed (fake)", ErrUnavailable, SaveCommand(f, b))
 	}
-	rs, err := Parse(strings.NewReader(text))
+	rs, err := ParseString(text)
 	if err != nil {
 		return nil, fmt.Errorf("parsing %s output: %w", SaveCommand(f, b), err)
 	}

@@ -123,7 +123,7 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 		return nil, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
 	}
 	size := out.Len()
-	rs, err := Parse(&out)
+	rs, err := ParseString(out.String())
 	if err != nil {
 		return nil, fmt.Errorf("parsing %s output: %w", name, err)
 	}

@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"strings"
@@ -175,14 +174,28 @@ func (r Rule) Conditions() []string {
 // "-A CHAIN args", "COMMIT". Anything else, a rule outside a table or in an
 // undeclared chain, or a table without COMMIT is an error naming the line.
 func Parse(rd io.Reader) (*Ruleset, error) {
+	b, err := io.ReadAll(rd)
+	if err != nil {
+		return nil, fmt.Errorf("reading iptables-save output: %w", err)
+	}
+	return ParseString(string(b))
+}
+
+// ParseString is Parse of a string; rule tokens are substrings of text, so
+// a large save costs one copy of its text plus the per-rule slices.
+func ParseString(text string) (*Ruleset, error) {
 	rs := &Ruleset{}
-	sc := bufio.NewScanner(rd)
-	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	var cur *Table
 	n := 0
-	for sc.Scan() {
+	for len(text) > 0 {
 		n++
-		line := sc.Text()
+		var line string
+		if i := strings.IndexByte(text, '\n'); i >= 0 {
+			line, text = text[:i], text[i+1:]
+		} else {
+			line, text = text, ""
+		}
+		line = strings.TrimSuffix(line, "\r")
 		if line == "" {
 			continue
 		}
@@ -249,9 +262,6 @@ func Parse(rd io.Reader) (*Ruleset, error) {
 			}
 			return nil, fmt.Errorf("line %d: unexpected %q", n, truncate(line))
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("reading iptables-save output: %w", err)
 	}
 	if cur != nil {
 		return nil, fmt.Errorf("table %q not committed (truncated output?)", cur.Name)

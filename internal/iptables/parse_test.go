@@ -230,7 +230,7 @@ func BenchmarkParse100kNat(b *testing.B) {
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
 	for b.Loop() {
-		rs, err := Parse(strings.NewReader(text))
+		rs, err := ParseString(text)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -10,6 +10,9 @@ package node
 
 import (
 	"go.uber.org/zap"
+
+	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"k8s.io/utils/clock"
 )
 
@@ -33,6 +36,13 @@ type Node struct {
 	Unavailable map[string]string
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
+
+	// Procs reads processes and file locks through ProcRoot and signals
+	// processes (subsystem "procs").
+	Procs procs.Interface
+	// IPTables reads the iptables rule sets with *-save, never taking the
+	// xtables lock (subsystem "iptables").
+	IPTables iptables.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
