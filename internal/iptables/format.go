@@ -76,3 +76,13 @@ func (r *Ruleset) DeleteRules(table, chain string, drop func(Rule) bool) int {
 	c.Rules = kept
 	return n
 }
+
+// Text returns the rule as an iptables-save line in chain.
+func (r Rule) Text(chain string) string {
+	var b strings.Builder
+	b.WriteString("-A " + quote(chain))
+	for _, a := range r.Args {
+		b.WriteString(" " + quote(a))
+	}
+	return b.String()
+}
