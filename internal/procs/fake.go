@@ -165,3 +165,13 @@ func (f *Fake) Signal(_ context.Context, pid int32, createTimeMs int64, sig sysc
 	}
 	return nil
 }
+
+// MustGet returns a process of the fake (with ParentName filled in); it
+// panics when absent. For building lock states in tests.
+func (f *Fake) MustGet(pid int32) Process {
+	p, err := f.Get(context.Background(), pid)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
