@@ -60,9 +60,9 @@ func TestHungIPTablesRestore(t *testing.T) {
 	// comm is truncated; argv[0] is what matches.
 	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-5*time.Minute), "S", "iptables-legacy-restore", "-w", "5", "-W", "100000", "--noflush", "--counters"))
 	f.Add(fp(201, 50, "iptables-nft-re", t0.Add(-3*time.Minute), "D", "/usr/sbin/iptables-nft-restore", "--noflush"))
-	f.Add(fp(202, 50, "iptables-legacy", t0.Add(-10*time.Second), "S", "iptables-legacy-restore", "-w", "5"))   // too young
-	f.Add(fp(203, 1, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy", "-L"))                 // not a restore
-	f.Add(fp(204, 1, "iptables-restor", t0.Add(-10*time.Minute), "S", "/opt/iptables-restore-wrapper", "x"))   // not in names
+	f.Add(fp(202, 50, "iptables-legacy", t0.Add(-10*time.Second), "S", "iptables-legacy-restore", "-w", "5")) // too young
+	f.Add(fp(203, 1, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy", "-L"))               // not a restore
+	f.Add(fp(204, 1, "iptables-restor", t0.Add(-10*time.Minute), "S", "/opt/iptables-restore-wrapper", "x"))  // not in names
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Dev: "00:1a:5", LockPIDs: []int32{100},
 		Holders: []procs.Process{f.MustGet(100), f.MustGet(101)},
 		Waiters: []procs.Process{f.MustGet(200)}})
