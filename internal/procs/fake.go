@@ -19,6 +19,9 @@ type Fake struct {
 	signals []FakeSignal
 	// Err, when set, is returned by every read.
 	Err error
+	// AfterSignal, when set, runs (without the fake's lock held) after a
+	// signal was delivered, e.g. to make the process exec another program.
+	AfterSignal func(f *Fake, pid int32, sig syscall.Signal)
 }
 
 // FakeProcess is one process of the Fake.
@@ -26,6 +29,9 @@ type FakeProcess struct {
 	Process
 	// IgnoreTERM makes the process survive SIGTERM (only SIGKILL removes it).
 	IgnoreTERM bool
+	// Unkillable makes the process survive every signal (like a process
+	// stuck in D state).
+	Unkillable bool
 }
 
 // FakeSignal is one delivered signal.
@@ -150,18 +156,25 @@ func (f *Fake) FileLocks(_ context.Context, path string) (FileLocks, error) {
 // Signal implements Interface with the same identity checks as Real.
 func (f *Fake) Signal(_ context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	p, ok := f.procs[pid]
 	if !ok {
+		f.mu.Unlock()
 		return ErrNotFound
 	}
 	if p.CreateTimeMs != createTimeMs {
+		f.mu.Unlock()
 		return ErrNotSame
 	}
 	f.signals = append(f.signals, FakeSignal{Pid: pid, Sig: sig})
 	switch {
+	case p.Unkillable:
 	case sig == syscall.SIGKILL, sig == syscall.SIGTERM && !p.IgnoreTERM:
 		delete(f.procs, pid)
+	}
+	after := f.AfterSignal
+	f.mu.Unlock()
+	if after != nil {
+		after(f, pid, sig)
 	}
 	return nil
 }
