@@ -1,0 +1,492 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-multierror"
+	"gopkg.in/yaml.v3"
+)
+
+// Error is one problem in a policy file, with its position.
+type Error struct {
+	File   string
+	Line   int
+	Column int
+	// Path is the field path, e.g. "rules[2].action.factor".
+	Path string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d:%d", e.Line, e.Column)
+	}
+	b.WriteString(": ")
+	if e.Path != "" {
+		b.WriteString(e.Path)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Errors returns the individual *Error values of an error returned by Load
+// (which is a *multierror.Error of them), or nil.
+func Errors(err error) []*Error {
+	var me *multierror.Error
+	if errors.As(err, &me) {
+		out := make([]*Error, 0, len(me.Errors))
+		for _, e := range me.Errors {
+			var pe *Error
+			if errors.As(e, &pe) {
+				out = append(out, pe)
+			}
+		}
+		return out
+	}
+	var pe *Error
+	if errors.As(err, &pe) {
+		return []*Error{pe}
+	}
+	return nil
+}
+
+func formatErrors(es []error) string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		lines[i] = e.Error()
+	}
+	return strings.Join(lines, "\n")
+}
+
+// MaxSize is the largest policy file Load accepts.
+const MaxSize = 1 << 20
+
+// Load reads, decodes, defaults and validates the policy file at path.
+// On any problem it returns a *multierror.Error listing every *Error found.
+func Load(path string, cat Catalog) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading policy: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading policy %s: %w", path, err)
+	}
+	return Parse(path, data, cat)
+}
+
+// Parse is Load on bytes; name is used in error positions.
+func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
+	d := &decoder{file: name, cat: cat, pos: map[string]*yaml.Node{}, failed: map[string]bool{}}
+	if len(data) > MaxSize {
+		return nil, d.fail(&Error{File: name, Msg: fmt.Sprintf("file larger than %d bytes", MaxSize)})
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, d.fail(&Error{File: name, Msg: "empty policy: expected a RemediationPolicy document"})
+		}
+		return nil, d.fail(yamlSyntaxError(name, err))
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, d.fail(&Error{File: name, Line: extra.Line, Column: extra.Column, Msg: "a policy file holds exactly one YAML document"})
+	} else if !errors.Is(err, io.EOF) {
+		return nil, d.fail(yamlSyntaxError(name, err))
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	p := &Policy{}
+	p.setDefaults()
+	d.decode(root, reflect.ValueOf(p).Elem(), "")
+	// Validate even when decoding failed somewhere, so that every error of
+	// the file is reported at once; errAt drops errors on fields that
+	// already failed to decode.
+	for _, fe := range validatePolicy(p) {
+		d.errAt(fe.Field, fe.Msg)
+	}
+	if len(d.errs) > 0 {
+		return nil, d.result()
+	}
+	return p, nil
+}
+
+func yamlSyntaxError(name string, err error) *Error {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	e := &Error{File: name, Msg: msg}
+	// yaml.v3 syntax errors read "line N: ...".
+	if strings.HasPrefix(msg, "line ") {
+		rest := msg[len("line "):]
+		if i := strings.Index(rest, ":"); i > 0 {
+			if n, convErr := strconv.Atoi(rest[:i]); convErr == nil {
+				e.Line, e.Column, e.Msg = n, 1, strings.TrimSpace(rest[i+1:])
+			}
+		}
+	}
+	return e
+}
+
+type decoder struct {
+	file string
+	cat  Catalog
+	errs []error
+	pos  map[string]*yaml.Node
+	// failed holds the paths that already have an error.
+	failed map[string]bool
+}
+
+func (d *decoder) fail(e *Error) error {
+	d.errs = append(d.errs, e)
+	return d.result()
+}
+
+func (d *decoder) result() error {
+	sort.SliceStable(d.errs, func(i, j int) bool {
+		a, b := d.errs[i].(*Error), d.errs[j].(*Error)
+		if a.Line != b.Line {
+			return a.Line < b.Line
+		}
+		return a.Column < b.Column
+	})
+	return &multierror.Error{Errors: d.errs, ErrorFormat: formatErrors}
+}
+
+func (d *decoder) errorf(n *yaml.Node, path, format string, args ...any) {
+	e := &Error{File: d.file, Path: path, Msg: fmt.Sprintf(format, args...)}
+	d.failed[path] = true
+	if n != nil {
+		e.Line, e.Column = n.Line, n.Column
+	}
+	d.errs = append(d.errs, e)
+}
+
+// errAt reports a validation error at path, positioned at the node recorded
+// for path or, when the field was not written (a default), its nearest
+// written parent.
+func (d *decoder) errAt(path, msg string) {
+	for q := path; ; q = parentPath(q) {
+		if d.failed[q] {
+			return // already reported while decoding
+		}
+		if q == "" {
+			break
+		}
+	}
+	p := path
+	for {
+		if n, ok := d.pos[p]; ok {
+			d.errorf(n, path, "%s", msg)
+			return
+		}
+		if p == "" {
+			d.errorf(nil, path, "%s", msg)
+			return
+		}
+		p = parentPath(p)
+	}
+}
+
+func parentPath(p string) string {
+	i := strings.LastIndexAny(p, ".[")
+	if i < 0 {
+		return ""
+	}
+	return p[:i]
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+var (
+	unmarshalerType = reflect.TypeOf((*yaml.Unmarshaler)(nil)).Elem()
+	componentType   = reflect.TypeOf(Component{})
+)
+
+// defaulter is implemented by policy types whose zero value is not their
+// default; the decoder calls it on every freshly allocated value so that
+// fields absent from the file keep their defaults.
+type defaulter interface{ setDefaults() }
+
+func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	d.pos[path] = n
+	if v.CanAddr() && v.Addr().Type().Implements(unmarshalerType) {
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			d.errorf(n, path, "%s", cleanYAMLErr(err))
+		}
+		return
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		if isNull(n) {
+			v.Set(reflect.Zero(v.Type()))
+			return
+		}
+		nv := reflect.New(v.Type().Elem())
+		if df, ok := nv.Interface().(defaulter); ok {
+			df.setDefaults()
+		}
+		d.decode(n, nv.Elem(), path)
+		v.Set(nv)
+	case reflect.Struct:
+		if v.Type() == componentType {
+			d.decodeComponent(n, v, path)
+			return
+		}
+		d.decodeStruct(n, v, path)
+	case reflect.Slice:
+		if isNull(n) {
+			v.Set(reflect.Zero(v.Type()))
+			return
+		}
+		if n.Kind != yaml.SequenceNode {
+			d.errorf(n, path, "must be a list")
+			return
+		}
+		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+		for i, c := range n.Content {
+			ev := s.Index(i)
+			if df, ok := ev.Addr().Interface().(defaulter); ok {
+				df.setDefaults()
+			}
+			d.decode(c, ev, fmt.Sprintf("%s[%d]", path, i))
+		}
+		v.Set(s)
+	case reflect.Map:
+		if isNull(n) {
+			v.Set(reflect.Zero(v.Type()))
+			return
+		}
+		if n.Kind != yaml.MappingNode || v.Type().Key().Kind() != reflect.String {
+			d.errorf(n, path, "must be a mapping")
+			return
+		}
+		m := reflect.MakeMapWithSize(v.Type(), len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			ev := reflect.New(v.Type().Elem()).Elem()
+			d.decode(val, ev, join(path, k.Value))
+			m.SetMapIndex(reflect.ValueOf(k.Value).Convert(v.Type().Key()), ev)
+		}
+		v.Set(m)
+	case reflect.Interface:
+		var x any
+		if err := n.Decode(&x); err != nil {
+			d.errorf(n, path, "%s", cleanYAMLErr(err))
+			return
+		}
+		if x != nil {
+			v.Set(reflect.ValueOf(x))
+		}
+	default:
+		if n.Kind != yaml.ScalarNode {
+			d.errorf(n, path, "must be %s", kindName(v.Kind()))
+			return
+		}
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			d.errorf(n, path, "must be %s, got %q", kindName(v.Kind()), n.Value)
+		}
+	}
+}
+
+func isNull(n *yaml.Node) bool {
+	return n.Kind == yaml.ScalarNode && n.Tag == "!!null"
+}
+
+func kindName(k reflect.Kind) string {
+	switch k {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a non-negative integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	}
+	return "a " + k.String()
+}
+
+func cleanYAMLErr(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) && len(te.Errors) > 0 {
+		msg := te.Errors[0]
+		if i := strings.Index(msg, ": "); strings.HasPrefix(msg, "line ") && i > 0 {
+			msg = msg[i+2:]
+		}
+		return msg
+	}
+	return strings.TrimPrefix(err.Error(), "yaml: ")
+}
+
+type fieldInfo struct {
+	index []int
+	name  string
+}
+
+// structFields lists a struct's YAML keys, following `,inline` embedding.
+func structFields(t reflect.Type) []fieldInfo {
+	var out []fieldInfo
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("yaml")
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if strings.Contains(opts, "inline") && f.Type.Kind() == reflect.Struct {
+			for _, sub := range structFields(f.Type) {
+				out = append(out, fieldInfo{index: append([]int{i}, sub.index...), name: sub.name})
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		out = append(out, fieldInfo{index: []int{i}, name: name})
+	}
+	return out
+}
+
+func fieldNames(fs []fieldInfo) string {
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.name
+	}
+	return strings.Join(names, ", ")
+}
+
+func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
+	if isNull(n) {
+		return
+	}
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "must be a mapping")
+		return
+	}
+	d.decodeFields(n.Content, v, path, "")
+}
+
+// decodeFields decodes mapping key/value pairs into struct v. owner names
+// the detector/action type in messages about unknown keys.
+func (d *decoder) decodeFields(pairs []*yaml.Node, v reflect.Value, path, owner string) {
+	fields := structFields(v.Type())
+	byName := make(map[string]fieldInfo, len(fields))
+	for _, f := range fields {
+		byName[f.name] = f
+	}
+	seen := map[string]bool{}
+	for i := 0; i+1 < len(pairs); i += 2 {
+		k, val := pairs[i], pairs[i+1]
+		kp := join(path, k.Value)
+		if seen[k.Value] {
+			d.errorf(k, kp, "duplicate key")
+			continue
+		}
+		seen[k.Value] = true
+		f, ok := byName[k.Value]
+		if !ok {
+			what := "field"
+			if owner != "" {
+				what = "parameter for " + owner
+			}
+			if len(fields) == 0 {
+				d.errorf(k, kp, "unknown %s %q (it takes no parameters)", what, k.Value)
+			} else {
+				d.errorf(k, kp, "unknown %s %q (valid: %s)", what, k.Value, fieldNames(fields))
+			}
+			continue
+		}
+		d.decode(val, v.FieldByIndex(f.index), kp)
+	}
+}
+
+// decodeComponent decodes a detector or action reference: `type` plus the
+// type's parameters inline.
+func (d *decoder) decodeComponent(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.errorf(n, path, "must be a mapping with a type, e.g. {type: %s}", exampleType(path))
+		return
+	}
+	kind := "detector"
+	newParams, types := d.cat.NewDetectorParams, d.cat.DetectorTypes
+	if strings.HasSuffix(path, ".action") {
+		kind = "action"
+		newParams, types = d.cat.NewActionParams, d.cat.ActionTypes
+	}
+	var typeNode *yaml.Node
+	var rest []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == "type" {
+			typeNode = n.Content[i+1]
+			d.pos[join(path, "type")] = typeNode
+			continue
+		}
+		rest = append(rest, n.Content[i], n.Content[i+1])
+	}
+	if typeNode == nil || typeNode.Value == "" {
+		d.errorf(n, join(path, "type"), "required: the %s type (one of: %s)", kind, strings.Join(types(), ", "))
+		d.failed[path] = true
+		return
+	}
+	typ := typeNode.Value
+	comp := v.Addr().Interface().(*Component)
+	comp.Type = typ
+	params, ok := newParams(typ)
+	if !ok {
+		d.errorf(typeNode, join(path, "type"), "unknown %s type %q (known: %s)", kind, typ, strings.Join(types(), ", "))
+		return
+	}
+	comp.Params = params
+	if params == nil {
+		return
+	}
+	pv := reflect.ValueOf(params)
+	if pv.Kind() != reflect.Pointer || pv.Elem().Kind() != reflect.Struct {
+		d.errorf(typeNode, path, "internal error: %s %s parameters are %T, not a pointer to struct", kind, typ, params)
+		return
+	}
+	before := len(d.errs)
+	d.decodeFields(rest, pv.Elem(), path, kind+" "+typ)
+	if len(d.errs) > before {
+		return
+	}
+	if val, ok := params.(Validator); ok {
+		for _, fe := range val.Validate() {
+			d.errAt(join(path, fe.Field), fe.Msg)
+		}
+	}
+}
+
+func exampleType(path string) string {
+	if strings.HasSuffix(path, ".action") {
+		return "KillProcess"
+	}
+	return "HungIPTablesRestore"
+}

@@ -1,0 +1,110 @@
+package policy
+
+import (
+	"fmt"
+	"net/url"
+	"regexp"
+	"time"
+)
+
+var ruleNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// validatePolicy checks values and relations after decoding and defaults.
+// Field paths are absolute ("rules[1].cooldown").
+func validatePolicy(p *Policy) []FieldError {
+	var errs []FieldError
+	add := func(field, format string, args ...any) {
+		errs = append(errs, FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	if p.APIVersion != APIVersion {
+		if p.APIVersion == "" {
+			add("apiVersion", "required: %s", APIVersion)
+		} else {
+			add("apiVersion", "unsupported version %q (this build reads %s)", p.APIVersion, APIVersion)
+		}
+	}
+	if p.Kind != Kind {
+		add("kind", "must be %s", Kind)
+	}
+	if p.Mode != Audit && p.Mode != Enforce {
+		add("mode", "must be audit or enforce, got %q", p.Mode)
+	}
+	if p.Interval.Duration < time.Second {
+		add("interval", "must be at least 1s")
+	}
+	if p.Jitter < 0 || p.Jitter >= 1 {
+		add("jitter", "must be in [0, 1)")
+	}
+	if p.DetectorTimeout.Duration <= 0 {
+		add("detectorTimeout", "must be > 0")
+	} else if p.Interval.Duration >= time.Second && p.DetectorTimeout.Duration > p.Interval.Duration {
+		add("detectorTimeout", "must not exceed interval (%s)", p.Interval.Duration)
+	}
+	if p.ActionTimeout.Duration <= 0 {
+		add("actionTimeout", "must be > 0")
+	}
+	for field, u := range map[string]string{
+		"kubeProxy.metricsURL":   p.KubeProxy.MetricsURL,
+		"kubeProxy.healthzURL":   p.KubeProxy.HealthzURL,
+		"kubeProxy.proxyModeURL": p.KubeProxy.ProxyModeURL,
+	} {
+		pu, err := url.Parse(u)
+		if err != nil || (pu.Scheme != "http" && pu.Scheme != "https") || pu.Host == "" {
+			add(field, "must be an http(s) URL, got %q", u)
+		}
+	}
+	if p.KubeProxy.SyncPeriod.Duration <= 0 {
+		add("kubeProxy.syncPeriod", "must be > 0")
+	}
+	if p.KubeProxy.ScrapeTimeout.Duration <= 0 {
+		add("kubeProxy.scrapeTimeout", "must be > 0")
+	}
+	if p.Guardrails.MaxActionsPerHour < 1 {
+		add("guardrails.maxActionsPerHour", "must be >= 1 (use mode: audit to act on nothing)")
+	}
+	if p.Guardrails.MaxTargetsPerCycle < 1 {
+		add("guardrails.maxTargetsPerCycle", "must be >= 1")
+	}
+	if len(p.Rules) == 0 {
+		add("rules", "at least one rule is required")
+	}
+	names := map[string]int{}
+	for i, r := range p.Rules {
+		at := func(f string) string { return fmt.Sprintf("rules[%d].%s", i, f) }
+		switch {
+		case r.Name == "":
+			add(at("name"), "required")
+		case !ruleNameRE.MatchString(r.Name):
+			add(at("name"), "must be lower-case letters, digits and '-', at most 63 characters")
+		default:
+			if j, dup := names[r.Name]; dup {
+				add(at("name"), "duplicate rule name (also rules[%d])", j)
+			}
+			names[r.Name] = i
+		}
+		if r.Detector.Type == "" {
+			add(at("detector"), "required")
+		}
+		if r.For.Duration < 0 {
+			add(at("for"), "must be >= 0")
+		}
+		if r.Cooldown.Duration < 0 {
+			add(at("cooldown"), "must be >= 0")
+		}
+		if r.RateLimit.Max < 1 {
+			add(at("rateLimit.max"), "must be >= 1")
+		}
+		if r.RateLimit.Per.Duration <= 0 {
+			add(at("rateLimit.per"), "must be > 0")
+		}
+		if r.MaxAttempts < 1 {
+			add(at("maxAttempts"), "must be >= 1")
+		}
+		if r.VerifyAfter.Duration < 0 {
+			add(at("verifyAfter"), "must be >= 0")
+		} else if r.VerifyAfter.Duration > 24*time.Hour {
+			add(at("verifyAfter"), "must be at most 24h")
+		}
+	}
+	return errs
+}

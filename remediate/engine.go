@@ -1,0 +1,659 @@
+package remediate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/journal"
+)
+
+// SelfDetector is the Detector name of findings about the daemon itself (a
+// detector or action that failed, hung or panicked).
+const SelfDetector = "remediate"
+
+// historyKeep bounds how long action history is kept in the state file.
+const historyKeep = 7 * 24 * time.Hour
+
+// Options configure an Engine.
+type Options struct {
+	// Node carries the adapters detectors and actions use.
+	Node *node.Node
+	// StateDir holds state.json, state.lock and the journal.
+	StateDir string
+	// ForceDryRun makes every action a dry run (--dry-run).
+	ForceDryRun bool
+	// Once makes every rule's `for` count as met (remediate --once).
+	Once bool
+	// Guardrails are checked after the built-in ones and before the
+	// dry-run guardrail (cluster-wide budget, API freshness, ...).
+	Guardrails []Guardrail
+	// Journal receives intent and outcome records; required.
+	Journal *journal.Journal
+	// Metrics, if set, are updated every cycle.
+	Metrics *Metrics
+	// Clock defaults to the real clock.
+	Clock clock.Clock
+	// Log defaults to a no-op logger.
+	Log *zap.Logger
+	// LockTimeout bounds the wait for the state dir lock (default 30s).
+	LockTimeout time.Duration
+}
+
+// Engine runs cycles of detect → decide → act for a policy.
+type Engine struct {
+	opts  Options
+	store *Store
+
+	mu    sync.Mutex // guards pol and rules; one cycle at a time
+	pol   *policy.Policy
+	rules []*ruleRuntime
+	// held maps Request.Key() to holders to release when the attempt ends.
+	held map[string][]heldGuard
+}
+
+type heldGuard struct {
+	h   Holder
+	req Request
+}
+
+type ruleRuntime struct {
+	rule     *policy.Rule
+	det      detect.Detector
+	act      action.Action // nil for report-only rules
+	actType  action.Type
+	running  atomic.Bool // the detector is still running (possibly hung)
+	runSince atomic.Int64
+}
+
+// New builds an engine for p. Every rule's detector and action are
+// constructed now, so a policy that cannot be instantiated fails here.
+func New(p *policy.Policy, o Options) (*Engine, error) {
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = 30 * time.Second
+	}
+	if o.Journal == nil {
+		return nil, errors.New("engine: a journal is required")
+	}
+	if o.Node == nil {
+		return nil, errors.New("engine: node is required")
+	}
+	e := &Engine{opts: o, store: &Store{Dir: o.StateDir}, held: map[string][]heldGuard{}}
+	if err := e.SetPolicy(p); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Policy returns the policy in force.
+func (e *Engine) Policy() *policy.Policy {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pol
+}
+
+// SetPolicy swaps in a new policy (a reload). Detectors and actions are
+// rebuilt; per-target state and history are kept (they live in the state
+// dir). On error the old policy stays in force.
+func (e *Engine) SetPolicy(p *policy.Policy) error {
+	rules, err := build(p, e.opts.Node)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pol, e.rules = p, rules
+	return nil
+}
+
+func build(p *policy.Policy, n *node.Node) ([]*ruleRuntime, error) {
+	var errs []string
+	var out []*ruleRuntime
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		rr := &ruleRuntime{rule: r}
+		dt, ok := detect.Lookup(r.Detector.Type)
+		if !ok {
+			errs = append(errs, fmt.Sprintf("rule %s: unknown detector type %q", r.Name, r.Detector.Type))
+			continue
+		}
+		det, err := dt.New(r.Detector.Params, n)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("rule %s: detector %s: %v", r.Name, r.Detector.Type, err))
+			continue
+		}
+		rr.det = det
+		if r.Action != nil {
+			at, ok := action.Lookup(r.Action.Type)
+			if !ok {
+				errs = append(errs, fmt.Sprintf("rule %s: unknown action type %q", r.Name, r.Action.Type))
+				continue
+			}
+			act, err := at.New(r.Action.Params, n)
+			if err != nil {
+				errs = append(errs, fmt.Sprintf("rule %s: action %s: %v", r.Name, r.Action.Type, err))
+				continue
+			}
+			rr.act, rr.actType = act, at
+		}
+		out = append(out, rr)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("building rules: %s", strings.Join(errs, "; "))
+	}
+	return out, nil
+}
+
+// detResult is one detector's outcome in a cycle.
+type detResult struct {
+	findings []detect.Finding
+	err      error
+	skip     string
+}
+
+// Cycle runs one detection pass, decides and acts. It holds the state dir
+// lock for its duration. The returned report is complete even when some
+// detectors or actions failed; an error means the cycle could not run or
+// could not persist its state.
+func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	start := e.opts.Clock.Now()
+	pol := e.pol
+
+	lockCtx, cancel := context.WithTimeout(ctx, e.opts.LockTimeout)
+	unlock, err := e.store.Lock(lockCtx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	rep := &Report{Node: e.opts.Node.Name, Mode: string(pol.Mode), Time: start,
+		Findings: []ReportFinding{}, Decisions: []Decision{}, Skipped: []SkippedCheck{}}
+	if e.opts.ForceDryRun && pol.Mode == policy.Enforce {
+		rep.Mode = string(policy.Audit) + " (--dry-run)"
+	}
+	st, warn := e.store.Load(start)
+	if warn != nil {
+		e.opts.Log.Error("state file unreadable; quarantined", zap.Error(warn))
+		rep.Warnings = append(rep.Warnings, warn.Error())
+		e.journal(journal.Record{Kind: journal.KindNote, Summary: warn.Error()}, rep)
+	}
+
+	results := e.detectAll(ctx, pol)
+
+	acted := 0
+	c := &cycle{e: e, pol: pol, st: st, rep: rep, acted: &acted}
+	for i, rr := range e.rules {
+		c.rule(ctx, rr, results[i])
+	}
+
+	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
+	sortReport(rep)
+	saveErr := e.store.Save(st)
+	e.observe(rep, st, e.opts.Clock.Since(start))
+	if saveErr != nil {
+		return rep, fmt.Errorf("persisting guardrail state: %w", saveErr)
+	}
+	return rep, nil
+}
+
+func maxWindow(p *policy.Policy) time.Duration {
+	w := nodeRateWindow
+	for _, r := range p.Rules {
+		w = max(w, r.RateLimit.Per.Duration, r.Cooldown.Duration)
+	}
+	return w
+}
+
+// detectAll runs every rule's detector concurrently, each with its own
+// deadline and panic recovery. A detector still running from an earlier
+// cycle (hung) is not started again.
+func (e *Engine) detectAll(ctx context.Context, pol *policy.Policy) []detResult {
+	out := make([]detResult, len(e.rules))
+	var wg sync.WaitGroup
+	for i, rr := range e.rules {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = e.detectOne(ctx, rr, pol.DetectorTimeout.Duration)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Duration) detResult {
+	if !rr.running.CompareAndSwap(false, true) {
+		since := time.Unix(0, rr.runSince.Load())
+		return detResult{err: fmt.Errorf("detector still running since %s (hung?); not started again", since.UTC().Format(time.RFC3339))}
+	}
+	rr.runSince.Store(e.opts.Clock.Now().UnixNano())
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ch := make(chan detResult, 1)
+	go func() {
+		defer rr.running.Store(false)
+		defer func() {
+			if p := recover(); p != nil {
+				e.opts.Log.Error("detector panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+				ch <- detResult{err: fmt.Errorf("detector panicked: %v", p)}
+			}
+		}()
+		fs, err := rr.det.Detect(dctx)
+		ch <- detResult{findings: fs, err: err}
+	}()
+	select {
+	case r := <-ch:
+		if reason, ok := detect.IsSkip(r.err); ok {
+			return detResult{skip: reason}
+		}
+		return r
+	case <-dctx.Done():
+		return detResult{err: fmt.Errorf("detector did not finish within %s: %w", timeout, dctx.Err())}
+	}
+}
+
+// cycle is the decision state of one Cycle.
+type cycle struct {
+	e     *Engine
+	pol   *policy.Policy
+	st    *State
+	rep   *Report
+	acted *int
+}
+
+func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
+	r := rr.rule
+	log := c.e.opts.Log.With(zap.String("rule", r.Name))
+	switch {
+	case res.skip != "":
+		c.rep.Skipped = append(c.rep.Skipped, SkippedCheck{Rule: r.Name, Detector: r.Detector.Type, Reason: res.skip})
+		return // unknown is not absent: states stay as they are
+	case res.err != nil:
+		log.Warn("detector failed", zap.Error(res.err))
+		if c.e.opts.Metrics != nil {
+			c.e.opts.Metrics.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type).Inc()
+		}
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: detect.Finding{
+			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: detect.Warning,
+			Message:  fmt.Sprintf("detector %s failed: %v", r.Detector.Type, res.err),
+			Evidence: map[string]any{"detectorType": r.Detector.Type, "error": res.err.Error()},
+		}})
+		return
+	}
+
+	present := map[string]detect.Finding{}
+	var order []string
+	for _, f := range res.findings {
+		if f.Detector == "" {
+			f.Detector = r.Detector.Type
+		}
+		if f.Target == "" {
+			f.Target = "unnamed"
+		}
+		if _, dup := present[f.Target]; dup {
+			continue
+		}
+		present[f.Target] = f
+		order = append(order, f.Target)
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: f})
+	}
+	// Targets with state but no finding this cycle (vanished or cleared).
+	prefix := r.Name + "|"
+	for k := range c.st.Targets {
+		if t, ok := strings.CutPrefix(k, prefix); ok {
+			if _, seen := present[t]; !seen {
+				order = append(order, t)
+			}
+		}
+	}
+	timing := Timing{For: r.For.Duration, VerifyAfter: r.VerifyAfter.Duration, MaxAttempts: r.MaxAttempts, Once: c.e.opts.Once}
+	for _, target := range order {
+		f, isPresent := present[target]
+		if !isPresent {
+			f = detect.Finding{Detector: r.Detector.Type, Target: target}
+		}
+		c.target(ctx, rr, f, isPresent, timing, log)
+	}
+}
+
+func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, present bool, tm Timing, log *zap.Logger) {
+	r := rr.rule
+	key := r.Name + "|" + f.Target
+	prev := c.st.Targets[key]
+	now := c.e.opts.Clock.Now()
+	next, act := Step(prev, present, now, tm)
+	c.setState(key, next)
+	actName := ""
+	if rr.act != nil {
+		actName = rr.actType.Name
+	}
+	dec := Decision{Rule: r.Name, Action: actName, Target: f.Target, Phase: next.Phase}
+
+	// Transitions worth an audit line.
+	if prev.Phase == PhaseVerifying && next.Phase != PhaseVerifying {
+		c.e.releaseHeld(ctx, key)
+		switch next.Phase {
+		case PhaseResolved:
+			log.Info("action verified: finding cleared", zap.String("target", f.Target))
+			c.e.journal(journal.Record{Kind: journal.KindVerified, Rule: r.Name, Target: f.Target, Action: actName,
+				Summary: "finding cleared after action"}, c.rep)
+		case PhaseFailed, PhaseEscalated:
+			c.rep.Decisions = append(c.rep.Decisions, Decision{Rule: r.Name, Action: actName, Target: f.Target, Phase: next.Phase,
+				Outcome: OutcomeFailed, Reason: fmt.Sprintf("verification failed: %s (attempt %d of %d)", next.LastError, next.Attempts, tm.MaxAttempts)})
+			c.count(r.Name, actName, OutcomeFailed)
+		}
+	}
+	if next.Phase == PhaseEscalated && prev.Phase != PhaseEscalated {
+		c.escalate(r, f, actName, next, log)
+	}
+	if !present && next.Phase != PhaseVerifying {
+		return // cleared or vanished: nothing to decide
+	}
+
+	switch {
+	case !act:
+		dec.Outcome = OutcomeSkipped
+		switch next.Phase {
+		case PhasePending:
+			dec.Reason = fmt.Sprintf("pending: present for %s, fires after %s", now.Sub(next.Since).Round(time.Second), tm.For)
+		case PhaseVerifying:
+			dec.Reason = fmt.Sprintf("verifying: re-check at %s", next.VerifyAt.UTC().Format(time.RFC3339))
+		case PhaseEscalated:
+			dec.Outcome = OutcomeBlocked
+			dec.Guardrail = GuardEscalation
+			dec.Reason = fmt.Sprintf("escalated after %d failed attempts (last: %s); acting again only after the finding clears", next.Attempts, next.LastError)
+		default:
+			dec.Reason = "no action due in phase " + string(next.Phase)
+		}
+	case rr.act == nil:
+		dec.Outcome = OutcomeSkipped
+		dec.Reason = "report-only rule (no action)"
+	default:
+		c.decideAndAct(ctx, rr, f, key, tm, &dec, log)
+	}
+	c.rep.Decisions = append(c.rep.Decisions, dec)
+	c.count(r.Name, dec.Action, dec.Outcome)
+}
+
+func (c *cycle) setState(key string, ts TargetState) {
+	if ts.Phase == PhaseOK {
+		delete(c.st.Targets, key)
+		return
+	}
+	c.st.Targets[key] = ts
+}
+
+func (c *cycle) count(rule, act string, o Outcome) {
+	if m := c.e.opts.Metrics; m != nil {
+		m.Decisions.WithLabelValues(rule, act, string(o)).Inc()
+	}
+}
+
+func (c *cycle) escalate(r *policy.Rule, f detect.Finding, actName string, ts TargetState, log *zap.Logger) {
+	log.Error("target escalated: attempts exhausted, no more actions until the finding clears",
+		zap.String("target", f.Target), zap.Int("attempts", ts.Attempts), zap.String("lastError", ts.LastError))
+	c.e.journal(journal.Record{Kind: journal.KindEscalated, Rule: r.Name, Target: f.Target, Action: actName,
+		Summary: fmt.Sprintf("escalated after %d failed attempts", ts.Attempts), Error: ts.LastError}, c.rep)
+}
+
+// guardrails returns the chain for this cycle, in order.
+func (c *cycle) guardrails(why string) []Guardrail {
+	g := []Guardrail{
+		escalationGuard{c.st},
+		cooldownGuard{c.st},
+		ruleRateGuard{c.st},
+		nodeRateGuard{c.st, c.pol.Guardrails.MaxActionsPerHour},
+		maxTargetsGuard{c.pol.Guardrails.MaxTargetsPerCycle, c.acted},
+	}
+	g = append(g, c.e.opts.Guardrails...)
+	return append(g, dryRunGuard{why})
+}
+
+func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Finding, key string, tm Timing, dec *Decision, log *zap.Logger) {
+	r := rr.rule
+	now := c.e.opts.Clock.Now()
+	why := dryRunReason(c.pol, r, c.e.opts.ForceDryRun)
+	req := &Request{Rule: r, ActionType: rr.actType.Name, Disruptive: rr.actType.Disruptive, Finding: f, DryRun: why != "", Now: now}
+
+	// Plan first: an action that cannot apply is skipped before any
+	// guardrail takes a resource.
+	plan, err := c.plan(ctx, rr, f)
+	if err != nil {
+		if reason, ok := detect.IsSkip(err); ok {
+			dec.Outcome, dec.Reason = OutcomeSkipped, reason
+		} else {
+			dec.Outcome, dec.Reason = OutcomeSkipped, "cannot plan action: "+err.Error()
+		}
+		return
+	}
+
+	var held []heldGuard
+	for _, g := range c.guardrails(why) {
+		err := g.Check(ctx, req)
+		if err == nil {
+			if h, ok := g.(Holder); ok && !req.DryRun {
+				held = append(held, heldGuard{h, *req})
+			}
+			continue
+		}
+		b := AsBlocked(g.Name(), err)
+		for _, hg := range held {
+			hg.h.Release(ctx, &hg.req)
+		}
+		if b.Guardrail == GuardDryRun {
+			*c.acted++
+			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
+			ts := c.st.Targets[key]
+			if !ts.DryRunReported {
+				ts.DryRunReported = true
+				c.st.Targets[key] = ts
+				c.e.journal(journal.Record{Kind: journal.KindDryRun, Rule: r.Name, Target: f.Target, Action: rr.actType.Name,
+					Outcome: string(OutcomeDryRun), Summary: "would " + plan.Summary, Details: plan.Details}, c.rep)
+			}
+			return
+		}
+		dec.Outcome, dec.Reason, dec.Guardrail = OutcomeBlocked, b.Error(), b.Guardrail
+		if m := c.e.opts.Metrics; m != nil {
+			m.GuardrailBlocks.WithLabelValues(b.Guardrail, r.Name).Inc()
+		}
+		return
+	}
+
+	// Acting. The attempt counts against every limit before it runs, and
+	// that is on disk before the action can do anything.
+	*c.acted++
+	c.st.History = append(c.st.History, ActionRecord{Time: now, Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Outcome: "pending"})
+	hi := len(c.st.History) - 1
+	if err := c.e.store.Save(c.st); err != nil {
+		for _, hg := range held {
+			hg.h.Release(ctx, &hg.req)
+		}
+		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
+		return
+	}
+	id := fmt.Sprintf("%d-%s", now.UnixNano(), shortHash(key))
+	if err := c.e.opts.Journal.Append(journal.Record{Time: now, ID: id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
+		Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Summary: plan.Summary, Details: plan.Details}); err != nil {
+		for _, hg := range held {
+			hg.h.Release(ctx, &hg.req)
+		}
+		c.st.History[hi].Outcome = "not-run"
+		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
+		return
+	}
+	log.Info("executing action", zap.String("target", f.Target), zap.String("action", rr.actType.Name), zap.String("plan", plan.Summary))
+	res, err := c.execute(ctx, rr, f)
+	done := c.e.opts.Clock.Now()
+	if m := c.e.opts.Metrics; m != nil {
+		m.ActionDuration.WithLabelValues(rr.actType.Name).Observe(done.Sub(now).Seconds())
+	}
+	out := journal.Record{Time: done, ID: id, Kind: journal.KindOutcome, Node: c.e.opts.Node.Name, Rule: r.Name,
+		Target: f.Target, Action: rr.actType.Name, Summary: res.Summary, Details: res.Details}
+	ts := Record(c.st.Targets[key], ActOutcome{Err: err}, done, tm)
+	c.st.Targets[key] = ts
+	dec.Phase = ts.Phase
+	if err != nil {
+		c.st.History[hi].Outcome = string(OutcomeFailed)
+		out.Outcome, out.Error = string(OutcomeFailed), err.Error()
+		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
+		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
+		for _, hg := range held {
+			hg.h.Release(ctx, &hg.req)
+		}
+		if ts.Phase == PhaseEscalated {
+			c.escalate(r, f, rr.actType.Name, ts, log)
+		}
+	} else {
+		c.st.History[hi].Outcome = string(OutcomeExecuted)
+		out.Outcome = string(OutcomeExecuted)
+		dec.Outcome, dec.Reason = OutcomeExecuted, res.Summary
+		c.e.held[key] = append(c.e.held[key], held...)
+	}
+	c.e.journal(out, c.rep)
+}
+
+// plan runs Action.Plan with the action timeout and panic recovery.
+func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
+	var p action.Plan
+	err := c.guarded(ctx, rr, "plan", func(ctx context.Context) error {
+		var err error
+		p, err = rr.act.Plan(ctx, f)
+		return err
+	})
+	if err == nil && p.Summary == "" {
+		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
+	}
+	return p, err
+}
+
+// execute runs Action.Execute with the action timeout and panic recovery.
+func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
+	var res action.Result
+	err := c.guarded(ctx, rr, "execute", func(ctx context.Context) error {
+		var err error
+		res, err = rr.act.Execute(ctx, f)
+		return err
+	})
+	return res, err
+}
+
+// guarded runs fn under the action deadline; a panic or an overrun becomes
+// an error and a finding about the daemon. An action that ignores its
+// context is abandoned (its goroutine is left to finish) rather than
+// stalling the loop.
+func (c *cycle) guarded(ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) error) error {
+	timeout := c.pol.ActionTimeout.Duration
+	actx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ch := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				c.e.opts.Log.Error("action panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
+				ch <- fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
+			}
+		}()
+		ch <- fn(actx)
+	}()
+	var err error
+	select {
+	case err = <-ch:
+	case <-actx.Done():
+		err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+	}
+	if err != nil {
+		if _, skip := detect.IsSkip(err); !skip && (strings.Contains(err.Error(), "panicked") || errors.Is(err, context.DeadlineExceeded)) {
+			c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
+				Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
+				Message: err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
+			}})
+		}
+	}
+	return err
+}
+
+// journal appends a record, stamping time and node; a failure becomes a
+// report warning (the action itself was already guarded by the intent
+// write).
+func (e *Engine) journal(r journal.Record, rep *Report) {
+	if r.Time.IsZero() {
+		r.Time = e.opts.Clock.Now()
+	}
+	if r.Node == "" {
+		r.Node = e.opts.Node.Name
+	}
+	if err := e.opts.Journal.Append(r); err != nil {
+		e.opts.Log.Error("journal write failed", zap.Error(err))
+		rep.Warnings = append(rep.Warnings, "journal write failed: "+err.Error())
+	}
+}
+
+func (e *Engine) releaseHeld(ctx context.Context, key string) {
+	for _, hg := range e.held[key] {
+		hg.h.Release(ctx, &hg.req)
+	}
+	delete(e.held, key)
+}
+
+// Close releases every resource still held by guardrails (budget slots).
+func (e *Engine) Close(ctx context.Context) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for k := range e.held {
+		e.releaseHeld(ctx, k)
+	}
+}
+
+func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
+	m := e.opts.Metrics
+	if m == nil {
+		return
+	}
+	m.CycleDuration.Observe(d.Seconds())
+	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
+	m.Findings.Reset()
+	for _, f := range rep.Findings {
+		m.Findings.WithLabelValues(f.Rule, string(f.Severity)).Inc()
+	}
+	m.DetectorSkips.Reset()
+	for _, s := range rep.Skipped {
+		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
+	}
+	m.Escalated.Reset()
+	for k, ts := range st.Targets {
+		if ts.Phase == PhaseEscalated {
+			rule, _, _ := strings.Cut(k, "|")
+			m.Escalated.WithLabelValues(rule).Inc()
+		}
+	}
+}
+
+func shortHash(s string) string {
+	var h uint32 = 2166136261
+	for i := 0; i < len(s); i++ {
+		h ^= uint32(s[i])
+		h *= 16777619
+	}
+	return fmt.Sprintf("%08x", h)
+}

@@ -1,0 +1,63 @@
+package remediate
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the engine's Prometheus metrics. Register them on the
+// daemon's registry with NewMetrics.
+type Metrics struct {
+	Findings        *prometheus.GaugeVec
+	Decisions       *prometheus.CounterVec
+	ActionDuration  *prometheus.HistogramVec
+	CycleDuration   prometheus.Histogram
+	DetectorErrors  *prometheus.CounterVec
+	DetectorSkips   *prometheus.GaugeVec
+	GuardrailBlocks *prometheus.CounterVec
+	Escalated       *prometheus.GaugeVec
+	LastCycle       prometheus.Gauge
+	PolicyReloads   *prometheus.CounterVec
+}
+
+// NewMetrics creates the metrics and registers them on reg (if not nil).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		Findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule and severity.",
+		}, []string{"rule", "severity"}),
+		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "remediate_decisions_total", Help: "Decisions taken, by rule, action and outcome.",
+		}, []string{"rule", "action", "outcome"}),
+		ActionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "remediate_action_duration_seconds", Help: "Time taken by executed actions.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}, []string{"action"}),
+		CycleDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "remediate_cycle_duration_seconds", Help: "Time taken by a detection cycle, detectors through actions.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}),
+		DetectorErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "remediate_detector_errors_total", Help: "Detector runs that failed, timed out or panicked, by rule.",
+		}, []string{"rule", "detector"}),
+		DetectorSkips: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "remediate_detector_skipped", Help: "1 when the rule's detector could not run here in the last cycle.",
+		}, []string{"rule", "detector"}),
+		GuardrailBlocks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "remediate_guardrail_blocks_total", Help: "Actions blocked, by guardrail and rule.",
+		}, []string{"guardrail", "rule"}),
+		Escalated: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "remediate_escalated_targets", Help: "Targets escalated (no more actions until the finding clears), by rule.",
+		}, []string{"rule"}),
+		LastCycle: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "remediate_last_cycle_timestamp_seconds", Help: "Unix time the last cycle finished.",
+		}),
+		PolicyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "remediate_policy_reloads_total", Help: "Policy reload attempts by result (success, invalid).",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
+			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads)
+	}
+	return m
+}

@@ -1,0 +1,156 @@
+package remediate
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/remediate-dev/remediate/detect"
+)
+
+// Outcome of a decision. These strings are part of the stable JSON report.
+type Outcome string
+
+// Outcomes.
+const (
+	OutcomeExecuted Outcome = "executed"
+	OutcomeDryRun   Outcome = "dry-run"
+	OutcomeBlocked  Outcome = "blocked"
+	OutcomeFailed   Outcome = "failed"
+	OutcomeSkipped  Outcome = "skipped"
+)
+
+// ReportFinding is a finding with the rule that produced it.
+type ReportFinding struct {
+	Rule string `json:"rule"`
+	detect.Finding
+}
+
+// Decision is what the engine decided for one (rule, target) this cycle.
+type Decision struct {
+	Rule    string  `json:"rule"`
+	Action  string  `json:"action"`
+	Target  string  `json:"target"`
+	Outcome Outcome `json:"outcome"`
+	Reason  string  `json:"reason"`
+	// Phase is the target's state machine phase after the decision.
+	Phase Phase `json:"phase,omitempty"`
+	// Guardrail names the guardrail that blocked, if any.
+	Guardrail string `json:"guardrail,omitempty"`
+}
+
+// SkippedCheck is a rule whose detector could not run here, and why.
+type SkippedCheck struct {
+	Rule     string `json:"rule"`
+	Detector string `json:"detector"`
+	Reason   string `json:"reason"`
+}
+
+// Report is the result of one cycle. Its JSON keys are stable: scripts
+// depend on node, mode, findings[] and decisions[].
+type Report struct {
+	Node      string          `json:"node"`
+	Mode      string          `json:"mode"`
+	Time      time.Time       `json:"time"`
+	Findings  []ReportFinding `json:"findings"`
+	Decisions []Decision      `json:"decisions"`
+	Skipped   []SkippedCheck  `json:"skipped"`
+	// Warnings are problems of the daemon itself that are not findings
+	// (a quarantined state file, a journal write error).
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// ExitCode is the --once exit status: 2 when findings are present
+// (whatever was decided), 0 otherwise.
+func (r *Report) ExitCode() int {
+	if len(r.Findings) > 0 {
+		return 2
+	}
+	return 0
+}
+
+// WriteJSON writes the report as indented JSON.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteText writes the report as readable tables, like kubectl.
+func (r *Report) WriteText(w io.Writer) error {
+	fmt.Fprintf(w, "Node: %s   Mode: %s   Time: %s\n", r.Node, r.Mode, r.Time.UTC().Format(time.RFC3339))
+	for _, warn := range r.Warnings {
+		fmt.Fprintf(w, "WARNING: %s\n", warn)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(r.Findings) == 0 {
+		fmt.Fprintln(w, "FINDINGS: none")
+	} else {
+		fmt.Fprintln(w, "FINDINGS:")
+		fmt.Fprintln(tw, "SEVERITY\tRULE\tDETECTOR\tTARGET\tMESSAGE")
+		for _, f := range r.Findings {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Severity, f.Rule, f.Detector, f.Target, oneLine(f.Message))
+		}
+		tw.Flush()
+	}
+	fmt.Fprintln(w)
+	if len(r.Decisions) == 0 {
+		fmt.Fprintln(w, "DECISIONS: none")
+	} else {
+		fmt.Fprintln(w, "DECISIONS:")
+		fmt.Fprintln(tw, "OUTCOME\tRULE\tACTION\tTARGET\tREASON")
+		for _, d := range r.Decisions {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Outcome, d.Rule, orDash(d.Action), d.Target, oneLine(d.Reason))
+		}
+		tw.Flush()
+	}
+	if len(r.Skipped) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "SKIPPED CHECKS:")
+		fmt.Fprintln(tw, "RULE\tDETECTOR\tREASON")
+		for _, s := range r.Skipped {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Rule, s.Detector, oneLine(s.Reason))
+		}
+		tw.Flush()
+	}
+	return nil
+}
+
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\n", " ")
+	if len(s) > 160 {
+		s = s[:157] + "..."
+	}
+	return s
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// sortReport orders findings and decisions deterministically.
+func sortReport(r *Report) {
+	sort.SliceStable(r.Findings, func(i, j int) bool {
+		a, b := r.Findings[i], r.Findings[j]
+		if a.Rule != b.Rule {
+			return a.Rule < b.Rule
+		}
+		return a.Target < b.Target
+	})
+	sort.SliceStable(r.Decisions, func(i, j int) bool {
+		a, b := r.Decisions[i], r.Decisions[j]
+		if a.Rule != b.Rule {
+			return a.Rule < b.Rule
+		}
+		return a.Target < b.Target
+	})
+	sort.SliceStable(r.Skipped, func(i, j int) bool { return r.Skipped[i].Rule < r.Skipped[j].Rule })
+}
