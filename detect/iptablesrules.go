@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -46,6 +47,10 @@ type IPTablesRulesParams struct {
 	// about as long (0 turns the check off). A save that times out is
 	// always reported.
 	MaxSaveDuration policy.Duration `yaml:"maxSaveDuration"`
+	// SaveTimeout bounds each save run; a save that runs out of it is a
+	// critical finding. Saves of all families and backends run at once
+	// (they take no lock), so keep it under the policy's detectorTimeout.
+	SaveTimeout policy.Duration `yaml:"saveTimeout"`
 }
 
 // Validate implements policy.Validator.
@@ -78,6 +83,11 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	if p.MaxSaveDuration.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be >= 0 (0 = off)"})
 	}
+	if p.SaveTimeout.Duration <= 0 {
+		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
+	} else if p.MaxSaveDuration.Duration >= p.SaveTimeout.Duration {
+		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be below saveTimeout"})
+	}
 	return errs
 }
 
@@ -94,7 +104,8 @@ func init() {
 				CheckFirewallDrop: true,
 				CheckBackendMix:   true,
 				MaxKubeRules:      10000,
-				MaxSaveDuration:   policy.D(5 * time.Second),
+				MaxSaveDuration:   policy.D(2 * time.Second),
+				SaveTimeout:       policy.D(8 * time.Second),
 			}
 		},
 		New: func(params any, n *node.Node) (Detector, error) {
@@ -122,12 +133,34 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 		unavailable []string
 		saved       int
 	)
+	type result struct {
+		snap *iptables.Snapshot
+		err  error
+	}
+	// All saves at once: they take no lock, and the cycle waits for the
+	// slowest instead of the sum.
+	results := make(map[string]*result)
+	var wg sync.WaitGroup
+	for _, fs := range d.p.Families {
+		for _, bs := range d.p.Backends {
+			r := &result{}
+			results[fs+"/"+bs] = r
+			wg.Add(1)
+			go func(fam iptables.Family, be iptables.Backend) {
+				defer wg.Done()
+				sctx, cancel := context.WithTimeout(ctx, d.p.SaveTimeout.Duration)
+				defer cancel()
+				r.snap, r.err = d.n.IPTables.Save(sctx, fam, be)
+			}(iptables.Family(fs), iptables.Backend(bs))
+		}
+	}
+	wg.Wait()
 	for _, fs := range d.p.Families {
 		fam := iptables.Family(fs)
 		snaps := map[iptables.Backend]*iptables.Snapshot{}
 		for _, bs := range d.p.Backends {
 			be := iptables.Backend(bs)
-			snap, err := d.n.IPTables.Save(ctx, fam, be)
+			snap, err := results[fs+"/"+bs].snap, results[fs+"/"+bs].err
 			switch {
 			case errors.Is(err, iptables.ErrUnavailable):
 				unavailable = append(unavailable, iptables.SaveCommand(fam, be))
@@ -138,8 +171,8 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 					Detector: "IPTablesRules",
 					Target:   target(fam, be, "save-duration"),
 					Severity: Critical,
-					Message:  fmt.Sprintf("%s timed out: %v", iptables.SaveCommand(fam, be), err),
-					Evidence: map[string]any{"family": fs, "backend": bs, "error": err.Error()},
+					Message:  fmt.Sprintf("%s did not finish within %s: %v", iptables.SaveCommand(fam, be), d.p.SaveTimeout.Duration, err),
+					Evidence: map[string]any{"family": fs, "backend": bs, "error": err.Error(), "saveTimeoutMs": d.p.SaveTimeout.Milliseconds()},
 				})
 				continue
 			case err != nil:

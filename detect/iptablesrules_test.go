@@ -90,7 +90,7 @@ func TestIPTablesRules(t *testing.T) {
 		{name: "rule count over threshold", legacy: healthy, nft: emptyNFT, set: func(p *IPTablesRulesParams) { p.MaxKubeRules = 40 },
 			want: []string{"iptables/IPv4/legacy/kube-rule-count"}},
 		{name: "slow save", legacy: healthy, nft: emptyNFT,
-			fake: func(f *iptables.Fake) { f.SetDuration(iptables.IPv4, iptables.Legacy, 6*time.Second) },
+			fake: func(f *iptables.Fake) { f.SetDuration(iptables.IPv4, iptables.Legacy, 3*time.Second) },
 			want: []string{"iptables/IPv4/legacy/save-duration"}},
 		{name: "save timed out", legacy: healthy, nft: emptyNFT,
 			fake: func(f *iptables.Fake) {
@@ -186,12 +186,18 @@ func TestIPTablesRulesParamsValidate(t *testing.T) {
 	p.ProxyMode = "userspace"
 	p.MaxKubeRules = -1
 	p.MaxSaveDuration = policy.D(-time.Second)
+	p.SaveTimeout = policy.D(-2 * time.Second)
 	var fields []string
 	for _, e := range p.Validate() {
 		fields = append(fields, e.Field)
 	}
-	want := []string{"families[1]", "backends", "proxyMode", "maxKubeRules", "maxSaveDuration"}
+	want := []string{"families[1]", "backends", "proxyMode", "maxKubeRules", "maxSaveDuration", "saveTimeout"}
 	if !reflect.DeepEqual(fields, want) {
 		t.Errorf("fields = %v, want %v", fields, want)
+	}
+	p = ty.NewParams().(*IPTablesRulesParams)
+	p.MaxSaveDuration = p.SaveTimeout
+	if errs := p.Validate(); len(errs) != 1 || errs[0].Field != "maxSaveDuration" {
+		t.Errorf("maxSaveDuration >= saveTimeout: %v", errs)
 	}
 }

@@ -159,7 +159,7 @@ func (a *killProcess) Plan(ctx context.Context, f detect.Finding) (Plan, error) 
 		return Plan{}, err
 	}
 	return Plan{
-		Summary: fmt.Sprintf("would send SIGTERM to pid %d (%s), wait %s, then SIGKILL if it still runs", p.Pid, strings.Join(p.Cmdline, " "), a.p.GracePeriod.Duration),
+		Summary: fmt.Sprintf("send SIGTERM to pid %d (%s), wait %s, then SIGKILL if it still runs", p.Pid, strings.Join(p.Cmdline, " "), a.p.GracePeriod.Duration),
 		Details: details(p),
 	}, nil
 }

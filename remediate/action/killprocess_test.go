@@ -69,7 +69,7 @@ func TestKillProcessPlanHasNoSideEffects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(plan.Summary, "would send SIGTERM to pid 200 (iptables-legacy-restore -w 5)") || plan.Details["pid"] != int32(200) {
+	if !strings.Contains(plan.Summary, "send SIGTERM to pid 200 (iptables-legacy-restore -w 5)") || plan.Details["pid"] != int32(200) {
 		t.Errorf("plan = %+v", plan)
 	}
 	if len(f.Signals()) != 0 {
