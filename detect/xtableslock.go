@@ -101,10 +101,7 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		if hold < d.p.MaxHold.Duration && !tooMany {
 			continue
 		}
-		why := fmt.Sprintf("held for at least %s", hold.Round(time.Second))
-		if tooMany {
-			why += fmt.Sprintf(", %d processes waiting", len(l.Waiters))
-		}
+		why := fmt.Sprintf("for at least %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 		ev := map[string]any{
 			"xtablesLock":      d.n.XtablesLock,
 			"lockDev":          l.Dev,
@@ -117,13 +114,13 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		var msg string
 		if k == unknownHolder {
-			msg = fmt.Sprintf("xtables lock %s %s by a process not visible here (/proc/locks pid %v)", d.n.XtablesLock, why, l.LockPIDs)
+			msg = fmt.Sprintf("xtables lock %s held by a process not visible here (/proc/locks pid %v) %s", d.n.XtablesLock, l.LockPIDs, why)
 		} else {
 			h := l.Holders[i]
 			for kk, v := range processEvidence(h, now) {
 				ev[kk] = v
 			}
-			msg = fmt.Sprintf("xtables lock %s %s by %s (pid %d)", d.n.XtablesLock, why, h.Name(), h.Pid)
+			msg = fmt.Sprintf("xtables lock %s held by %s (pid %d) %s", d.n.XtablesLock, h.Name(), h.Pid, why)
 		}
 		out = append(out, Finding{
 			Detector: "XtablesLockContention",
