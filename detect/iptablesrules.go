@@ -184,7 +184,13 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 			out = append(out, d.checkSnapshot(snap)...)
 		}
 		if d.p.CheckBackendMix {
-			out = append(out, mixFinding(fam, snaps)...)
+			mix := mixFinding(fam, snaps)
+			if bd, ok := d.n.IPTables.(iptables.BackendDetector); ok && len(mix) > 0 {
+				if b, err := bd.DefaultBackend(ctx); err == nil {
+					mix[0].Evidence["nodeIptablesBackend"] = string(b)
+				}
+			}
+			out = append(out, mix...)
 		}
 	}
 	if err := errs.ErrorOrNil(); err != nil {

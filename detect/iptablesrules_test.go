@@ -152,6 +152,7 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	f.SetRules(iptables.IPv4, iptables.Legacy, healthy)
 	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-X - [0:0]\n-A KUBE-SERVICES -j KUBE-X\nCOMMIT\n")
 	f.SetRules(iptables.IPv6, iptables.Legacy, "")
+	f.Default = iptables.NFT
 	n, _ := fakeNode(nil)
 	n.IPTables = f
 	got, err := newDetector(t, "IPTablesRules", n, nil).Detect(context.Background())
@@ -165,7 +166,7 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	}
 	for _, g := range got {
 		if g.Target == "iptables/IPv4/backend-mix" {
-			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 {
+			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 || g.Evidence["nodeIptablesBackend"] != "nft" {
 				t.Errorf("mix evidence = %v", g.Evidence)
 			}
 		}

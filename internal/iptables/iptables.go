@@ -58,6 +58,13 @@ type Interface interface {
 	Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 }
 
+// BackendDetector is optionally implemented by an Interface: the backend
+// the node's plain `iptables` command uses (what kubelet and most tools
+// write with; kube-proxy's image picks its own).
+type BackendDetector interface {
+	DefaultBackend(ctx context.Context) (Backend, error)
+}
+
 // Config configures the real adapter.
 type Config struct {
 	// Prefix is prepended to every command, e.g. ["ip", "netns", "exec",
@@ -72,7 +79,10 @@ type Config struct {
 // Real runs the save commands.
 type Real struct{ cfg Config }
 
-var _ Interface = (*Real)(nil)
+var (
+	_ Interface       = (*Real)(nil)
+	_ BackendDetector = (*Real)(nil)
+)
 
 // New returns the real adapter.
 func New(cfg Config) *Real {

@@ -89,3 +89,15 @@ func TestRealSaveTimeoutAndMissingCommand(t *testing.T) {
 		t.Errorf("missing command: %v", err)
 	}
 }
+
+func TestRealDefaultBackend(t *testing.T) {
+	netnstest.NeedCommands(t, "iptables")
+	b, err := New(Config{}).DefaultBackend(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b != Legacy && b != NFT {
+		t.Fatalf("backend = %q", b)
+	}
+	t.Logf("iptables on this machine uses %s", b)
+}
