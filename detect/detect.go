@@ -13,10 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
-	"sync"
 
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/registry"
 )
 
 // Severity of a finding.
@@ -69,44 +68,22 @@ type Type struct {
 	New func(params any, n *node.Node) (Detector, error)
 }
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]Type{}
-)
+var typeRegistry = registry.New[Type]("detector")
 
 // Register adds a detector type. It panics on a duplicate or incomplete
 // registration: that is a programming error, found at init.
 func Register(t Type) {
-	mu.Lock()
-	defer mu.Unlock()
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("detect: incomplete registration %+v", t))
 	}
-	if _, dup := registry[t.Name]; dup {
-		panic("detect: duplicate detector type " + t.Name)
-	}
-	registry[t.Name] = t
+	typeRegistry.Add(t.Name, t)
 }
 
 // Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
-	t, ok := registry[name]
-	return t, ok
-}
+func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
 
 // Types returns all registered types sorted by name.
-func Types() []Type {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]Type, 0, len(registry))
-	for _, t := range registry {
-		out = append(out, t)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
+func Types() []Type { return typeRegistry.All() }
 
 // SkipError says a detector or action cannot run on this node and why (IPVS
 // unavailable, no cluster access, kube-proxy in another mode). It is not a

@@ -50,6 +50,10 @@ type Options struct {
 	Log *zap.Logger
 	// LockTimeout bounds the wait for the state dir lock (default 30s).
 	LockTimeout time.Duration
+	// NodeFor, if set, rebuilds the node's adapters for a policy (the
+	// kube-proxy endpoints come from the policy); it is called on New and
+	// on every reload, and Node is replaced by its result.
+	NodeFor func(*policy.Policy) (*node.Node, error)
 }
 
 // Engine runs cycles of detect → decide → act for a policy.
@@ -93,7 +97,7 @@ func New(p *policy.Policy, o Options) (*Engine, error) {
 	if o.Journal == nil {
 		return nil, errors.New("engine: a journal is required")
 	}
-	if o.Node == nil {
+	if o.Node == nil && o.NodeFor == nil {
 		return nil, errors.New("engine: node is required")
 	}
 	e := &Engine{opts: o, store: &Store{Dir: o.StateDir}, held: map[string][]heldGuard{}}
@@ -114,13 +118,20 @@ func (e *Engine) Policy() *policy.Policy {
 // rebuilt; per-target state and history are kept (they live in the state
 // dir). On error the old policy stays in force.
 func (e *Engine) SetPolicy(p *policy.Policy) error {
-	rules, err := build(p, e.opts.Node)
+	n := e.opts.Node
+	if e.opts.NodeFor != nil {
+		var err error
+		if n, err = e.opts.NodeFor(p); err != nil {
+			return fmt.Errorf("building node adapters: %w", err)
+		}
+	}
+	rules, err := build(p, n)
 	if err != nil {
 		return err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.pol, e.rules = p, rules
+	e.pol, e.rules, e.opts.Node = p, rules, n
 	return nil
 }
 
@@ -189,8 +200,8 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 
 	rep := &Report{Node: e.opts.Node.Name, Mode: string(pol.Mode), Time: start,
 		Findings: []ReportFinding{}, Decisions: []Decision{}, Skipped: []SkippedCheck{}}
-	if e.opts.ForceDryRun && pol.Mode == policy.Enforce {
-		rep.Mode = string(policy.Audit) + " (--dry-run)"
+	if e.opts.ForceDryRun {
+		rep.Mode, rep.ForcedDryRun = string(policy.Audit), true
 	}
 	st, warn := e.store.Load(start)
 	if warn != nil {

@@ -53,12 +53,15 @@ type SkippedCheck struct {
 // Report is the result of one cycle. Its JSON keys are stable: scripts
 // depend on node, mode, findings[] and decisions[].
 type Report struct {
-	Node      string          `json:"node"`
-	Mode      string          `json:"mode"`
-	Time      time.Time       `json:"time"`
-	Findings  []ReportFinding `json:"findings"`
-	Decisions []Decision      `json:"decisions"`
-	Skipped   []SkippedCheck  `json:"skipped"`
+	Node string `json:"node"`
+	// Mode is the effective mode: "audit" or "enforce".
+	Mode string `json:"mode"`
+	// ForcedDryRun is true when --dry-run forced audit mode.
+	ForcedDryRun bool            `json:"forcedDryRun,omitempty"`
+	Time         time.Time       `json:"time"`
+	Findings     []ReportFinding `json:"findings"`
+	Decisions    []Decision      `json:"decisions"`
+	Skipped      []SkippedCheck  `json:"skipped"`
 	// Warnings are problems of the daemon itself that are not findings
 	// (a quarantined state file, a journal write error).
 	Warnings []string `json:"warnings,omitempty"`
@@ -82,7 +85,11 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // WriteText writes the report as readable tables, like kubectl.
 func (r *Report) WriteText(w io.Writer) error {
-	fmt.Fprintf(w, "Node: %s   Mode: %s   Time: %s\n", r.Node, r.Mode, r.Time.UTC().Format(time.RFC3339))
+	mode := r.Mode
+	if r.ForcedDryRun {
+		mode += " (--dry-run)"
+	}
+	fmt.Fprintf(w, "Node: %s   Mode: %s   Time: %s\n", r.Node, mode, r.Time.UTC().Format(time.RFC3339))
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}

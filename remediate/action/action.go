@@ -13,11 +13,10 @@ package action
 import (
 	"context"
 	"fmt"
-	"sort"
-	"sync"
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/registry"
 )
 
 // Plan describes what Execute would do, computed without side effects. It is
@@ -59,40 +58,19 @@ type Type struct {
 	New func(params any, n *node.Node) (Action, error)
 }
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]Type{}
-)
+var typeRegistry = registry.New[Type]("action")
 
-// Register adds an action type; it panics on duplicates or missing fields.
+// Register adds a action type. It panics on a duplicate or incomplete
+// registration: that is a programming error, found at init.
 func Register(t Type) {
-	mu.Lock()
-	defer mu.Unlock()
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("action: incomplete registration %+v", t))
 	}
-	if _, dup := registry[t.Name]; dup {
-		panic("action: duplicate action type " + t.Name)
-	}
-	registry[t.Name] = t
+	typeRegistry.Add(t.Name, t)
 }
 
 // Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) {
-	mu.RLock()
-	defer mu.RUnlock()
-	t, ok := registry[name]
-	return t, ok
-}
+func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
 
-// Types returns all registered action types sorted by name.
-func Types() []Type {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]Type, 0, len(registry))
-	for _, t := range registry {
-		out = append(out, t)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
+// Types returns all registered types sorted by name.
+func Types() []Type { return typeRegistry.All() }

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+// wiring builds the node's adapters from the flags and the policy, and
+// holds what must be closed at exit.
+type wiring struct {
+	o       *options
+	log     *zap.Logger
+	closers []func()
+}
+
+func newWiring(o *options, log *zap.Logger) *wiring { return &wiring{o: o, log: log} }
+
+// Node builds the node for a policy; it is called at start and on every
+// policy reload (the kube-proxy endpoints come from the policy).
+func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
+	n := &node.Node{
+		Name:        w.o.nodeName,
+		ProcRoot:    w.o.procRoot,
+		XtablesLock: w.o.xtablesLock,
+		Clock:       clock.RealClock{},
+		Log:         w.log,
+		Unavailable: map[string]string{},
+	}
+	// --- wire adapters here: one block per subsystem, setting the
+	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
+	return n, nil
+}
+
+// Guardrails returns the guardrails beyond the built-in ones (cluster-wide
+// budget, API freshness), checked before the dry-run guardrail.
+func (w *wiring) Guardrails() []remediate.Guardrail {
+	// --- wire cluster guardrails here ---
+	return nil
+}
+
+// OnReport publishes a daemon cycle's report (events, node conditions).
+func (w *wiring) OnReport(ctx context.Context, rep *remediate.Report) {
+	// --- wire reporters here ---
+}
+
+// OnReloadError reports a rejected policy reload beyond the log and metric.
+func (w *wiring) OnReloadError(ctx context.Context, err error) {
+	// --- wire reload error reporting here ---
+}
+
+// Close releases adapters.
+func (w *wiring) Close() {
+	for i := len(w.closers) - 1; i >= 0; i-- {
+		w.closers[i]()
+	}
+}
+
+func jsonEncoder(w io.Writer) *json.Encoder { return json.NewEncoder(w) }
