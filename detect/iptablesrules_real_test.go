@@ -33,12 +33,13 @@ func TestRealIPTablesRulesBothBackends(t *testing.T) {
 	})
 	nftKube := "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n"
 
-	n, _ := fakeNode(nil)
+	n, clk := fakeNode(nil)
 	n.IPTables = iptables.New(iptables.Config{Prefix: netnstest.Prefix(ns), Timeout: 20 * time.Second})
 	d := newDetector(t, "IPTablesRules", n, nil) // defaults: IPv4+IPv6, legacy+nft
 	ctx := context.Background()
 	check := func(step string, want ...string) {
 		t.Helper()
+		clk.Step(time.Minute) // past the saves' duty cycle
 		got, err := d.Detect(ctx)
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)

@@ -201,4 +201,43 @@ func TestIPTablesRulesParamsValidate(t *testing.T) {
 	if errs := p.Validate(); len(errs) != 1 || errs[0].Field != "maxSaveDuration" {
 		t.Errorf("maxSaveDuration >= saveTimeout: %v", errs)
 	}
+	p = ty.NewParams().(*IPTablesRulesParams)
+	p.MaxSaveDutyCycle = 1.5
+	if errs := p.Validate(); len(errs) != 1 || errs[0].Field != "maxSaveDutyCycle" {
+		t.Errorf("maxSaveDutyCycle 1.5: %v", errs)
+	}
+}
+
+func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
+	f := iptables.NewFake()
+	f.SetRules(iptables.IPv4, iptables.Legacy, healthyRules(t))
+	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
+	f.SetDuration(iptables.IPv4, iptables.NFT, 3*time.Second) // slow: over maxSaveDuration
+	n, clk := fakeNode(nil)
+	n.IPTables = f
+	d := newDetector(t, "IPTablesRules", n, func(p any) { p.(*IPTablesRulesParams).Families = []string{"IPv4"} })
+	ctx := context.Background()
+	calls := func() (int, int) { return f.Calls(iptables.IPv4, iptables.Legacy), f.Calls(iptables.IPv4, iptables.NFT) }
+	got, err := d.Detect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"iptables/IPv4/nft/nat/OUTPUT/KUBE-SERVICES", "iptables/IPv4/nft/nat/PREROUTING/KUBE-SERVICES", "iptables/IPv4/nft/save-duration"}
+	if !reflect.DeepEqual(targets(got), want) {
+		t.Fatalf("targets = %v", targets(got))
+	}
+	// 3s save at duty cycle 0.1: not again before 30s; the result is reused.
+	clk.Step(20 * time.Second)
+	got, _ = d.Detect(ctx)
+	if l, n := calls(); l != 2 || n != 1 {
+		t.Fatalf("after 20s: legacy %d nft %d saves, want 2 and 1", l, n)
+	}
+	if !reflect.DeepEqual(targets(got), want) || got[0].Evidence["cached"] != true {
+		t.Fatalf("cached findings = %+v", got)
+	}
+	clk.Step(11 * time.Second)
+	got, _ = d.Detect(ctx)
+	if l, n := calls(); l != 3 || n != 2 || got[0].Evidence["cached"] != false {
+		t.Fatalf("after 31s: legacy %d nft %d, %+v", l, n, got)
+	}
 }
