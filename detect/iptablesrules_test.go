@@ -217,7 +217,9 @@ func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
 	n.IPTables = f
 	d := newDetector(t, "IPTablesRules", n, func(p any) { p.(*IPTablesRulesParams).Families = []string{"IPv4"} })
 	ctx := context.Background()
-	calls := func() (int, int) { return f.Calls(iptables.IPv4, iptables.Legacy), f.Calls(iptables.IPv4, iptables.NFT) }
+	calls := func() (int, int) {
+		return f.Calls(iptables.IPv4, iptables.Legacy), f.Calls(iptables.IPv4, iptables.NFT)
+	}
 	got, err := d.Detect(ctx)
 	if err != nil {
 		t.Fatal(err)
