@@ -3,6 +3,7 @@ package procs
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +50,9 @@ func TestRealFileLocksFindsRealHoldersAndWaiters(t *testing.T) {
 	lockFile := filepath.Join(t.TempDir(), "xtables.lock")
 	r := New("/proc")
 
+	if _, err := r.FileLocks(ctx, lockFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing lock file: %v, want fs.ErrNotExist", err)
+	}
 	holder := start(t, "flock", lockFile, "sleep", "300")
 	var fl FileLocks
 	waitFor(t, "the lock to be held with its child", func() bool {
