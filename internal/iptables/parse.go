@@ -186,6 +186,7 @@ func Parse(rd io.Reader) (*Ruleset, error) {
 func ParseString(text string) (*Ruleset, error) {
 	rs := &Ruleset{}
 	var cur *Table
+	var arena []string // rule tokens are carved from shared blocks
 	n := 0
 	for len(text) > 0 {
 		n++
@@ -231,7 +232,7 @@ func ParseString(text string) (*Ruleset, error) {
 			if cur == nil {
 				return nil, fmt.Errorf("line %d: rule outside a table", n)
 			}
-			args, err := splitArgs(line)
+			args, err := splitArgs(line, &arena)
 			if err != nil {
 				return nil, fmt.Errorf("line %d: %w", n, err)
 			}
@@ -278,9 +279,15 @@ func truncate(s string) string {
 
 // splitArgs splits a rule line into tokens the way iptables-save quotes
 // them: space-separated, with "double quoted" strings in which \" and \\
-// are escapes. Unquoted tokens are substrings of line (no copy).
-func splitArgs(line string) ([]string, error) {
-	args := make([]string, 0, 16)
+// are escapes. Unquoted tokens are substrings of line (no copy). The
+// returned slice is carved from *arena (full capacity-limited, so appending
+// to it never touches a neighbour).
+func splitArgs(line string, arena *[]string) ([]string, error) {
+	if cap(*arena)-len(*arena) < 64 {
+		*arena = make([]string, 0, 4096)
+	}
+	start := len(*arena)
+	args := (*arena)[start:start]
 	i := 0
 	for i < len(line) {
 		for i < len(line) && line[i] == ' ' {
@@ -326,5 +333,11 @@ func splitArgs(line string) ([]string, error) {
 		}
 		i = j + 1
 	}
-	return args, nil
+	if len(args) > cap(*arena)-start {
+		// Grew past the block (a very long rule): it was reallocated
+		// on its own; leave the arena as it was.
+		return args[:len(args):len(args)], nil
+	}
+	*arena = (*arena)[:start+len(args)]
+	return args[:len(args):len(args)], nil
 }
