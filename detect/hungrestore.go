@@ -123,14 +123,24 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			ev["waitsOnXtablesLock"] = nil
 			ev["xtablesLockError"] = lockErr.Error()
 		default:
-			waits := false
+			waits, holds := false, false
 			for _, w := range locks.Waiters {
 				if w.Pid == p.Pid {
 					waits = true
 				}
 			}
+			for _, h := range locks.Holders {
+				if h.Pid == p.Pid {
+					holds = true
+				}
+			}
 			ev["waitsOnXtablesLock"] = waits
+			ev["holdsXtablesLock"] = holds
 			ev["xtablesLock"] = d.n.XtablesLock
+			if holds {
+				sev = Critical
+				msg += fmt.Sprintf(", holding the xtables lock (%d waiting)", len(locks.Waiters))
+			}
 			if waits {
 				sev = Critical
 				ev["xtablesLockHolders"] = processSummaries(locks.Holders, now)

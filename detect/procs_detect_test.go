@@ -93,6 +93,9 @@ func TestHungIPTablesRestore(t *testing.T) {
 	if len(hs) != 2 || hs[1]["name"] != "sleep" {
 		t.Errorf("holders evidence = %v", w.Evidence["xtablesLockHolders"])
 	}
+	if w.Evidence["holdsXtablesLock"] != false {
+		t.Errorf("waiter marked as holder: %v", w.Evidence)
+	}
 	dd := byTarget[procs.Target(201, t0.Add(-3*time.Minute).UnixMilli())]
 	if dd.Severity != Critical || dd.Evidence["blocked"] != true || dd.Evidence["waitsOnXtablesLock"] != false {
 		t.Errorf("D-state restore = %+v", dd)
@@ -220,5 +223,20 @@ func TestProcessParamsValidate(t *testing.T) {
 		if !reflect.DeepEqual(fields, c.want) {
 			t.Errorf("%T: fields %v, want %v", c.p, fields, c.want)
 		}
+	}
+}
+
+func TestHungIPTablesRestoreHoldingTheLock(t *testing.T) {
+	f := procs.NewFake(999)
+	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
+	f.Add(fp(201, 50, "iptables-legacy", t0.Add(-time.Second), "S", "iptables-legacy-restore", "-w", "5"))
+	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{f.MustGet(200)}, Waiters: []procs.Process{f.MustGet(201)}})
+	n, _ := fakeNode(f)
+	got, err := newDetector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
+	if err != nil || len(got) != 1 {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	if got[0].Evidence["holdsXtablesLock"] != true || got[0].Severity != Critical || !strings.Contains(got[0].Message, "holding the xtables lock (1 waiting)") {
+		t.Errorf("finding = %+v", got[0])
 	}
 }
