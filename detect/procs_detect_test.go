@@ -154,7 +154,7 @@ func TestXtablesLockContentionTracksHoldAcrossCycles(t *testing.T) {
 	if len(ws) != 1 || ws[0]["name"] != "iptables-legacy-restore" {
 		t.Errorf("waiters = %v", ws)
 	}
-	if !strings.Contains(got[1].Message, "held by sleep (pid 101) for at least 35s (max 30s); 1 waiting (max 3)") {
+	if !strings.Contains(got[1].Message, "held by sleep (pid 101) in every cycle for 35s (max 30s); 1 waiting (max 3)") {
 		t.Errorf("message = %q", got[1].Message)
 	}
 

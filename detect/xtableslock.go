@@ -14,9 +14,11 @@ import (
 
 // XtablesLockContentionParams are the thresholds of XtablesLockContention.
 type XtablesLockContentionParams struct {
-	// MaxHold is how long one process may hold the lock. The hold time is
-	// observed across cycles (a lower bound: from the first cycle that saw
-	// the process holding it), so a one-shot run only sees waiters.
+	// MaxHold is how long one process may hold the lock. /proc/locks has
+	// no times, so the hold time is observed across cycles: from the first
+	// of the consecutive cycles that saw the process holding it. A one-shot
+	// run therefore sees 0 and only reports waiters; a process that
+	// releases and re-takes the lock between two cycles counts as holding.
 	MaxHold policy.Duration `yaml:"maxHold"`
 	// MaxWaiters is how many processes may wait for the lock at once.
 	MaxWaiters int `yaml:"maxWaiters"`
@@ -101,7 +103,7 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		if hold < d.p.MaxHold.Duration && !tooMany {
 			continue
 		}
-		why := fmt.Sprintf("for at least %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
+		why := fmt.Sprintf("in every cycle for %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 		ev := map[string]any{
 			"xtablesLock":      d.n.XtablesLock,
 			"lockDev":          l.Dev,
