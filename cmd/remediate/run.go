@@ -41,6 +41,7 @@ type options struct {
 	nodeName    string
 	kubeconfig  string
 	procRoot    string
+	sysRoot     string
 	xtablesLock string
 	metricsAddr string
 	logFormat   string
@@ -62,6 +63,7 @@ func newFlags(o *options, stderr io.Writer) *pflag.FlagSet {
 	fs.StringVar(&o.nodeName, "node-name", host, "this node's name (default: $NODE_NAME, else the hostname)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; without either, API-dependent checks are skipped)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "procfs root; every /proc and /proc/sys read goes through it")
+	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
 	fs.StringVar(&o.logFormat, "log-format", "", "json or console (default: json for the daemon, console for --once)")

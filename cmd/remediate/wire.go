@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -54,6 +55,15 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// network namespace (hostNetwork: true), never through the xtables
 	// lock. A missing save command makes the detector skip that backend.
 	n.IPTables = iptables.New(iptables.Config{})
+	// conntrack: the table of the daemon's network namespace over
+	// ctnetlink (hostNetwork in the DaemonSet), tunables under --proc-root
+	// and --sys-root, the last nf_conntrack_max set recorded in --state-dir
+	// (for drift after a kube-proxy restart).
+	if err := conntrack.Available(w.o.procRoot); err != nil {
+		n.Unavailable["conntrack"] = err.Error()
+	} else {
+		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
+	}
 	return n, nil
 }
 

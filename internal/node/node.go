@@ -10,10 +10,11 @@ package node
 
 import (
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/procs"
-	"k8s.io/utils/clock"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -43,6 +44,9 @@ type Node struct {
 	// IPTables reads the iptables rule sets with *-save, never taking the
 	// xtables lock (subsystem "iptables").
 	IPTables iptables.Interface
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

@@ -1,0 +1,188 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+func defaultCTParams() ConntrackExhaustionParams {
+	t, _ := Lookup(ConntrackExhaustionName)
+	return *t.NewParams().(*ConntrackExhaustionParams)
+}
+
+func TestConntrackParamsValidate(t *testing.T) {
+	ok := defaultCTParams()
+	if errs := ok.Validate(); len(errs) != 0 {
+		t.Fatalf("defaults invalid: %v", errs)
+	}
+	for _, tc := range []struct {
+		name  string
+		mut   func(p *ConntrackExhaustionParams)
+		field string
+	}{
+		{"zero utilization", func(p *ConntrackExhaustionParams) { p.UtilizationThreshold = 0 }, "utilizationThreshold"},
+		{"utilization above 1", func(p *ConntrackExhaustionParams) { p.UtilizationThreshold = 1.5 }, "utilizationThreshold"},
+		{"critical below warning", func(p *ConntrackExhaustionParams) { p.CriticalUtilization = 0.5 }, "criticalUtilization"},
+		{"critical above 1", func(p *ConntrackExhaustionParams) { p.CriticalUtilization = 2 }, "criticalUtilization"},
+		{"negative drop rate", func(p *ConntrackExhaustionParams) { p.DropRateThreshold = -1 }, "dropRateThreshold"},
+		{"negative insert_failed rate", func(p *ConntrackExhaustionParams) { p.InsertFailedRateThreshold = -0.1 }, "insertFailedRateThreshold"},
+	} {
+		p := defaultCTParams()
+		tc.mut(&p)
+		errs := p.Validate()
+		if len(errs) != 1 || errs[0].Field != tc.field {
+			t.Errorf("%s: errors %v, want one on %s", tc.name, errs, tc.field)
+		}
+	}
+}
+
+func TestConntrackRates(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	s := func(at time.Time, drop, early, ins uint64) ctSample {
+		return ctSample{at: at, stats: conntrack.Stats{Drop: drop, EarlyDrop: early, InsertFailed: ins}}
+	}
+	prev := s(t0, 10, 20, 30)
+	for _, tc := range []struct {
+		name string
+		prev *ctSample
+		cur  ctSample
+		want ctRates
+		ok   bool
+	}{
+		{"first sample", nil, s(t0, 1, 1, 1), ctRates{}, false},
+		{"no time elapsed", &prev, s(t0, 20, 20, 30), ctRates{}, false},
+		{"counter reset", &prev, s(t0.Add(10*time.Second), 5, 20, 30), ctRates{}, false},
+		{"rates", &prev, s(t0.Add(10*time.Second), 30, 25, 130), ctRates{Drop: 2, EarlyDrop: 0.5, InsertFailed: 10}, true},
+		{"idle", &prev, s(t0.Add(time.Minute), 10, 20, 30), ctRates{}, true},
+	} {
+		got, ok := conntrackRates(tc.prev, tc.cur)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("%s: got %+v %v, want %+v %v", tc.name, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestJudgeConntrack(t *testing.T) {
+	p := defaultCTParams()
+	u := func(c, m uint64) conntrack.Usage { return conntrack.Usage{Count: c, Max: m} }
+	for _, tc := range []struct {
+		name      string
+		u         conntrack.Usage
+		r         ctRates
+		haveRates bool
+		reasons   int
+		sev       Severity
+	}{
+		{"healthy", u(1000, 262144), ctRates{}, true, 0, ""},
+		{"just below", u(84, 100), ctRates{}, false, 0, ""},
+		{"at threshold", u(85, 100), ctRates{}, false, 1, Warning},
+		{"critical", u(96, 100), ctRates{}, false, 1, Critical},
+		{"max unknown", u(96, 0), ctRates{}, false, 0, ""},
+		{"drops make it critical", u(10, 100), ctRates{EarlyDrop: 0.2}, true, 1, Critical},
+		{"drops ignored without rates", u(10, 100), ctRates{EarlyDrop: 5}, false, 0, ""},
+		{"insert_failed warns", u(10, 100), ctRates{InsertFailed: 3}, true, 1, Warning},
+		{"small insert_failed ok", u(10, 100), ctRates{InsertFailed: 0.5}, true, 0, ""},
+		{"all", u(99, 100), ctRates{Drop: 1, InsertFailed: 5}, true, 3, Critical},
+	} {
+		reasons, sev := judgeConntrack(p, tc.u, tc.r, tc.haveRates)
+		if len(reasons) != tc.reasons || sev != tc.sev {
+			t.Errorf("%s: reasons %q severity %q, want %d reasons, %q", tc.name, reasons, sev, tc.reasons, tc.sev)
+		}
+	}
+	off := p
+	off.DropRateThreshold, off.InsertFailedRateThreshold = 0, 0
+	if r, _ := judgeConntrack(off, u(1, 100), ctRates{Drop: 100, InsertFailed: 100}, true); len(r) != 0 {
+		t.Errorf("disabled rate checks still report %q", r)
+	}
+}
+
+func newCTDetector(t *testing.T, f *conntrack.Fake, clk *clocktesting.FakePassiveClock) Detector {
+	t.Helper()
+	typ, _ := Lookup(ConntrackExhaustionName)
+	n := &node.Node{Clock: clk}
+	if f != nil {
+		n.Conntrack = f
+	} else {
+		n.Unavailable = map[string]string{"conntrack": "nf_conntrack is not loaded"}
+	}
+	d, err := typ.New(typ.NewParams(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestConntrackExhaustionDetect(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	f := conntrack.NewFake(1000, 250)
+	d := newCTDetector(t, f, clk)
+
+	// Healthy, first cycle.
+	f.ExtraCount = 100
+	if got, err := d.Detect(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("healthy: %v, %v", got, err)
+	}
+	// Filling up, drops start: 30 early drops in 30 s = 1/s.
+	f.ExtraCount = 900
+	f.StatsValue.EarlyDrop = 30
+	clk.SetTime(clk.Now().Add(30 * time.Second))
+	got, err := d.Detect(ctx)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("full: %v, %v", got, err)
+	}
+	fd := got[0]
+	if fd.Target != ConntrackTableTarget || fd.Severity != Critical || fd.Evidence["max"] != uint64(1000) ||
+		fd.Evidence["utilization"] != 0.9 || fd.Evidence["earlyDropRate"] != 1.0 {
+		t.Fatalf("finding = %+v", fd)
+	}
+	// Drops stopped, still above threshold: warning.
+	clk.SetTime(clk.Now().Add(30 * time.Second))
+	got, _ = d.Detect(ctx)
+	if len(got) != 1 || got[0].Severity != Warning || got[0].Evidence["dropRate"] != 0.0 {
+		t.Fatalf("no more drops: %+v", got)
+	}
+}
+
+func TestConntrackExhaustionDrift(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	f := conntrack.NewFake(131072, 32768)
+	d := newCTDetector(t, f, clk)
+	if err := f.SetMax(ctx, 262144); err != nil { // what RaiseConntrackMax did
+		t.Fatal(err)
+	}
+	if got, _ := d.Detect(ctx); len(got) != 0 {
+		t.Fatalf("no drift yet: %+v", got)
+	}
+	f.Do(func(f *conntrack.Fake) { f.MaxValue = 131072 }) // kube-proxy restarted
+	got, err := d.Detect(ctx)
+	if err != nil || len(got) != 1 || got[0].Target != ConntrackDriftTarget || got[0].Evidence["lastSetMax"] != uint64(262144) {
+		t.Fatalf("drift: %+v, %v", got, err)
+	}
+	// A record that cannot be read does not hide the rest.
+	f.InjectError("LastSetMax", errors.New("corrupt"))
+	if got, err := d.Detect(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("unreadable record: %+v, %v", got, err)
+	}
+}
+
+func TestConntrackExhaustionSkipsAndErrors(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	_, err := newCTDetector(t, nil, clk).Detect(context.Background())
+	if reason, ok := IsSkip(err); !ok || reason != "nf_conntrack is not loaded" {
+		t.Fatalf("nil adapter: %v", err)
+	}
+	f := conntrack.NewFake(100, 25)
+	f.InjectError("Usage", errors.New("netlink: EPERM"))
+	if _, err := newCTDetector(t, f, clk).Detect(context.Background()); err == nil {
+		t.Fatal("usage error must be an error (could not tell)")
+	}
+}

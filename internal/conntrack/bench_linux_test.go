@@ -1,0 +1,200 @@
+//go:build linux
+
+package conntrack
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	ticonntrack "github.com/ti-mo/conntrack"
+)
+
+const benchTable = 250_000
+
+// fillTable creates total UDP entries in the namespace, match of them
+// answered by deadIP:53 and the rest spread over 24 live backends, with the
+// batched create encoder (ti-mo's one-by-one Create takes ~5 s for 250k).
+func fillTable(tb testing.TB, fd, total, match int) {
+	tb.Helper()
+	s, err := openSock(fd)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	batch := make([]Flow, 0, 256)
+	for i := 0; i < total; i++ {
+		client := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 16), byte(i >> 8)}), uint16(1024+i&0xff))
+		backend := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 1, byte(2 + i%24)}), 53)
+		if i < match {
+			backend = netip.AddrPortFrom(deadIP, 53)
+		}
+		batch = append(batch, natFlow(ProtoUDP, client, vip, backend))
+		if len(batch) == cap(batch) || i == total-1 {
+			if err := s.createBatch(ctx, batch, 600); err != nil {
+				tb.Fatalf("creating entries (nf_conntrack_max must be >= %d): %v", total, err)
+			}
+			batch = batch[:0]
+		}
+	}
+}
+
+// heapPeak samples HeapInuse every millisecond until stop is called and
+// returns the peak in bytes.
+func heapPeak() (stop func() uint64) {
+	var peak atomic.Uint64
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	sample := func() {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		if ms.HeapInuse > peak.Load() {
+			peak.Store(ms.HeapInuse)
+		}
+	}
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			sample()
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() uint64 {
+		close(done)
+		<-finished
+		sample()
+		return peak.Load()
+	}
+}
+
+func totalAlloc() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.TotalAlloc
+}
+
+// BenchmarkDeleteUDPByReplySource deletes the UDP entries of one dead
+// backend from a 250k-entry table (in a namespace the benchmark creates)
+// and reports peak heap in use, bytes allocated and the time of the same
+// deletion by `conntrack -D -p udp --reply-src IP`. Run with
+// -benchtime=1x: each iteration rebuilds the table (~3 s).
+//
+//	go test -run XXX -bench DeleteUDPByReplySource -benchtime 1x ./internal/conntrack/
+func BenchmarkDeleteUDPByReplySource(b *testing.B) {
+	for _, tc := range []struct {
+		match  int
+		filter bool
+	}{{10_000, true}, {125_000, true}, {benchTable, true}, {10_000, false}} {
+		match := tc.match
+		name := fmt.Sprintf("match=%d", match)
+		if !tc.filter {
+			name += "/unfiltered" // the path for kernels < 5.16
+		}
+		b.Run(name, func(b *testing.B) {
+			fd, ns := newNetNS(b)
+			r := New(Config{NetNS: fd, NoKernelFilter: !tc.filter})
+			var ours, cli time.Duration
+			var peak, alloc uint64
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				fillTable(b, fd, benchTable, match)
+				runtime.GC()
+				a0 := totalAlloc()
+				stop := heapPeak()
+				b.StartTimer()
+				t0 := time.Now()
+				res, err := r.DeleteUDPByReplySource(context.Background(), Backend{IP: deadIP, Port: 53}, benchTable)
+				ours += time.Since(t0)
+				b.StopTimer()
+				if p := stop(); p > peak {
+					peak = p
+				}
+				alloc += totalAlloc() - a0
+				if err != nil || res.Deleted != match {
+					b.Fatalf("deleted %+v, %v; want %d", res, err, match)
+				}
+				// The same deletion by the conntrack CLI.
+				if _, err := exec.LookPath("conntrack"); err != nil {
+					continue
+				}
+				flushTable(b, fd)
+				fillTable(b, fd, benchTable, match)
+				t0 = time.Now()
+				out, err := exec.Command("ip", "netns", "exec", ns, "conntrack", "-D", "-p", "udp", "--reply-src", deadIP.String(), "--reply-port-src", "53").CombinedOutput()
+				cli += time.Since(t0)
+				if err != nil && match > 0 {
+					b.Fatalf("conntrack -D: %v: %.300s", err, out)
+				}
+				if n := countLeft(b, fd); n != benchTable-match {
+					b.Fatalf("after conntrack -D %d entries left, want %d", n, benchTable-match)
+				}
+				flushTable(b, fd)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+			b.ReportMetric(float64(alloc)/float64(b.N)/(1<<20), "alloc-MiB/op")
+			b.ReportMetric(ours.Seconds()/float64(b.N), "ours-s/op")
+			if cli > 0 {
+				b.ReportMetric(cli.Seconds()/float64(b.N), "conntrack-cli-s/op")
+			}
+		})
+	}
+}
+
+// BenchmarkTiMoDump shows why ti-mo's Dump is not used: the heap needed to
+// list a 250k table.
+func BenchmarkTiMoDump(b *testing.B) {
+	fd, _ := newNetNS(b)
+	fillTable(b, fd, benchTable, 10_000)
+	c, err := ticonntrack.Dial(&netlink.Config{NetNS: fd})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	var peak uint64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		runtime.GC()
+		stop := heapPeak()
+		flows, err := c.Dump(nil)
+		if p := stop(); p > peak {
+			peak = p
+		}
+		if err != nil || len(flows) != benchTable {
+			b.Fatalf("dump: %d flows, %v", len(flows), err)
+		}
+	}
+	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+}
+
+func flushTable(tb testing.TB, fd int) {
+	c, err := ticonntrack.Dial(&netlink.Config{NetNS: fd})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Flush(); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func countLeft(tb testing.TB, fd int) int {
+	u, err := New(Config{NetNS: fd}).Usage(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return int(u.Count)
+}

@@ -1,0 +1,198 @@
+package conntrack
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Fake is a stateful in-memory Interface for tests of detectors and
+// actions. Fields may be set directly before use (or under Do); methods are
+// goroutine-safe.
+type Fake struct {
+	mu sync.Mutex
+
+	// Flows is the table. Deletions remove entries from it.
+	Flows []Flow
+	// ExtraCount adds simulated entries (not in Flows) to Usage.Count, to
+	// model big tables cheaply.
+	ExtraCount uint64
+	// MaxValue is nf_conntrack_max; HashSizeValue the hashsize.
+	MaxValue      uint64
+	HashSizeValue uint64
+	// StatsValue is returned by Stats.
+	StatsValue Stats
+	// Record is what SetMax last recorded (HasRecord says whether any).
+	Record    MaxRecord
+	HasRecord bool
+	// Now stamps records; time.Now when nil.
+	Now func() time.Time
+	// Errs injects an error per method name ("Usage", "SetMax", ...).
+	Errs map[string]error
+	// Calls counts calls per method name.
+	Calls map[string]int
+}
+
+var _ Interface = (*Fake)(nil)
+
+// NewFake returns a Fake with the given max and hashsize.
+func NewFake(max, hashSize uint64) *Fake {
+	return &Fake{MaxValue: max, HashSizeValue: hashSize, Errs: map[string]error{}, Calls: map[string]int{}}
+}
+
+// Do runs fn with the fake locked, to change its state from another
+// goroutine (a kube-proxy restart resetting the max, say).
+func (f *Fake) Do(fn func(f *Fake)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+// InjectError makes method fail with err (nil clears it).
+func (f *Fake) InjectError(method string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Errs == nil {
+		f.Errs = map[string]error{}
+	}
+	f.Errs[method] = err
+}
+
+// call counts a call and returns the injected error, if any. f.mu held.
+func (f *Fake) call(method string) error {
+	if f.Calls == nil {
+		f.Calls = map[string]int{}
+	}
+	f.Calls[method]++
+	return f.Errs[method]
+}
+
+func (f *Fake) now() time.Time {
+	if f.Now != nil {
+		return f.Now()
+	}
+	return time.Now()
+}
+
+// Usage implements Interface.
+func (f *Fake) Usage(ctx context.Context) (Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("Usage"); err != nil {
+		return Usage{}, err
+	}
+	return Usage{Count: f.ExtraCount + uint64(len(f.Flows)), Max: f.MaxValue}, nil
+}
+
+// Stats implements Interface.
+func (f *Fake) Stats(ctx context.Context) (Stats, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("Stats"); err != nil {
+		return Stats{}, err
+	}
+	return f.StatsValue, nil
+}
+
+// Max implements Interface.
+func (f *Fake) Max(ctx context.Context) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.MaxValue, f.call("Max")
+}
+
+// SetMax implements Interface.
+func (f *Fake) SetMax(ctx context.Context, n uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SetMax"); err != nil {
+		return err
+	}
+	f.MaxValue = n
+	f.Record.Max, f.Record.SetAt, f.HasRecord = n, f.now(), true
+	return nil
+}
+
+// HashSize implements Interface.
+func (f *Fake) HashSize(ctx context.Context) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.HashSizeValue, f.call("HashSize")
+}
+
+// SetHashSize implements Interface.
+func (f *Fake) SetHashSize(ctx context.Context, n uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SetHashSize"); err != nil {
+		return err
+	}
+	f.HashSizeValue = n
+	f.Record.HashSize = n
+	return nil
+}
+
+// LastSetMax implements Interface.
+func (f *Fake) LastSetMax(ctx context.Context) (MaxRecord, bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("LastSetMax"); err != nil {
+		return MaxRecord{}, false, err
+	}
+	return f.Record, f.HasRecord, nil
+}
+
+// CountUDPByReplySource implements Interface.
+func (f *Fake) CountUDPByReplySource(ctx context.Context, b Backend, limit int) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("CountUDPByReplySource"); err != nil {
+		return 0, err
+	}
+	if err := b.Validate(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for i := range f.Flows {
+		if b.Matches(&f.Flows[i]) {
+			n++
+			if limit > 0 && n > limit {
+				break
+			}
+		}
+	}
+	return n, nil
+}
+
+// DeleteUDPByReplySource implements Interface.
+func (f *Fake) DeleteUDPByReplySource(ctx context.Context, b Backend, limit int) (DeleteResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var res DeleteResult
+	if err := f.call("DeleteUDPByReplySource"); err != nil {
+		return res, err
+	}
+	if err := b.Validate(); err != nil {
+		return res, err
+	}
+	if limit <= 0 {
+		return res, errors.New("delete needs a positive limit")
+	}
+	res.KernelFiltered = true
+	kept := f.Flows[:0]
+	for _, fl := range f.Flows {
+		if b.Matches(&fl) {
+			res.Scanned++
+			if res.Matched < limit {
+				res.Matched++
+				res.Deleted++
+				continue
+			}
+			res.Truncated = true
+		}
+		kept = append(kept, fl)
+	}
+	f.Flows = kept
+	return res, nil
+}
