@@ -1,13 +1,13 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -76,46 +76,75 @@ func TestOnceEndToEndIPTablesAndXtablesLock(t *testing.T) {
 	netnstest.Run(t, ns, rs.String(), "iptables-legacy-restore", "-w", "5")
 	netnstest.Run(t, ns, "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n", "iptables-nft-restore")
 
-	// The lock held by flock + sleep, and a restore waiting on it.
-	startGroup(t, exec.Command("flock", lock, "sleep", "300"))
-	time.Sleep(300 * time.Millisecond)
-	restore := netnstest.Cmd(ns, "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n", "iptables-legacy-restore", "-w")
-	startGroup(t, restore)
-	restorePID := restore.Process.Pid
-	time.Sleep(700 * time.Millisecond)
-
+	// The rest runs in a PID namespace of its own, as a DaemonSet with
+	// hostPID sees the node: remediate (--proc-root /proc of that
+	// namespace) sees and can signal only the processes started there, never
+	// another test's or another user's iptables-restore on this machine.
+	// When the script ends, the namespace's init exits and the kernel kills
+	// what is left in it (flock, sleep, the restore).
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	once := func(mode string) (e2eReport, int) {
-		t.Helper()
-		pol := filepath.Join(dir, mode+".yaml")
-		if err := os.WriteFile(pol, []byte(strings.Replace(e2eIPTablesPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
+	for _, mode := range []string{"audit", "enforce"} {
+		if err := os.WriteFile(filepath.Join(dir, mode+".yaml"), []byte(strings.Replace(e2eIPTablesPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		cmd := netnstest.Cmd(ns, "", self, "--once", "-o", "json", "--proc-root", "/proc", "--xtables-lock", lock,
-			"--policy", pol, "--state-dir", filepath.Join(dir, "state-"+mode), "--node-name", "node1")
-		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-		out, err := cmd.Output()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-			t.Logf("stderr: %s", ee.Stderr)
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		var rep e2eReport
-		if err := json.Unmarshal(out, &rep); err != nil {
-			t.Fatalf("%s output is not JSON: %v\n%s", mode, err, out)
-		}
-		t.Logf("%s (exit %d):\n%s", mode, code, out)
-		return rep, code
 	}
+	if err := os.WriteFile(filepath.Join(dir, "restore.rules"), []byte("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := `set -u
+flock "$LOCK" sleep 300 &
+# Wait until flock holds the lock (a non-blocking probe fails).
+n=0; while flock -n "$LOCK" true; do n=$((n+1)); [ $n -gt 200 ] && exit 90; sleep 0.05; done
+ip netns exec "$NS" iptables-legacy-restore -w < "$DIR/restore.rules" &
+R=$!
+echo $R > "$DIR/restore.pid"
+sleep 1
+gone() { s=$(cut -d' ' -f3 /proc/$R/stat 2>/dev/null); [ -z "$s" ] || [ "$s" = Z ]; }
+once() {
+  ip netns exec "$NS" "$BIN" --once -o json --proc-root /proc --xtables-lock "$LOCK" \
+    --policy "$DIR/$1.yaml" --state-dir "$DIR/state-$1" --node-name node1 > "$DIR/$1.json" 2> "$DIR/$1.err"
+  echo $? > "$DIR/$1.rc"
+}
+once audit
+if gone; then echo gone; else echo alive; fi > "$DIR/after-audit"
+once enforce
+n=0; while ! gone && [ $n -lt 100 ]; do n=$((n+1)); sleep 0.05; done
+if gone; then echo gone; else echo alive; fi > "$DIR/after-enforce"
+`
+	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--mount-proc", "sh", filepath.Join(dir, "run.sh"))
+	cmd.Env = append(os.Environ(), "LOCK="+lock, "NS="+ns, "DIR="+dir, "BIN="+self, "REMEDIATE_TEST_AS_MAIN=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pid namespace script: %v\n%s", err, out)
+	}
+	read := func(name string) string {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	report := func(mode string) e2eReport {
+		var rep e2eReport
+		out := read(mode + ".json")
+		t.Logf("%s (exit %s):\n%s\nstderr: %s", mode, read(mode+".rc"), out, read(mode+".err"))
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%s output is not JSON: %v", mode, err)
+		}
+		return rep
+	}
+	restorePID, _ := strconv.Atoi(read("restore.pid"))
 
-	rep, code := once("audit")
-	if code != 2 {
-		t.Errorf("audit exit %d, want 2 (findings)", code)
+	rep := report("audit")
+	if rc := read("audit.rc"); rc != "2" {
+		t.Errorf("audit exit %s, want 2 (findings)", rc)
 	}
 	want := map[string]bool{
 		"iptables/IPv4/legacy/nat/PREROUTING/KUBE-SERVICES": false,
@@ -153,11 +182,11 @@ func TestOnceEndToEndIPTablesAndXtablesLock(t *testing.T) {
 	if !dryRun {
 		t.Errorf("audit: no dry-run decision for %s: %+v", hungTarget, rep.Decisions)
 	}
-	if err := syscall.Kill(restorePID, 0); err != nil {
-		t.Fatalf("audit mode: restore gone: %v", err)
+	if got := read("after-audit"); got != "alive" {
+		t.Errorf("after the audit run the restore is %s, want alive", got)
 	}
 
-	rep, _ = once("enforce")
+	rep = report("enforce")
 	executed := false
 	for _, d := range rep.Decisions {
 		if d.Target == hungTarget && d.Outcome == "executed" {
@@ -167,31 +196,7 @@ func TestOnceEndToEndIPTablesAndXtablesLock(t *testing.T) {
 	if !executed {
 		t.Errorf("enforce: the kill was not executed: %+v", rep.Decisions)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(restorePID), "cmdline"))
-		if err != nil || !strings.HasPrefix(string(b), "iptables-legacy-restore") {
-			break // gone (or reaped and reused)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("enforce mode: restore still running")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if got := read("after-enforce"); got != "gone" {
+		t.Errorf("after the enforce run the restore is %s, want gone", got)
 	}
-}
-
-// startGroup starts cmd in its own process group and kills the group (by
-// the PID the test started) when the test ends.
-func startGroup(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", cmd.Args, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	})
 }

@@ -45,14 +45,20 @@ func TestRealEngineAuditAndEnforce(t *testing.T) {
 	lock := filepath.Join(dir, "xtables.lock")
 	holder := exec.Command("flock", lock, "sleep", "300")
 	startGroup(t, holder)
+	pr := procs.New("/proc")
+	waitLocks(t, pr, lock, func(fl procs.FileLocks) bool { return len(fl.Holders) == 2 })
 	restore := netnstest.Cmd(ns, "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n", "iptables-legacy-restore", "-w")
 	restore.Env = append(os.Environ(), "XTABLES_LOCKFILE="+lock)
-	time.Sleep(200 * time.Millisecond) // let flock take the lock first
 	startGroup(t, restore)
-	pr := procs.New("/proc")
 	restorePID := int32(restore.Process.Pid)
-	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
-	time.Sleep(500 * time.Millisecond)
+	// The engine acts on every finding: scope what it sees to the processes
+	// this test started, so it never kills another test's (or anyone's)
+	// iptables-restore on this machine.
+	mine := map[int32]bool{int32(holder.Process.Pid): true, restorePID: true}
+	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t),
+		Procs: scopedProcs{Interface: pr, mine: func(p procs.Process) bool { return mine[p.Pid] || mine[p.PPid] }}}
+	waitLocks(t, pr, lock, func(fl procs.FileLocks) bool { return len(fl.Waiters) == 1 })
+	time.Sleep(400 * time.Millisecond) // older than the policy's minAge
 
 	run := func(mode string) *remediate.Report {
 		t.Helper()
@@ -137,4 +143,38 @@ func startGroup(t *testing.T, cmd *exec.Cmd) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	})
+}
+
+func waitLocks(t *testing.T, pr procs.Interface, lock string, cond func(procs.FileLocks) bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		fl, err := pr.FileLocks(context.Background(), lock)
+		if err == nil && cond(fl) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting on the locks of %s: %+v %v", lock, fl, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// scopedProcs limits Find to the test's own processes. Everything else
+// (lock holders of the test's private lock file, signals with identity
+// checks) goes to the real adapter.
+type scopedProcs struct {
+	procs.Interface
+	mine func(procs.Process) bool
+}
+
+func (s scopedProcs) Find(ctx context.Context, names []string) ([]procs.Process, error) {
+	all, err := s.Interface.Find(ctx, names)
+	var out []procs.Process
+	for _, p := range all {
+		if s.mine(p) {
+			out = append(out, p)
+		}
+	}
+	return out, err
 }
