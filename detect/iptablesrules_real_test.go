@@ -68,4 +68,9 @@ func TestRealIPTablesRulesBothBackends(t *testing.T) {
 	// Only nft left (legacy flushed): healthy again.
 	netnstest.Run(t, ns, "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n", "iptables-legacy-restore", "-w", "5")
 	check("nft only")
+
+	// IPv6 is saved with the ip6tables commands.
+	netnstest.NeedCommands(t, "ip6tables-legacy-restore")
+	netnstest.Run(t, ns, "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\nCOMMIT\n", "ip6tables-legacy-restore", "-w", "5")
+	check("IPv6 OUTPUT jump missing", "iptables/IPv6/legacy/nat/OUTPUT/KUBE-SERVICES")
 }
