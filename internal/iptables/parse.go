@@ -213,6 +213,9 @@ func ParseString(text string) (*Ruleset, error) {
 			if name == "" || strings.ContainsAny(name, " \t") {
 				return nil, fmt.Errorf("line %d: bad table line %q", n, line)
 			}
+			if rs.Table(name) != nil {
+				return nil, fmt.Errorf("line %d: table %q appears twice", n, name)
+			}
 			cur = &Table{Name: name, byName: map[string]*Chain{}}
 		case ':':
 			if cur == nil {

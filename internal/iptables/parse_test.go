@@ -86,6 +86,7 @@ func TestParseErrors(t *testing.T) {
 		"duplicate chain":     "*filter\n:INPUT ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\nCOMMIT\n",
 		"chain outside table": ":INPUT ACCEPT [0:0]\n",
 		"insert not append":   "*filter\n:INPUT ACCEPT [0:0]\n-I INPUT -j ACCEPT\nCOMMIT\n",
+		"table twice":         "*nat\nCOMMIT\n*nat\nCOMMIT\n",
 	}
 	for name, in := range cases {
 		if _, err := Parse(strings.NewReader(in)); err == nil {
