@@ -2,9 +2,7 @@ package detect
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"strings"
 	"time"
 
@@ -102,9 +100,6 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 	)
 	if d.n.XtablesLock != "" {
 		locks, lockErr = d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
-		if errors.Is(lockErr, fs.ErrNotExist) {
-			lockErr = nil // no lock file: nobody waits on it
-		}
 	}
 	var out []Finding
 	for _, p := range old {

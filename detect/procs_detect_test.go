@@ -2,6 +2,8 @@ package detect
 
 import (
 	"context"
+	"fmt"
+	"io/fs"
 	"reflect"
 	"strings"
 	"testing"
@@ -238,5 +240,23 @@ func TestHungIPTablesRestoreHoldingTheLock(t *testing.T) {
 	}
 	if got[0].Evidence["holdsXtablesLock"] != true || got[0].Severity != Critical || !strings.Contains(got[0].Message, "holding the xtables lock (1 waiting)") {
 		t.Errorf("finding = %+v", got[0])
+	}
+}
+
+func TestMissingXtablesLockFile(t *testing.T) {
+	f := procs.NewFake(999)
+	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
+	f.SetLocksError("/run/xtables.lock", fmt.Errorf("stat lock file /run/xtables.lock: %w", fs.ErrNotExist))
+	n, _ := fakeNode(f)
+	_, err := newDetector(t, "XtablesLockContention", n, nil).Detect(context.Background())
+	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "does not exist") {
+		t.Errorf("contention with no lock file: %v, want a skip saying why", err)
+	}
+	got, err := newDetector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
+	if err != nil || len(got) != 1 {
+		t.Fatalf("hung restore: %+v %v", got, err)
+	}
+	if got[0].Evidence["waitsOnXtablesLock"] != nil || !strings.Contains(got[0].Evidence["xtablesLockError"].(string), "file does not exist") {
+		t.Errorf("evidence = %v", got[0].Evidence)
 	}
 }

@@ -74,8 +74,10 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	l, err := d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
 	if errors.Is(err, fs.ErrNotExist) {
+		// Either no legacy iptables ever ran here, or the host's /run is
+		// not mounted into this container: say so rather than "healthy".
 		d.track(nil, time.Time{})
-		return nil, nil // no legacy iptables ever ran here: no lock to contend
+		return nil, Skip("xtables lock file %s does not exist (no legacy iptables has run on this node, or the host's /run is not mounted here)", d.n.XtablesLock)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading locks on %s: %w", d.n.XtablesLock, err)

@@ -15,6 +15,7 @@ type Fake struct {
 	mu      sync.Mutex
 	procs   map[int32]*FakeProcess
 	locks   map[string]FileLocks
+	lockErr map[string]error
 	self    int32
 	signals []FakeSignal
 	// Err, when set, is returned by every read.
@@ -44,7 +45,7 @@ var _ Interface = (*Fake)(nil)
 
 // NewFake returns an empty Fake whose own PID is self.
 func NewFake(self int32) *Fake {
-	return &Fake{procs: map[int32]*FakeProcess{}, locks: map[string]FileLocks{}, self: self}
+	return &Fake{procs: map[int32]*FakeProcess{}, locks: map[string]FileLocks{}, lockErr: map[string]error{}, self: self}
 }
 
 // Add adds or replaces a process.
@@ -68,6 +69,14 @@ func (f *Fake) SetLocks(path string, l FileLocks) {
 	defer f.mu.Unlock()
 	l.Path = path
 	f.locks[path] = l
+}
+
+// SetLocksError makes FileLocks of path fail with err (for example an
+// error wrapping fs.ErrNotExist for a missing lock file).
+func (f *Fake) SetLocksError(path string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lockErr[path] = err
 }
 
 // Signals returns the delivered signals in order.
@@ -131,6 +140,9 @@ func (f *Fake) FileLocks(_ context.Context, path string) (FileLocks, error) {
 	defer f.mu.Unlock()
 	if f.Err != nil {
 		return FileLocks{}, f.Err
+	}
+	if err := f.lockErr[path]; err != nil {
+		return FileLocks{}, err
 	}
 	l, ok := f.locks[path]
 	if !ok {
