@@ -185,3 +185,29 @@ func BenchmarkFileLocksHeld(b *testing.B) {
 		}
 	}
 }
+
+// TestRealOtherProcRoot reads through a proc root that is not "/proc" (the
+// same procfs reached by another path, like a DaemonSet's /host/proc).
+func TestRealOtherProcRoot(t *testing.T) {
+	root := "/proc/self/root/proc"
+	if _, err := os.Stat(root + "/locks"); err != nil {
+		t.Skipf("no %s: %v", root, err)
+	}
+	r := New(root)
+	ctx := context.Background()
+	self, err := r.Get(ctx, int32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaProc, err := New("/proc").Get(ctx, int32(os.Getpid()))
+	if err != nil || viaProc.CreateTimeMs != self.CreateTimeMs || viaProc.Name() != self.Name() {
+		t.Fatalf("through %s: %+v; through /proc: %+v %v", root, self, viaProc, err)
+	}
+	if r.Self() != int32(os.Getpid()) {
+		t.Errorf("Self = %d, want %d", r.Self(), os.Getpid())
+	}
+	found, err := r.Find(ctx, []string{self.Name()})
+	if err != nil || len(found) == 0 {
+		t.Fatalf("Find(%q) = %v %v", self.Name(), found, err)
+	}
+}
