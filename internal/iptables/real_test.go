@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,6 +56,29 @@ func TestRealSaveBothBackendsInNamespace(t *testing.T) {
 	}
 	if _, err := r.Save(ctx, IPv6, Legacy); err != nil && !errors.Is(err, ErrUnavailable) {
 		t.Errorf("ip6 legacy save: %v", err)
+	}
+
+	// Observation never takes the xtables lock: with the (private) lock
+	// held, every save and the version probe still return at once.
+	netnstest.NeedCommands(t, "flock")
+	holder := exec.Command("flock", lock, "sleep", "60")
+	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // cleanup stops sleep too
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); _ = holder.Wait() })
+	time.Sleep(300 * time.Millisecond)
+	if out, err := exec.Command("flock", "-n", lock, "true").CombinedOutput(); err == nil {
+		t.Fatalf("lock not held by the test's flock: %s", out)
+	}
+	quick := New(Config{Prefix: netnstest.Prefix(ns), Timeout: 3 * time.Second})
+	for _, b := range []Backend{Legacy, NFT} {
+		if _, err := quick.Save(ctx, IPv4, b); err != nil {
+			t.Errorf("%s save with the xtables lock held: %v", b, err)
+		}
+	}
+	if _, err := quick.DefaultBackend(ctx); err != nil {
+		t.Errorf("iptables --version with the xtables lock held: %v", err)
 	}
 }
 
