@@ -172,7 +172,7 @@ func processEvidence(p procs.Process, now time.Time) map[string]any {
 		"createTimeMs": p.CreateTimeMs,
 		"name":         p.Name(),
 		"cmdline":      strings.Join(p.Cmdline, " "),
-		"ageSeconds":   seconds(p.Age(now)),
+		"ageSeconds":   durSeconds(p.Age(now)),
 		"state":        p.State,
 		"blocked":      p.Blocked(),
 		"ppid":         p.PPid,
@@ -189,13 +189,13 @@ func processSummaries(ps []procs.Process, now time.Time) []map[string]any {
 			"createTimeMs": p.CreateTimeMs,
 			"name":         p.Name(),
 			"cmdline":      strings.Join(p.Cmdline, " "),
-			"ageSeconds":   seconds(p.Age(now)),
+			"ageSeconds":   durSeconds(p.Age(now)),
 			"state":        p.State,
 		})
 	}
 	return out
 }
 
-func seconds(d time.Duration) float64 {
+func durSeconds(d time.Duration) float64 {
 	return float64(d.Round(time.Millisecond)) / float64(time.Second)
 }

@@ -33,9 +33,9 @@ func TestRealIPTablesRulesBothBackends(t *testing.T) {
 	})
 	nftKube := "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n"
 
-	n, clk := fakeNode(nil)
+	n, clk := newIssue3Node(nil)
 	n.IPTables = iptables.New(iptables.Config{Prefix: netnstest.Prefix(ns), Timeout: 20 * time.Second})
-	d := newDetector(t, "IPTablesRules", n, nil) // defaults: IPv4+IPv6, legacy+nft
+	d := newIssue3Detector(t, "IPTablesRules", n, nil) // defaults: IPv4+IPv6, legacy+nft
 	ctx := context.Background()
 	check := func(step string, want ...string) {
 		t.Helper()
@@ -44,8 +44,8 @@ func TestRealIPTablesRulesBothBackends(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", step, err)
 		}
-		if !reflect.DeepEqual(targets(got), want) {
-			t.Fatalf("%s: targets = %v, want %v\n%+v", step, targets(got), want, got)
+		if !reflect.DeepEqual(findingTargets(got), want) {
+			t.Fatalf("%s: targets = %v, want %v\n%+v", step, findingTargets(got), want, got)
 		}
 		for _, f := range got {
 			t.Logf("%s: %s: %s", step, f.Target, f.Message)

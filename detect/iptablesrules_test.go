@@ -36,7 +36,7 @@ func mutate(t *testing.T, text string, edit func(rs *iptables.Ruleset)) string {
 
 const emptyNFT = "" // iptables-nft-save prints nothing on a node without nft tables
 
-func targets(fs []Finding) []string {
+func findingTargets(fs []Finding) []string {
 	var out []string
 	for _, f := range fs {
 		out = append(out, f.Target)
@@ -116,9 +116,9 @@ func TestIPTablesRules(t *testing.T) {
 			if c.fake != nil {
 				c.fake(f)
 			}
-			n, _ := fakeNode(nil)
+			n, _ := newIssue3Node(nil)
 			n.IPTables = f
-			d := newDetector(t, "IPTablesRules", n, func(p any) {
+			d := newIssue3Detector(t, "IPTablesRules", n, func(p any) {
 				pp := p.(*IPTablesRulesParams)
 				pp.Families = []string{"IPv4"}
 				if c.set != nil {
@@ -130,8 +130,8 @@ func TestIPTablesRules(t *testing.T) {
 			if skip != c.wantSkip || (err != nil && !skip) != c.wantErr {
 				t.Fatalf("err = %v, wantErr %v wantSkip %v", err, c.wantErr, c.wantSkip)
 			}
-			if !reflect.DeepEqual(targets(got), c.want) {
-				t.Fatalf("targets = %v, want %v\n%+v", targets(got), c.want, got)
+			if !reflect.DeepEqual(findingTargets(got), c.want) {
+				t.Fatalf("targets = %v, want %v\n%+v", findingTargets(got), c.want, got)
 			}
 			for _, g := range got {
 				if g.Detector != "IPTablesRules" || g.Message == "" || g.Evidence["family"] != "IPv4" {
@@ -153,16 +153,16 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-X - [0:0]\n-A KUBE-SERVICES -j KUBE-X\nCOMMIT\n")
 	f.SetRules(iptables.IPv6, iptables.Legacy, "")
 	f.Default = iptables.NFT
-	n, _ := fakeNode(nil)
+	n, _ := newIssue3Node(nil)
 	n.IPTables = f
-	got, err := newDetector(t, "IPTablesRules", n, nil).Detect(context.Background())
+	got, err := newIssue3Detector(t, "IPTablesRules", n, nil).Detect(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	// nat PREROUTING/OUTPUT missing in nft + the mix; ip6tables-nft-save unavailable.
 	want := []string{"iptables/IPv4/backend-mix", "iptables/IPv4/nft/nat/OUTPUT/KUBE-SERVICES", "iptables/IPv4/nft/nat/PREROUTING/KUBE-SERVICES"}
-	if !reflect.DeepEqual(targets(got), want) {
-		t.Fatalf("targets = %v", targets(got))
+	if !reflect.DeepEqual(findingTargets(got), want) {
+		t.Fatalf("targets = %v", findingTargets(got))
 	}
 	for _, g := range got {
 		if g.Target == "iptables/IPv4/backend-mix" {
@@ -213,9 +213,9 @@ func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
 	f.SetRules(iptables.IPv4, iptables.Legacy, healthyRules(t))
 	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n")
 	f.SetDuration(iptables.IPv4, iptables.NFT, 3*time.Second) // slow: over maxSaveDuration
-	n, clk := fakeNode(nil)
+	n, clk := newIssue3Node(nil)
 	n.IPTables = f
-	d := newDetector(t, "IPTablesRules", n, func(p any) { p.(*IPTablesRulesParams).Families = []string{"IPv4"} })
+	d := newIssue3Detector(t, "IPTablesRules", n, func(p any) { p.(*IPTablesRulesParams).Families = []string{"IPv4"} })
 	ctx := context.Background()
 	calls := func() (int, int) {
 		return f.Calls(iptables.IPv4, iptables.Legacy), f.Calls(iptables.IPv4, iptables.NFT)
@@ -225,8 +225,8 @@ func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{"iptables/IPv4/nft/nat/OUTPUT/KUBE-SERVICES", "iptables/IPv4/nft/nat/PREROUTING/KUBE-SERVICES", "iptables/IPv4/nft/save-duration"}
-	if !reflect.DeepEqual(targets(got), want) {
-		t.Fatalf("targets = %v", targets(got))
+	if !reflect.DeepEqual(findingTargets(got), want) {
+		t.Fatalf("targets = %v", findingTargets(got))
 	}
 	// 3s save at duty cycle 0.1: not again before 30s; the result is reused.
 	clk.Step(20 * time.Second)
@@ -234,7 +234,7 @@ func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
 	if l, n := calls(); l != 2 || n != 1 {
 		t.Fatalf("after 20s: legacy %d nft %d saves, want 2 and 1", l, n)
 	}
-	if !reflect.DeepEqual(targets(got), want) || got[0].Evidence["cached"] != true {
+	if !reflect.DeepEqual(findingTargets(got), want) || got[0].Evidence["cached"] != true {
 		t.Fatalf("cached findings = %+v", got)
 	}
 	clk.Step(11 * time.Second)

@@ -17,10 +17,10 @@ import (
 	"github.com/remediate-dev/remediate/policy"
 )
 
-var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+var procT0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
-func fakeNode(p *procs.Fake) (*node.Node, *clocktesting.FakeClock) {
-	clk := clocktesting.NewFakeClock(t0)
+func newIssue3Node(p *procs.Fake) (*node.Node, *clocktesting.FakeClock) {
+	clk := clocktesting.NewFakeClock(procT0)
 	n := &node.Node{Name: "node1", ProcRoot: "/proc", XtablesLock: "/run/xtables.lock", Clock: clk, Log: zap.NewNop()}
 	if p != nil {
 		n.Procs = p
@@ -28,11 +28,11 @@ func fakeNode(p *procs.Fake) (*node.Node, *clocktesting.FakeClock) {
 	return n, clk
 }
 
-func fp(pid, ppid int32, comm string, started time.Time, state string, argv ...string) procs.FakeProcess {
+func fakeProc(pid, ppid int32, comm string, started time.Time, state string, argv ...string) procs.FakeProcess {
 	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: ppid, Comm: comm, Cmdline: argv, CreateTimeMs: started.UnixMilli(), State: state}}
 }
 
-func newDetector(t *testing.T, typ string, n *node.Node, set func(any)) Detector {
+func newIssue3Detector(t *testing.T, typ string, n *node.Node, set func(any)) Detector {
 	t.Helper()
 	ty, ok := Lookup(typ)
 	if !ok {
@@ -56,20 +56,20 @@ func newDetector(t *testing.T, typ string, n *node.Node, set func(any)) Detector
 
 func TestHungIPTablesRestore(t *testing.T) {
 	f := procs.NewFake(999)
-	f.Add(fp(50, 1, "kube-proxy", t0.Add(-time.Hour), "S", "/usr/local/bin/kube-proxy", "--config=/c"))
-	f.Add(fp(100, 1, "flock", t0.Add(-10*time.Minute), "S", "flock", "/run/xtables.lock", "sleep", "300"))
-	f.Add(fp(101, 100, "sleep", t0.Add(-10*time.Minute), "S", "sleep", "300"))
+	f.Add(fakeProc(50, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "/usr/local/bin/kube-proxy", "--config=/c"))
+	f.Add(fakeProc(100, 1, "flock", procT0.Add(-10*time.Minute), "S", "flock", "/run/xtables.lock", "sleep", "300"))
+	f.Add(fakeProc(101, 100, "sleep", procT0.Add(-10*time.Minute), "S", "sleep", "300"))
 	// comm is truncated; argv[0] is what matches.
-	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-5*time.Minute), "S", "iptables-legacy-restore", "-w", "5", "-W", "100000", "--noflush", "--counters"))
-	f.Add(fp(201, 50, "iptables-nft-re", t0.Add(-3*time.Minute), "D", "/usr/sbin/iptables-nft-restore", "--noflush"))
-	f.Add(fp(202, 50, "iptables-legacy", t0.Add(-10*time.Second), "S", "iptables-legacy-restore", "-w", "5")) // too young
-	f.Add(fp(203, 1, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy", "-L"))               // not a restore
-	f.Add(fp(204, 1, "iptables-restor", t0.Add(-10*time.Minute), "S", "/opt/iptables-restore-wrapper", "x"))  // not in names
+	f.Add(fakeProc(200, 50, "iptables-legacy", procT0.Add(-5*time.Minute), "S", "iptables-legacy-restore", "-w", "5", "-W", "100000", "--noflush", "--counters"))
+	f.Add(fakeProc(201, 50, "iptables-nft-re", procT0.Add(-3*time.Minute), "D", "/usr/sbin/iptables-nft-restore", "--noflush"))
+	f.Add(fakeProc(202, 50, "iptables-legacy", procT0.Add(-10*time.Second), "S", "iptables-legacy-restore", "-w", "5")) // too young
+	f.Add(fakeProc(203, 1, "iptables-legacy", procT0.Add(-10*time.Minute), "S", "iptables-legacy", "-L"))               // not a restore
+	f.Add(fakeProc(204, 1, "iptables-restor", procT0.Add(-10*time.Minute), "S", "/opt/iptables-restore-wrapper", "x"))  // not in names
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Dev: "00:1a:5", LockPIDs: []int32{100},
 		Holders: []procs.Process{f.MustGet(100), f.MustGet(101)},
 		Waiters: []procs.Process{f.MustGet(200)}})
-	n, _ := fakeNode(f)
-	d := newDetector(t, "HungIPTablesRestore", n, nil)
+	n, _ := newIssue3Node(f)
+	d := newIssue3Detector(t, "HungIPTablesRestore", n, nil)
 	got, err := d.Detect(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func TestHungIPTablesRestore(t *testing.T) {
 	for _, g := range got {
 		byTarget[g.Target] = g
 	}
-	w := byTarget[procs.Target(200, t0.Add(-5*time.Minute).UnixMilli())]
+	w := byTarget[procs.Target(200, procT0.Add(-5*time.Minute).UnixMilli())]
 	if w.Severity != Critical || w.Evidence["waitsOnXtablesLock"] != true || w.Evidence["parentName"] != "kube-proxy" || w.Evidence["ppid"] != int32(50) {
 		t.Errorf("waiting restore = %+v", w)
 	}
@@ -98,7 +98,7 @@ func TestHungIPTablesRestore(t *testing.T) {
 	if w.Evidence["holdsXtablesLock"] != false {
 		t.Errorf("waiter marked as holder: %v", w.Evidence)
 	}
-	dd := byTarget[procs.Target(201, t0.Add(-3*time.Minute).UnixMilli())]
+	dd := byTarget[procs.Target(201, procT0.Add(-3*time.Minute).UnixMilli())]
 	if dd.Severity != Critical || dd.Evidence["blocked"] != true || dd.Evidence["waitsOnXtablesLock"] != false {
 		t.Errorf("D-state restore = %+v", dd)
 	}
@@ -113,7 +113,7 @@ func TestHungIPTablesRestore(t *testing.T) {
 
 	// No adapter: skipped with the recorded reason.
 	n2 := &node.Node{Clock: n.Clock, Unavailable: map[string]string{"procs": "proc root /host/proc not mounted"}}
-	_, err = newDetector(t, "HungIPTablesRestore", n2, nil).Detect(context.Background())
+	_, err = newIssue3Detector(t, "HungIPTablesRestore", n2, nil).Detect(context.Background())
 	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "not mounted") {
 		t.Errorf("nil adapter: %v", err)
 	}
@@ -121,14 +121,14 @@ func TestHungIPTablesRestore(t *testing.T) {
 
 func TestXtablesLockContentionTracksHoldAcrossCycles(t *testing.T) {
 	f := procs.NewFake(999)
-	f.Add(fp(100, 1, "flock", t0.Add(-time.Hour), "S", "flock", "/run/xtables.lock", "sleep", "300"))
-	f.Add(fp(101, 100, "sleep", t0.Add(-time.Hour), "S", "sleep", "300"))
-	f.Add(fp(200, 50, "iptables-legacy", t0, "S", "iptables-legacy-restore", "-w"))
+	f.Add(fakeProc(100, 1, "flock", procT0.Add(-time.Hour), "S", "flock", "/run/xtables.lock", "sleep", "300"))
+	f.Add(fakeProc(101, 100, "sleep", procT0.Add(-time.Hour), "S", "sleep", "300"))
+	f.Add(fakeProc(200, 50, "iptables-legacy", procT0, "S", "iptables-legacy-restore", "-w"))
 	holders := []procs.Process{f.MustGet(100), f.MustGet(101)}
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Dev: "00:1a:5", LockPIDs: []int32{100}, Holders: holders,
 		Waiters: []procs.Process{f.MustGet(200)}})
-	n, clk := fakeNode(f)
-	d := newDetector(t, "XtablesLockContention", n, func(p any) {
+	n, clk := newIssue3Node(f)
+	d := newIssue3Detector(t, "XtablesLockContention", n, func(p any) {
 		p.(*XtablesLockContentionParams).MaxHold = policy.D(30 * time.Second)
 	})
 	ctx := context.Background()
@@ -163,7 +163,7 @@ func TestXtablesLockContentionTracksHoldAcrossCycles(t *testing.T) {
 	// The lock passes to a new holder: its hold time starts again.
 	f.Remove(100)
 	f.Remove(101)
-	f.Add(fp(300, 1, "iptables", t0, "S", "iptables", "-A", "X"))
+	f.Add(fakeProc(300, 1, "iptables", procT0, "S", "iptables", "-A", "X"))
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{f.MustGet(300)}})
 	if got, _ := d.Detect(ctx); len(got) != 0 {
 		t.Fatalf("new holder flagged at once: %+v", got)
@@ -187,12 +187,12 @@ func TestXtablesLockContentionWaitersAndInvisibleHolder(t *testing.T) {
 	f := procs.NewFake(999)
 	var waiters []procs.Process
 	for i := int32(0); i < 3; i++ {
-		f.Add(fp(200+i, 50, "iptables-legacy", t0, "S", "iptables-legacy-restore", "-w", "5"))
+		f.Add(fakeProc(200+i, 50, "iptables-legacy", procT0, "S", "iptables-legacy-restore", "-w", "5"))
 		waiters = append(waiters, f.MustGet(200+i))
 	}
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, LockPIDs: []int32{0}, Waiters: waiters})
-	n, _ := fakeNode(f)
-	d := newDetector(t, "XtablesLockContention", n, nil) // maxWaiters 3
+	n, _ := newIssue3Node(f)
+	d := newIssue3Detector(t, "XtablesLockContention", n, nil) // maxWaiters 3
 	got, err := d.Detect(context.Background())
 	if err != nil || len(got) != 1 {
 		t.Fatalf("got %+v %v", got, err)
@@ -230,11 +230,11 @@ func TestProcessParamsValidate(t *testing.T) {
 
 func TestHungIPTablesRestoreHoldingTheLock(t *testing.T) {
 	f := procs.NewFake(999)
-	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
-	f.Add(fp(201, 50, "iptables-legacy", t0.Add(-time.Second), "S", "iptables-legacy-restore", "-w", "5"))
+	f.Add(fakeProc(200, 50, "iptables-legacy", procT0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
+	f.Add(fakeProc(201, 50, "iptables-legacy", procT0.Add(-time.Second), "S", "iptables-legacy-restore", "-w", "5"))
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{f.MustGet(200)}, Waiters: []procs.Process{f.MustGet(201)}})
-	n, _ := fakeNode(f)
-	got, err := newDetector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
+	n, _ := newIssue3Node(f)
+	got, err := newIssue3Detector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
 	if err != nil || len(got) != 1 {
 		t.Fatalf("got %+v %v", got, err)
 	}
@@ -245,14 +245,14 @@ func TestHungIPTablesRestoreHoldingTheLock(t *testing.T) {
 
 func TestMissingXtablesLockFile(t *testing.T) {
 	f := procs.NewFake(999)
-	f.Add(fp(200, 50, "iptables-legacy", t0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
+	f.Add(fakeProc(200, 50, "iptables-legacy", procT0.Add(-10*time.Minute), "S", "iptables-legacy-restore", "-w", "5"))
 	f.SetLocksError("/run/xtables.lock", fmt.Errorf("stat lock file /run/xtables.lock: %w", fs.ErrNotExist))
-	n, _ := fakeNode(f)
-	_, err := newDetector(t, "XtablesLockContention", n, nil).Detect(context.Background())
+	n, _ := newIssue3Node(f)
+	_, err := newIssue3Detector(t, "XtablesLockContention", n, nil).Detect(context.Background())
 	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "does not exist") {
 		t.Errorf("contention with no lock file: %v, want a skip saying why", err)
 	}
-	got, err := newDetector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
+	got, err := newIssue3Detector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
 	if err != nil || len(got) != 1 {
 		t.Fatalf("hung restore: %+v %v", got, err)
 	}

@@ -110,7 +110,7 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 			"xtablesLock":      d.n.XtablesLock,
 			"lockDev":          l.Dev,
 			"lockPIDs":         l.LockPIDs,
-			"holdSeconds":      seconds(hold),
+			"holdSeconds":      durSeconds(hold),
 			"holdTrackedSince": since[k].UTC().Format(time.RFC3339),
 			"holders":          holders,
 			"waiters":          waiters,

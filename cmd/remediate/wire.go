@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -63,6 +64,26 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Unavailable["conntrack"] = err.Error()
 	} else {
 		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
+	}
+
+	// kube-proxy: its /metrics, /healthz and /proxyMode over HTTP, at the
+	// policy's URLs, each read bounded by scrapeTimeout and shared by the
+	// kube-proxy detectors of a cycle (cached for at most half an interval).
+	kpTTL := kubeproxy.DefaultCacheTTL
+	if half := p.Interval.Duration / 2; half > 0 && half < kpTTL {
+		kpTTL = half
+	}
+	if kp, err := kubeproxy.New(kubeproxy.Options{
+		MetricsURL:   p.KubeProxy.MetricsURL,
+		HealthzURL:   p.KubeProxy.HealthzURL,
+		ProxyModeURL: p.KubeProxy.ProxyModeURL,
+		SyncPeriod:   p.KubeProxy.SyncPeriod.Duration,
+		Timeout:      p.KubeProxy.ScrapeTimeout.Duration,
+		CacheTTL:     kpTTL,
+	}); err != nil {
+		n.Unavailable["kube-proxy"] = err.Error()
+	} else {
+		n.KubeProxy = kp
 	}
 	return n, nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -47,6 +48,10 @@ type Node struct {
 	// Conntrack is the nf_conntrack table and its tunables (subsystem
 	// "conntrack").
 	Conntrack conntrack.Interface
+
+	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
+	// (subsystem "kube-proxy").
+	KubeProxy kubeproxy.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

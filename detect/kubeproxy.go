@@ -1,0 +1,112 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+// This file holds what the kube-proxy detectors (kubeproxy_*.go) share:
+// access to the adapter, its scrape, and a time window of samples.
+
+// subsystemKubeProxy is the node.Unavailable key of the kube-proxy adapter.
+const subsystemKubeProxy = "kube-proxy"
+
+// kubeProxyOf returns the node's kube-proxy adapter or a Skip saying why
+// there is none.
+func kubeProxyOf(n *node.Node) (kubeproxy.Interface, error) {
+	if n.KubeProxy == nil {
+		return nil, Skip("%s", n.Why(subsystemKubeProxy))
+	}
+	return n.KubeProxy, nil
+}
+
+// kubeProxyScrape reads kube-proxy's metrics. When kube-proxy cannot be
+// read (unreachable, or an unusable answer) the detector cannot tell: that
+// is a Skip naming the cause, not an error, because KubeProxyUnreachable
+// reports it as its own finding and the engine keeps the rule's state as
+// it was ("unknown is not absent").
+func kubeProxyScrape(ctx context.Context, kp kubeproxy.Interface) (*kubeproxy.Scrape, error) {
+	sc, err := kp.Metrics(ctx)
+	if err != nil {
+		return nil, kubeProxyReadError("metrics", err)
+	}
+	return sc, nil
+}
+
+// kubeProxyReadError turns a failed read into a Skip when it is kube-proxy's
+// side (see kubeProxyScrape), else wraps it.
+func kubeProxyReadError(what string, err error) error {
+	if e, ok := kubeproxy.AsError(err); ok {
+		return Skip("cannot read kube-proxy %s (KubeProxyUnreachable reports it): %v", what, e)
+	}
+	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
+}
+
+// skipUnlessMode returns a Skip when kube-proxy is known to run in a mode
+// other than want. An unknown mode (the endpoint failed) does not skip: the
+// metrics themselves then decide.
+func skipUnlessMode(ctx context.Context, kp kubeproxy.Interface, want kubeproxy.Mode, what string) error {
+	m, err := kp.ProxyMode(ctx)
+	if err == nil && m != want {
+		return Skip("kube-proxy runs in %s mode; %s applies to %s mode only", m, what, want)
+	}
+	return nil
+}
+
+// seconds converts a kube-proxy timestamp gauge (Unix seconds) to a time.
+func seconds(v float64) time.Time {
+	sec := int64(v)
+	return time.Unix(sec, int64((v-float64(sec))*1e9))
+}
+
+// rfc3339 formats a time for evidence.
+func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// sample is one observation of a value at a scrape.
+type sample[T any] struct {
+	seq uint64
+	at  time.Time
+	v   T
+}
+
+// window keeps the samples of the last span, one per distinct scrape (a
+// cached scrape seen again is not a new sample).
+type window[T any] struct {
+	samples []sample[T]
+}
+
+// add appends a sample unless its scrape was already recorded, then drops
+// samples older than span before the newest, keeping the oldest sample at
+// or before the window's start so deltas cover the whole span.
+func (w *window[T]) add(seq uint64, at time.Time, v T, span time.Duration) {
+	if n := len(w.samples); n > 0 && w.samples[n-1].seq == seq {
+		return
+	}
+	w.samples = append(w.samples, sample[T]{seq: seq, at: at, v: v})
+	start := at.Add(-span)
+	drop := 0
+	for drop+1 < len(w.samples) && !w.samples[drop+1].at.After(start) {
+		drop++
+	}
+	w.samples = w.samples[drop:]
+}
+
+// reset keeps only the newest sample (after a counter reset).
+func (w *window[T]) reset() {
+	if n := len(w.samples); n > 0 {
+		w.samples = w.samples[n-1:]
+	}
+}
+
+// oldest and newest return the ends of the window; ok is false with fewer
+// than two samples.
+func (w *window[T]) ends() (oldest, newest sample[T], ok bool) {
+	if len(w.samples) < 2 {
+		return oldest, newest, false
+	}
+	return w.samples[0], w.samples[len(w.samples)-1], true
+}

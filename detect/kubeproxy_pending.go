@@ -1,0 +1,98 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// KubeProxyEndpointChangesPendingParams are the thresholds of
+// KubeProxyEndpointChangesPending.
+type KubeProxyEndpointChangesPendingParams struct {
+	// Scrapes is how many consecutive scrapes the pending count must be
+	// non-zero and growing (never decreasing, higher at the end) for
+	// (default 3).
+	Scrapes int `yaml:"scrapes"`
+}
+
+// Validate implements policy.Validator.
+func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
+	if p.Scrapes < 2 || p.Scrapes > 100 {
+		return []policy.FieldError{{Field: "scrapes", Msg: "must be between 2 and 100"}}
+	}
+	return nil
+}
+
+func init() {
+	Register(Type{
+		Name:      "KubeProxyEndpointChangesPending",
+		Doc:       "kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
+		NewParams: func() any { return &KubeProxyEndpointChangesPendingParams{Scrapes: 3} },
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &kubeProxyPending{p: *params.(*KubeProxyEndpointChangesPendingParams), n: n}, nil
+		},
+	})
+}
+
+type kubeProxyPending struct {
+	p KubeProxyEndpointChangesPendingParams
+	n *node.Node
+
+	mu      sync.Mutex
+	lastSeq uint64
+	values  []float64 // last p.Scrapes values, oldest first
+}
+
+func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
+	kp, err := kubeProxyOf(d.n)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := kubeProxyScrape(ctx, kp)
+	if err != nil {
+		return nil, err
+	}
+	if sc.Metrics.EndpointChangesPending == nil {
+		return nil, Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_pending")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sc.Seq != d.lastSeq {
+		d.lastSeq = sc.Seq
+		d.values = append(d.values, *sc.Metrics.EndpointChangesPending)
+		if len(d.values) > d.p.Scrapes {
+			d.values = d.values[len(d.values)-d.p.Scrapes:]
+		}
+	}
+	if !pendingGrowing(d.values, d.p.Scrapes) {
+		return nil, nil
+	}
+	vals := append([]float64(nil), d.values...)
+	return []Finding{{
+		Detector: "KubeProxyEndpointChangesPending",
+		// The gauge is node-wide: kube-proxy exports it without ip_family.
+		Target:   "kube-proxy",
+		Severity: Warning,
+		Message: fmt.Sprintf("kube-proxy has %g endpoint changes pending, growing over the last %d scrapes (%v): it is not applying them",
+			vals[len(vals)-1], len(vals), vals),
+		Evidence: map[string]any{"pending": vals, "scrapes": len(vals)},
+	}}, nil
+}
+
+// pendingGrowing reports whether the last n values are all non-zero, never
+// decrease, and end higher than they start.
+func pendingGrowing(values []float64, n int) bool {
+	if len(values) < n {
+		return false
+	}
+	v := values[len(values)-n:]
+	for i, x := range v {
+		if x <= 0 || (i > 0 && x < v[i-1]) {
+			return false
+		}
+	}
+	return v[len(v)-1] > v[0]
+}

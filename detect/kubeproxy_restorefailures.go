@@ -1,0 +1,160 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// KubeProxyRestoreFailuresParams are the thresholds of
+// KubeProxyRestoreFailures.
+type KubeProxyRestoreFailuresParams struct {
+	// Window over which failures are counted. Default 0: 4 x syncPeriod
+	// (a failing kube-proxy retries about once per syncPeriod).
+	Window policy.Duration `yaml:"window"`
+	// MaxFailures: a finding when more full iptables-restore failures than
+	// this happen in the window (default 0: any). A failed full restore
+	// leaves the rules as they were.
+	MaxFailures int `yaml:"maxFailures"`
+	// MaxPartialFailures: a finding when more partial-restore failures than
+	// this happen in the window (default 2; kube-proxy falls back to a full
+	// restore after one, so a few are tolerable). -1 ignores them.
+	MaxPartialFailures int `yaml:"maxPartialFailures"`
+}
+
+// Validate implements policy.Validator.
+func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if p.Window.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "window", Msg: "must not be negative (0 means 4 x syncPeriod)"})
+	}
+	if p.MaxFailures < 0 {
+		errs = append(errs, policy.FieldError{Field: "maxFailures", Msg: "must not be negative"})
+	}
+	if p.MaxPartialFailures < -1 {
+		errs = append(errs, policy.FieldError{Field: "maxPartialFailures", Msg: "must be -1 (ignore) or more"})
+	}
+	return errs
+}
+
+func init() {
+	Register(Type{
+		Name:      "KubeProxyRestoreFailures",
+		Doc:       "kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
+		NewParams: func() any { return &KubeProxyRestoreFailuresParams{MaxPartialFailures: 2} },
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &kubeProxyRestoreFailures{p: *params.(*KubeProxyRestoreFailuresParams), n: n,
+				w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
+		},
+	})
+}
+
+type restoreCounts struct{ full, partial float64 }
+
+type kubeProxyRestoreFailures struct {
+	p KubeProxyRestoreFailuresParams
+	n *node.Node
+
+	mu sync.Mutex
+	w  map[kubeproxy.Family]*window[restoreCounts]
+}
+
+func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error) {
+	kp, err := kubeProxyOf(d.n)
+	if err != nil {
+		return nil, err
+	}
+	// iptables and ipvs modes run iptables-restore (ipvs for its helper
+	// chains); nftables mode does not.
+	if mode, err := kp.ProxyMode(ctx); err == nil && mode != kubeproxy.ModeIPTables && mode != kubeproxy.ModeIPVS {
+		return nil, Skip("kube-proxy runs in %s mode, which does not use iptables-restore", mode)
+	}
+	sc, err := kubeProxyScrape(ctx, kp)
+	if err != nil {
+		return nil, err
+	}
+	span := d.p.Window.Duration
+	if span == 0 {
+		span = 4 * kp.SyncPeriod()
+	}
+	m := sc.Metrics
+	exported := false
+	for _, fm := range m.Families {
+		if fm.RestoreFailures != nil {
+			exported = true
+		}
+	}
+	// Before 1.33 the counters are plain and always exported; from 1.33
+	// they are per-family vectors that appear with their first failure,
+	// so an absent series there means zero.
+	if !exported && !m.Labelled {
+		return nil, Skip("kube-proxy does not export sync_proxy_rules_iptables_restore_failures_total (not iptables mode?)")
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []Finding
+	for _, f := range m.FamilyNames() {
+		fm := m.Families[f]
+		var c restoreCounts
+		if fm.RestoreFailures != nil {
+			c.full = *fm.RestoreFailures
+		}
+		if fm.PartialRestoreFailures != nil {
+			c.partial = *fm.PartialRestoreFailures
+		}
+		w := d.w[f]
+		if w == nil {
+			w = &window[restoreCounts]{}
+			d.w[f] = w
+		}
+		w.add(sc.Seq, sc.At, c, span)
+		oldest, newest, ok := w.ends()
+		if !ok {
+			continue
+		}
+		full, partial := newest.v.full-oldest.v.full, newest.v.partial-oldest.v.partial
+		if full < 0 || partial < 0 {
+			w.reset() // kube-proxy restarted: counters reset
+			continue
+		}
+		if fd := restoreFailuresFinding(f, full, partial, newest.at.Sub(oldest.at), d.p); fd != nil {
+			out = append(out, *fd)
+		}
+	}
+	return out, nil
+}
+
+// restoreFailuresFinding is the decision on the failures counted over a
+// window.
+func restoreFailuresFinding(f kubeproxy.Family, full, partial float64, covered time.Duration, p KubeProxyRestoreFailuresParams) *Finding {
+	fullBad := full > float64(p.MaxFailures)
+	partialBad := p.MaxPartialFailures >= 0 && partial > float64(p.MaxPartialFailures)
+	if !fullBad && !partialBad {
+		return nil
+	}
+	sev := Warning
+	if fullBad {
+		sev = Critical
+	}
+	return &Finding{
+		Detector: "KubeProxyRestoreFailures",
+		Target:   f.Target(),
+		Severity: sev,
+		Message: fmt.Sprintf("kube-proxy %s: %g iptables-restore failures and %g partial-restore failures in the last %s (limits %d, %d)",
+			f, full, partial, covered.Round(time.Second), p.MaxFailures, p.MaxPartialFailures),
+		Evidence: map[string]any{
+			"ipFamily":           string(f),
+			"failures":           full,
+			"partialFailures":    partial,
+			"windowSeconds":      covered.Seconds(),
+			"maxFailures":        p.MaxFailures,
+			"maxPartialFailures": p.MaxPartialFailures,
+		},
+	}
+}

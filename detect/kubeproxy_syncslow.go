@@ -1,0 +1,152 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// KubeProxySyncSlowParams are the thresholds of KubeProxySyncSlow.
+type KubeProxySyncSlowParams struct {
+	// Quantile of the sync duration to judge (default 0.99).
+	Quantile float64 `yaml:"quantile"`
+	// Fraction: slow when the quantile exceeds Fraction x syncPeriod
+	// (default 0.5).
+	Fraction float64 `yaml:"fraction"`
+	// Window over which the quantile is computed, from the histogram's
+	// bucket deltas between the scrapes at its ends (not the lifetime
+	// histogram). Default 0: 10 x syncPeriod.
+	Window policy.Duration `yaml:"window"`
+	// MinSyncs is the fewest syncs in the window for a verdict (default 3).
+	MinSyncs int `yaml:"minSyncs"`
+}
+
+// Validate implements policy.Validator.
+func (p *KubeProxySyncSlowParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if p.Quantile <= 0 || p.Quantile >= 1 {
+		errs = append(errs, policy.FieldError{Field: "quantile", Msg: "must be between 0 and 1 (exclusive), e.g. 0.99"})
+	}
+	if p.Fraction <= 0 || p.Fraction > 10 {
+		errs = append(errs, policy.FieldError{Field: "fraction", Msg: "must be in (0, 10] (times syncPeriod)"})
+	}
+	if p.Window.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "window", Msg: "must not be negative (0 means 10 x syncPeriod)"})
+	}
+	if p.MinSyncs < 1 {
+		errs = append(errs, policy.FieldError{Field: "minSyncs", Msg: "must be at least 1"})
+	}
+	return errs
+}
+
+func init() {
+	Register(Type{
+		Name:      "KubeProxySyncSlow",
+		Doc:       "kube-proxy's recent sync duration quantile (from histogram deltas over a window) exceeds a fraction of syncPeriod (per IP family)",
+		NewParams: func() any { return &KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5, MinSyncs: 3} },
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &kubeProxySyncSlow{p: *params.(*KubeProxySyncSlowParams), n: n,
+				hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
+		},
+	})
+}
+
+type kubeProxySyncSlow struct {
+	p KubeProxySyncSlowParams
+	n *node.Node
+
+	mu   sync.Mutex
+	hist map[kubeproxy.Family]*window[kubeproxy.Histogram]
+}
+
+func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
+	kp, err := kubeProxyOf(d.n)
+	if err != nil {
+		return nil, err
+	}
+	sc, err := kubeProxyScrape(ctx, kp)
+	if err != nil {
+		return nil, err
+	}
+	span := d.p.Window.Duration
+	if span == 0 {
+		span = 10 * kp.SyncPeriod()
+	}
+	limit := time.Duration(d.p.Fraction * float64(kp.SyncPeriod()))
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []Finding
+	for _, f := range sc.Metrics.FamilyNames() {
+		h := sc.Metrics.Families[f].SyncDuration
+		if h == nil {
+			continue
+		}
+		w := d.hist[f]
+		if w == nil {
+			w = &window[kubeproxy.Histogram]{}
+			d.hist[f] = w
+		}
+		w.add(sc.Seq, sc.At, *h, span)
+		oldest, newest, ok := w.ends()
+		if !ok {
+			continue
+		}
+		delta, ok := newest.v.Sub(oldest.v)
+		if !ok {
+			w.reset() // kube-proxy restarted: start a new window
+			continue
+		}
+		if fd := slowSyncFinding(f, delta, newest.at.Sub(oldest.at), d.p.Quantile, limit, d.p.MinSyncs); fd != nil {
+			out = append(out, *fd)
+		}
+	}
+	return out, nil
+}
+
+// slowSyncFinding is the decision on the syncs observed in a window (delta
+// is the histogram of those syncs only).
+func slowSyncFinding(f kubeproxy.Family, delta kubeproxy.Histogram, covered time.Duration, q float64, limit time.Duration, minSyncs int) *Finding {
+	if delta.Count < uint64(minSyncs) {
+		return nil
+	}
+	v, above, ok := delta.Quantile(q)
+	if !ok {
+		return nil
+	}
+	d := time.Duration(v * float64(time.Second))
+	if !above && d <= limit {
+		return nil
+	}
+	if above && d < limit {
+		// Above the largest bucket, but that bucket is below the limit:
+		// the true value is unknown, somewhere above d.
+		d = limit + 1
+	}
+	val := d.Round(time.Millisecond).String()
+	if above {
+		val = fmt.Sprintf("above %s (the largest bucket)", time.Duration(v*float64(time.Second)))
+	}
+	return &Finding{
+		Detector: "KubeProxySyncSlow",
+		Target:   f.Target(),
+		Severity: Warning,
+		Message: fmt.Sprintf("kube-proxy %s sync p%g over the last %s (%d syncs) is %s, limit %s",
+			f, q*100, covered.Round(time.Second), delta.Count, val, limit),
+		Evidence: map[string]any{
+			"ipFamily":           string(f),
+			"quantile":           q,
+			"seconds":            v,
+			"aboveLargestBucket": above,
+			"limitSeconds":       limit.Seconds(),
+			"syncs":              delta.Count,
+			"windowSeconds":      covered.Seconds(),
+			"meanSeconds":        delta.Sum / float64(delta.Count),
+		},
+	}
+}

@@ -1,0 +1,72 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+// KubeProxyUnreachableParams has no thresholds; use the rule's `for` to
+// ignore short blips (a kube-proxy restart).
+type KubeProxyUnreachableParams struct{}
+
+func init() {
+	Register(Type{
+		Name:      "KubeProxyUnreachable",
+		Doc:       "kube-proxy's metrics or healthz endpoint refuses, times out, or answers something malformed or oversized",
+		NewParams: func() any { return &KubeProxyUnreachableParams{} },
+		New: func(params any, n *node.Node) (Detector, error) {
+			return &kubeProxyUnreachable{n: n}, nil
+		},
+	})
+}
+
+type kubeProxyUnreachable struct{ n *node.Node }
+
+func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
+	kp, err := kubeProxyOf(d.n)
+	if err != nil {
+		return nil, err
+	}
+	var out []Finding
+	_, merr := kp.Metrics(ctx)
+	_, herr := kp.Healthz(ctx)
+	if ctx.Err() != nil {
+		// Our own deadline, not kube-proxy's fault: cannot tell.
+		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
+	}
+	for _, e := range []struct {
+		endpoint string
+		err      error
+	}{{"metrics", merr}, {"healthz", herr}} {
+		if fd := unreachableFinding(e.endpoint, e.err); fd != nil {
+			out = append(out, *fd)
+		}
+	}
+	return out, nil
+}
+
+// unreachableFinding turns a failed read of one endpoint into a finding
+// ("kube-proxy/metrics", "kube-proxy/healthz").
+func unreachableFinding(endpoint string, err error) *Finding {
+	if err == nil {
+		return nil
+	}
+	kind, url := kubeproxy.KindUnreachable, ""
+	if e, ok := kubeproxy.AsError(err); ok {
+		kind, url = e.Kind, e.URL
+	}
+	sev, what := Critical, "is unreachable"
+	if kind == kubeproxy.KindBadResponse {
+		sev, what = Warning, "answers something unusable"
+	}
+	return &Finding{
+		Detector: "KubeProxyUnreachable",
+		Target:   "kube-proxy/" + endpoint,
+		Severity: sev,
+		Message:  fmt.Sprintf("kube-proxy %s endpoint %s: %v", endpoint, what, err),
+		Evidence: map[string]any{"endpoint": endpoint, "url": url, "kind": string(kind), "error": err.Error()},
+	}
+}

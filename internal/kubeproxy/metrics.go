@@ -1,0 +1,286 @@
+package kubeproxy
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+)
+
+// Metric names read from kube-proxy (all kubeproxy_-prefixed).
+const (
+	metricLastSync        = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+	metricLastQueued      = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+	metricSyncDuration    = "kubeproxy_sync_proxy_rules_duration_seconds"
+	metricEndpointPending = "kubeproxy_sync_proxy_rules_endpoint_changes_pending"
+	metricServicePending  = "kubeproxy_sync_proxy_rules_service_changes_pending"
+	metricRestoreFailures = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+	metricPartialFailures = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+	metricRulesTotal      = "kubeproxy_sync_proxy_rules_iptables_total"
+)
+
+// FamilyLabel is the label kube-proxy 1.33+ puts on its per-family series.
+const FamilyLabel = "ip_family"
+
+// Unlabelled is the Family of series from kube-proxy 1.30-1.32, which carry
+// no ip_family label: on a dual-stack node both proxiers write the same
+// series, so a value describes whichever family synced last.
+const Unlabelled Family = ""
+
+// Family is an IP family as kube-proxy names it: "IPv4", "IPv6", or
+// Unlabelled.
+type Family string
+
+// Target returns the finding target for the family: "kube-proxy/IPv4",
+// or "kube-proxy" for Unlabelled.
+func (f Family) Target() string {
+	if f == Unlabelled {
+		return "kube-proxy"
+	}
+	return "kube-proxy/" + string(f)
+}
+
+// String names the family for messages.
+func (f Family) String() string {
+	if f == Unlabelled {
+		return "all families (kube-proxy < 1.33 reports no ip_family)"
+	}
+	return string(f)
+}
+
+// Bucket is one cumulative histogram bucket.
+type Bucket struct {
+	UpperBound      float64 `json:"le"`
+	CumulativeCount uint64  `json:"count"`
+}
+
+// Histogram is a cumulative Prometheus histogram (buckets sorted by upper
+// bound; a +Inf bucket is implied by Count).
+type Histogram struct {
+	Buckets []Bucket `json:"buckets"`
+	Count   uint64   `json:"count"`
+	Sum     float64  `json:"sum"`
+}
+
+// Sub returns h − older, the observations made between two scrapes. ok is
+// false when the two are not comparable (different buckets) or when a count
+// went down (kube-proxy restarted: its counters reset).
+func (h Histogram) Sub(older Histogram) (Histogram, bool) {
+	if len(h.Buckets) != len(older.Buckets) || h.Count < older.Count {
+		return Histogram{}, false
+	}
+	d := Histogram{Buckets: make([]Bucket, len(h.Buckets)), Count: h.Count - older.Count, Sum: h.Sum - older.Sum}
+	for i, b := range h.Buckets {
+		o := older.Buckets[i]
+		if b.UpperBound != o.UpperBound || b.CumulativeCount < o.CumulativeCount {
+			return Histogram{}, false
+		}
+		d.Buckets[i] = Bucket{UpperBound: b.UpperBound, CumulativeCount: b.CumulativeCount - o.CumulativeCount}
+	}
+	return d, true
+}
+
+// Quantile estimates the q-quantile (0 < q < 1) the way Prometheus'
+// histogram_quantile does: linear interpolation inside the bucket holding
+// the rank, the lower bound of the first bucket taken as 0. When the rank
+// falls in the implicit +Inf bucket, it returns the highest finite upper
+// bound and inf = true (the true value is "above that"). ok is false when
+// the histogram holds no observations.
+func (h Histogram) Quantile(q float64) (v float64, inf bool, ok bool) {
+	if h.Count == 0 || len(h.Buckets) == 0 || math.IsNaN(q) {
+		return 0, false, false
+	}
+	rank := q * float64(h.Count)
+	var prevBound float64
+	var prevCount uint64
+	for _, b := range h.Buckets {
+		if math.IsInf(b.UpperBound, 1) {
+			break
+		}
+		if float64(b.CumulativeCount) >= rank {
+			inBucket := b.CumulativeCount - prevCount
+			if inBucket == 0 {
+				return b.UpperBound, false, true
+			}
+			return prevBound + (b.UpperBound-prevBound)*(rank-float64(prevCount))/float64(inBucket), false, true
+		}
+		prevBound, prevCount = b.UpperBound, b.CumulativeCount
+	}
+	return prevBound, true, true
+}
+
+// FamilyMetrics are the per-family series of one scrape. A nil pointer
+// means the series was absent (an older kube-proxy, another mode, or a
+// family that has not synced yet).
+type FamilyMetrics struct {
+	Family Family
+	// LastSync is sync_proxy_rules_last_timestamp_seconds (Unix seconds):
+	// the last successful sync.
+	LastSync *float64
+	// LastQueued is sync_proxy_rules_last_queued_timestamp_seconds: the
+	// last time a sync was requested.
+	LastQueued *float64
+	// SyncDuration is the lifetime sync_proxy_rules_duration_seconds
+	// histogram.
+	SyncDuration *Histogram
+	// RestoreFailures and PartialRestoreFailures are the iptables-restore
+	// failure counters (iptables mode; RestoreFailures also in ipvs mode).
+	RestoreFailures        *float64
+	PartialRestoreFailures *float64
+	// RulesTotal is sync_proxy_rules_iptables_total by table.
+	RulesTotal map[string]float64
+}
+
+// Metrics is one parsed scrape of kube-proxy's /metrics.
+type Metrics struct {
+	// Labelled is true when the series carry ip_family (kube-proxy 1.33+).
+	Labelled bool
+	// Families holds the per-family series, keyed by family ("IPv4",
+	// "IPv6", or Unlabelled for 1.30-1.32).
+	Families map[Family]*FamilyMetrics
+	// EndpointChangesPending and ServiceChangesPending are node-wide gauges
+	// (no ip_family label in any version).
+	EndpointChangesPending *float64
+	ServiceChangesPending  *float64
+}
+
+// FamilyNames returns the families present, sorted.
+func (m *Metrics) FamilyNames() []Family {
+	out := make([]Family, 0, len(m.Families))
+	for f := range m.Families {
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// ParseMetrics parses the Prometheus text exposition format and extracts
+// the kube-proxy series the detectors use. Both label schemas are accepted.
+// It fails on malformed input; it does not bound the input (callers limit
+// the reader).
+func ParseMetrics(r io.Reader) (*Metrics, error) {
+	fams, err := parseText(r)
+	if err != nil {
+		return nil, err
+	}
+	m := &Metrics{Families: map[Family]*FamilyMetrics{}}
+	// Decide the schema from the sync timestamp series, which every
+	// version exports: labelled if any of its samples has ip_family.
+	for _, name := range []string{metricLastSync, metricSyncDuration, metricLastQueued} {
+		if mf := fams[name]; mf != nil {
+			for _, s := range mf.GetMetric() {
+				if _, ok := label(s, FamilyLabel); ok {
+					m.Labelled = true
+				}
+			}
+		}
+	}
+	fam := func(s *dto.Metric) (*FamilyMetrics, bool) {
+		f := Unlabelled
+		if v, ok := label(s, FamilyLabel); ok {
+			f = Family(v)
+		} else if m.Labelled {
+			return nil, false // unexpected mix: ignore unlabelled samples
+		}
+		fm := m.Families[f]
+		if fm == nil {
+			fm = &FamilyMetrics{Family: f}
+			m.Families[f] = fm
+		}
+		return fm, true
+	}
+	for name, mf := range fams {
+		if !strings.HasPrefix(name, "kubeproxy_") {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			switch name {
+			case metricEndpointPending:
+				m.EndpointChangesPending = ptr(value(mf.GetType(), s))
+			case metricServicePending:
+				m.ServiceChangesPending = ptr(value(mf.GetType(), s))
+			case metricLastSync, metricLastQueued, metricRestoreFailures, metricPartialFailures, metricRulesTotal, metricSyncDuration:
+				fm, ok := fam(s)
+				if !ok {
+					continue
+				}
+				switch name {
+				case metricLastSync:
+					fm.LastSync = ptr(value(mf.GetType(), s))
+				case metricLastQueued:
+					fm.LastQueued = ptr(value(mf.GetType(), s))
+				case metricRestoreFailures:
+					fm.RestoreFailures = ptr(value(mf.GetType(), s))
+				case metricPartialFailures:
+					fm.PartialRestoreFailures = ptr(value(mf.GetType(), s))
+				case metricRulesTotal:
+					table, _ := label(s, "table")
+					if fm.RulesTotal == nil {
+						fm.RulesTotal = map[string]float64{}
+					}
+					fm.RulesTotal[table] = value(mf.GetType(), s)
+				case metricSyncDuration:
+					if h := s.GetHistogram(); h != nil {
+						fm.SyncDuration = histogram(h)
+					}
+				}
+			}
+		}
+	}
+	return m, nil
+}
+
+// parseText runs expfmt's text parser, turning its panics into errors: the
+// v0.62.0 parser dereferences nil on a line starting with "{" after a
+// comment (found by FuzzParseMetrics; input in testdata/fuzz).
+func parseText(r io.Reader) (fams map[string]*dto.MetricFamily, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			fams, err = nil, fmt.Errorf("parse metrics: parser panicked on malformed input: %v", p)
+		}
+	}()
+	var p expfmt.TextParser
+	fams, err = p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	return fams, nil
+}
+
+func ptr(v float64) *float64 { return &v }
+
+func label(s *dto.Metric, name string) (string, bool) {
+	for _, l := range s.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue(), true
+		}
+	}
+	return "", false
+}
+
+func value(t dto.MetricType, s *dto.Metric) float64 {
+	switch t {
+	case dto.MetricType_COUNTER:
+		return s.GetCounter().GetValue()
+	case dto.MetricType_GAUGE:
+		return s.GetGauge().GetValue()
+	default:
+		return s.GetUntyped().GetValue()
+	}
+}
+
+func histogram(h *dto.Histogram) *Histogram {
+	out := &Histogram{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
+	for _, b := range h.GetBucket() {
+		if math.IsInf(b.GetUpperBound(), 1) {
+			continue // implied by Count
+		}
+		out.Buckets = append(out.Buckets, Bucket{UpperBound: b.GetUpperBound(), CumulativeCount: b.GetCumulativeCount()})
+	}
+	sort.Slice(out.Buckets, func(i, j int) bool { return out.Buckets[i].UpperBound < out.Buckets[j].UpperBound })
+	return out
+}

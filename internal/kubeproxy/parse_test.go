@@ -1,0 +1,296 @@
+package kubeproxy
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func readFixture(t testing.TB, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestParseMetricsFixtures(t *testing.T) {
+	for _, tc := range []struct {
+		file         string
+		labelled     bool
+		families     []Family
+		fam          Family
+		lastSync     float64
+		lastQueued   float64
+		failures     float64 // -1: series absent
+		natRules     float64
+		syncCount    uint64
+		pendingEndpt float64
+	}{
+		{"metrics-v1.34-healthy.txt", true, []Family{"IPv4", "IPv6"}, "IPv4", 1.7952613988710349e+09, 1.795261398706497e+09, -1, 23, 1, 0},
+		{"metrics-v1.34-stalled.txt", true, []Family{"IPv4", "IPv6"}, "IPv4", 1.7952613988710349e+09, 1.7952614048019552e+09, 1, 29, 3, 0},
+		{"metrics-v1.32-healthy.txt", false, []Family{Unlabelled}, Unlabelled, 1.7952613988710349e+09, 1.795261398706497e+09, 0, 23, 1, 0},
+		{"metrics-v1.32-stalled.txt", false, []Family{Unlabelled}, Unlabelled, 1.7952613988710349e+09, 1.7952614048019552e+09, 1, 29, 3, 0},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			m, err := ParseMetrics(bytes.NewReader(readFixture(t, tc.file)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Labelled != tc.labelled {
+				t.Errorf("Labelled = %v, want %v", m.Labelled, tc.labelled)
+			}
+			if got := m.FamilyNames(); !equalFamilies(got, tc.families) {
+				t.Errorf("families = %v, want %v", got, tc.families)
+			}
+			fm := m.Families[tc.fam]
+			if fm == nil {
+				t.Fatalf("no family %q", tc.fam)
+			}
+			checkPtr(t, "LastSync", fm.LastSync, tc.lastSync)
+			checkPtr(t, "LastQueued", fm.LastQueued, tc.lastQueued)
+			if tc.failures < 0 {
+				// A labelled counter vector has no series until first
+				// incremented: absent means none yet.
+				if fm.RestoreFailures != nil {
+					t.Errorf("RestoreFailures = %v, want absent", *fm.RestoreFailures)
+				}
+			} else {
+				checkPtr(t, "RestoreFailures", fm.RestoreFailures, tc.failures)
+			}
+			checkPtr(t, "EndpointChangesPending", m.EndpointChangesPending, tc.pendingEndpt)
+			if fm.RulesTotal["nat"] != tc.natRules {
+				t.Errorf("nat rules = %v, want %v", fm.RulesTotal["nat"], tc.natRules)
+			}
+			if fm.SyncDuration == nil || fm.SyncDuration.Count != tc.syncCount || len(fm.SyncDuration.Buckets) != 15 {
+				t.Errorf("SyncDuration = %+v, want count %d and 15 finite buckets", fm.SyncDuration, tc.syncCount)
+			}
+		})
+	}
+}
+
+func equalFamilies(a, b []Family) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func checkPtr(t *testing.T, name string, got *float64, want float64) {
+	t.Helper()
+	if got == nil {
+		t.Errorf("%s absent, want %v", name, want)
+		return
+	}
+	if *got != want {
+		t.Errorf("%s = %v, want %v", name, *got, want)
+	}
+}
+
+func TestParseMetricsMalformed(t *testing.T) {
+	for _, in := range []string{
+		"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\" 12\n",
+		"# TYPE kubeproxy_x gauge\nkubeproxy_x notanumber\n",
+		"\x00\x01\x02",
+		"# TYPE a counter\n# TYPE a gauge\n",
+		"#0000000\n{}0", // made expfmt v0.62.0 panic (nil dereference)
+	} {
+		if _, err := ParseMetrics(strings.NewReader(in)); err == nil {
+			t.Errorf("ParseMetrics(%q) succeeded, want error", in)
+		}
+	}
+}
+
+func TestParseMetricsEmptyIsNotAnError(t *testing.T) {
+	m, err := ParseMetrics(strings.NewReader(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Families) != 0 || m.EndpointChangesPending != nil {
+		t.Errorf("empty input gave %+v", m)
+	}
+}
+
+func hist(count uint64, cum ...uint64) Histogram {
+	h := Histogram{Count: count}
+	for i, c := range cum {
+		h.Buckets = append(h.Buckets, Bucket{UpperBound: 0.001 * math.Pow(2, float64(i)), CumulativeCount: c})
+	}
+	return h
+}
+
+func TestHistogramQuantile(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		h       Histogram
+		q       float64
+		want    float64
+		wantInf bool
+		wantOK  bool
+	}{
+		{"empty", hist(0, 0, 0, 0), 0.99, 0, false, false},
+		{"all in first bucket", hist(10, 10, 10, 10), 0.99, 0.00099, false, true},
+		{"interpolated in third bucket", hist(100, 0, 50, 100), 0.99, 0.002 + 0.002*49/50, false, true},
+		{"above the last finite bucket", hist(10, 0, 0, 5), 0.99, 0.004, true, true},
+		{"median", hist(4, 2, 4, 4), 0.5, 0.001, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v, inf, ok := tc.h.Quantile(tc.q)
+			if ok != tc.wantOK || inf != tc.wantInf || math.Abs(v-tc.want) > 1e-12 {
+				t.Errorf("Quantile(%v) = %v, %v, %v; want %v, %v, %v", tc.q, v, inf, ok, tc.want, tc.wantInf, tc.wantOK)
+			}
+		})
+	}
+}
+
+func TestHistogramSub(t *testing.T) {
+	older := hist(10, 5, 8, 10)
+	newer := hist(14, 5, 8, 14)
+	d, ok := newer.Sub(older)
+	if !ok || d.Count != 4 || d.Buckets[0].CumulativeCount != 0 || d.Buckets[2].CumulativeCount != 4 {
+		t.Fatalf("Sub = %+v, %v", d, ok)
+	}
+	if v, _, _ := d.Quantile(0.99); v <= 0.002 {
+		t.Errorf("p99 of the delta = %v, want in (0.002, 0.004]", v)
+	}
+	if _, ok := older.Sub(newer); ok {
+		t.Error("Sub accepted a count that went down (counter reset)")
+	}
+	if _, ok := newer.Sub(hist(1, 1)); ok {
+		t.Error("Sub accepted different bucket layouts")
+	}
+}
+
+func TestParseHealthz(t *testing.T) {
+	ts := func(s string) time.Time {
+		v, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		file        string
+		status      int
+		format      string
+		healthy     bool
+		lastUpdated time.Time
+		currentTime time.Time
+		unhealthy   []Family
+	}{
+		{"healthz-v1.34-healthy.json", 200, FormatPerFamily, true, ts("2026-11-21T11:43:24.183966339Z"), ts("2026-11-21T11:43:24.183889348Z"), nil},
+		{"healthz-v1.34-stalled.json", 503, FormatPerFamily, false, ts("2026-11-21T11:43:18.936812743Z"), ts("2026-11-21T11:43:52.840330078Z"), []Family{"IPv4"}},
+		{"livez-v1.34-healthy.json", 200, FormatPerFamily, true, ts("2026-11-21T11:43:24.192382835Z"), ts("2026-11-21T11:43:24.192366776Z"), nil},
+		{"healthz-v1.32-healthy.json", 200, FormatLegacy, true, ts("2026-11-21T11:43:24.183966339Z"), ts("2026-11-21T11:43:24.183966339Z"), nil},
+		{"healthz-v1.32-stalled.json", 503, FormatLegacy, false, ts("2026-11-21T11:43:18.871032366Z"), ts("2026-11-21T11:43:52.840330078Z"), []Family{Unlabelled}},
+		{"healthz-v1.32-ineligible.json", 503, FormatLegacy, false, ts("2026-11-21T11:43:52.840330078Z"), ts("2026-11-21T11:43:52.840330078Z"), nil},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			h, err := ParseHealthz(tc.status, readFixture(t, tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Format != tc.format || h.Healthy != tc.healthy {
+				t.Errorf("format, healthy = %s, %v; want %s, %v", h.Format, h.Healthy, tc.format, tc.healthy)
+			}
+			if !h.LastUpdated.Equal(tc.lastUpdated) || !h.CurrentTime.Equal(tc.currentTime) {
+				t.Errorf("times = %v, %v; want %v, %v", h.LastUpdated, h.CurrentTime, tc.lastUpdated, tc.currentTime)
+			}
+			if got := h.UnhealthyFamilies(); !equalFamilies(got, tc.unhealthy) {
+				t.Errorf("UnhealthyFamilies = %v, want %v", got, tc.unhealthy)
+			}
+		})
+	}
+	if h, _ := ParseHealthz(503, readFixture(t, "healthz-v1.34-stalled.json")); h != nil {
+		if got := h.Families["IPv4"].LastUpdated; !got.Equal(ts("2026-11-21T11:43:18.871032366Z")) {
+			t.Errorf("IPv4 lastUpdated = %v", got)
+		}
+	}
+}
+
+func TestParseHealthzRejects(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		body   string
+	}{
+		{500, `{"lastUpdated":"2026-11-21T11:43:24Z","currentTime":"2026-11-21T11:43:24Z","healthy":true}`},
+		{200, `not json`},
+		{200, `{}`},
+		{200, `{"lastUpdated":"yesterday","currentTime":"2026-11-21T11:43:24Z"}`},
+		{200, `{"lastUpdated":"2026-11-21T11:43:24Z","currentTime":"2026-11-21T11:43:24Z","healthy":true,"status":{"IPv4":{}}}`},
+		{200, `{"lastUpdated":"2026-11-21T11:43:24Z","currentTime":"2026-11-21T11:43:24Z","healthy":true,"status":{"IPv4":5}}`},
+	} {
+		if _, err := ParseHealthz(tc.status, []byte(tc.body)); err == nil {
+			t.Errorf("ParseHealthz(%d, %q) succeeded, want error", tc.status, tc.body)
+		}
+	}
+}
+
+func TestParseProxyMode(t *testing.T) {
+	if m, err := ParseProxyMode(readFixture(t, "proxyMode.txt")); err != nil || m != ModeIPTables {
+		t.Errorf("proxyMode fixture = %q, %v", m, err)
+	}
+	if _, err := ParseProxyMode([]byte("<html>")); err == nil {
+		t.Error("accepted an unknown mode")
+	}
+}
+
+// kubeProxyLines keeps the kubeproxy_sync_proxy_rules_ lines of a capture
+// other than the histogram buckets of the full/partial/network-programming
+// histograms: the fuzzer minimises interesting inputs, which takes minutes
+// on a 100 KB capture.
+func kubeProxyLines(b []byte) []byte {
+	var out bytes.Buffer
+	for _, l := range bytes.SplitAfter(b, []byte("\n")) {
+		if bytes.Contains(l, []byte("kubeproxy_sync_proxy_rules_")) && !bytes.Contains(l, []byte("ip_family=\"IPv6\",le=")) {
+			out.Write(l)
+		}
+	}
+	return out.Bytes()
+}
+
+func FuzzParseMetrics(f *testing.F) {
+	for _, name := range []string{"metrics-v1.34-healthy.txt", "metrics-v1.34-stalled.txt", "metrics-v1.32-stalled.txt"} {
+		f.Add(kubeProxyLines(readFixture(f, name)))
+	}
+	f.Add([]byte("kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"NaN\"} 1\n"))
+	f.Add([]byte("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\nkubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"} 3\nkubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m, err := ParseMetrics(bytes.NewReader(in))
+		if err != nil {
+			return
+		}
+		for _, fm := range m.Families {
+			if fm.SyncDuration != nil {
+				fm.SyncDuration.Quantile(0.99)
+				fm.SyncDuration.Sub(*fm.SyncDuration)
+			}
+		}
+	})
+}
+
+func FuzzParseHealthz(f *testing.F) {
+	for _, name := range []string{"healthz-v1.34-healthy.json", "healthz-v1.34-stalled.json", "healthz-v1.32-healthy.json", "healthz-v1.32-stalled.json"} {
+		f.Add(200, readFixture(f, name))
+	}
+	f.Fuzz(func(t *testing.T, status int, body []byte) {
+		h, err := ParseHealthz(status, body)
+		if err != nil {
+			return
+		}
+		if h.Format != FormatLegacy && h.Format != FormatPerFamily {
+			t.Fatalf("format %q", h.Format)
+		}
+		_ = h.UnhealthyFamilies()
+	})
+}
