@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -27,9 +28,12 @@ type IPTablesRulesParams struct {
 	// installed is skipped and listed in the evidence.
 	Backends []string `yaml:"backends"`
 	// ProxyMode is kube-proxy's mode. The KUBE-SERVICES jump check runs
-	// only in iptables (and ipvs, which uses the same jumps) mode; any other
-	// value, or "" (unknown), turns it off with the reason logged.
-	// Defaults to iptables, kube-proxy's default on Linux.
+	// only in iptables (and ipvs, which uses the same jumps) mode; nftables,
+	// or "" (unknown), turns it off with the reason logged. "auto" asks
+	// kube-proxy's /proxyMode each cycle (the kube-proxy adapter) and, when
+	// kube-proxy cannot say, still checks (a KUBE-SERVICES chain means an
+	// iptables-based proxy) with the reason in the evidence. Defaults to
+	// iptables, kube-proxy's default on Linux.
 	ProxyMode string `yaml:"proxyMode"`
 	// CheckServicesJump reports nat KUBE-SERVICES not jumped to from nat
 	// PREROUTING or OUTPUT.
@@ -79,9 +83,9 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 		}
 	}
 	switch p.ProxyMode {
-	case "", "iptables", "ipvs", "nftables", "kernelspace":
+	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
 	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
+		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
 	}
 	if p.MaxKubeRules < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxKubeRules", Msg: "must be >= 0 (0 = off)"})
@@ -217,6 +221,10 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 			d.remember(key, r)
 		}
 	}
+	var mode proxyMode
+	if d.p.CheckServicesJump {
+		mode = d.proxyMode(ctx)
+	}
 	for _, fs := range d.p.Families {
 		fam := iptables.Family(fs)
 		snaps := map[iptables.Backend]*iptables.Snapshot{}
@@ -245,7 +253,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 			}
 			saved++
 			snaps[be] = snap
-			for _, f := range d.checkSnapshot(snap) {
+			for _, f := range d.checkSnapshot(snap, mode) {
 				f.Evidence["savedAt"] = res.at.UTC().Format(time.RFC3339)
 				f.Evidence["cached"] = res.cached
 				out = append(out, f)
@@ -279,7 +287,29 @@ func target(f iptables.Family, b iptables.Backend, what string) string {
 	return "iptables/" + string(f) + "/" + string(b) + "/" + what
 }
 
-func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot) []Finding {
+// proxyMode is kube-proxy's mode as this cycle knows it.
+type proxyMode struct {
+	mode  string // iptables, ipvs, nftables, ... or "" when unknown
+	check bool   // run the KUBE-SERVICES jump check
+	note  string // where the mode came from, or why it is unknown
+}
+
+func (d *iptablesRules) proxyMode(ctx context.Context) proxyMode {
+	if d.p.ProxyMode != "auto" {
+		m := d.p.ProxyMode
+		return proxyMode{mode: m, check: m == "iptables" || m == "ipvs", note: "from the policy"}
+	}
+	if d.n.KubeProxy == nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + d.n.Why("kube-proxy")}
+	}
+	m, err := d.n.KubeProxy.ProxyMode(ctx)
+	if err != nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
+	}
+	return proxyMode{mode: string(m), check: m == kubeproxy.ModeIPTables || m == kubeproxy.ModeIPVS, note: "from kube-proxy /proxyMode"}
+}
+
+func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Finding {
 	var out []Finding
 	base := func() map[string]any {
 		return map[string]any{
@@ -294,8 +324,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot) []Finding {
 	nat := s.Rules.Table("nat")
 
 	if d.p.CheckServicesJump {
-		switch d.p.ProxyMode {
-		case "iptables", "ipvs":
+		if mode.check {
 			if nat.Chain("KUBE-SERVICES") != nil {
 				for _, c := range []string{"PREROUTING", "OUTPUT"} {
 					if nat.Chain(c).JumpsTo("KUBE-SERVICES") {
@@ -303,7 +332,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot) []Finding {
 					}
 					ev := base()
 					ev["table"], ev["chain"], ev["missingJump"] = "nat", c, "KUBE-SERVICES"
-					ev["proxyMode"] = d.p.ProxyMode
+					ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
 					out = append(out, Finding{
 						Detector: "IPTablesRules",
 						Target:   target(s.Family, s.Backend, "nat/"+c+"/KUBE-SERVICES"),
@@ -313,10 +342,8 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot) []Finding {
 					})
 				}
 			}
-		default:
-			if d.n.Log != nil {
-				d.n.Log.Debug("KUBE-SERVICES jump check skipped", zap.String("reason", fmt.Sprintf("kube-proxy mode is %q, not iptables or ipvs", d.p.ProxyMode)))
-			}
+		} else if d.n.Log != nil {
+			d.n.Log.Debug("KUBE-SERVICES jump check skipped", zap.String("reason", fmt.Sprintf("kube-proxy mode is %q (%s), not iptables or ipvs", mode.mode, mode.note)))
 		}
 	}
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -241,5 +243,59 @@ func TestIPTablesRulesSaveDutyCycle(t *testing.T) {
 	got, _ = d.Detect(ctx)
 	if l, n := calls(); l != 3 || n != 2 || got[0].Evidence["cached"] != false {
 		t.Fatalf("after 31s: legacy %d nft %d, %+v", l, n, got)
+	}
+}
+
+func TestIPTablesRulesProxyModeAuto(t *testing.T) {
+	noPrerouting := mutate(t, healthyRules(t), func(rs *iptables.Ruleset) {
+		rs.DeleteRules("nat", "PREROUTING", func(r iptables.Rule) bool { return r.Target == "KUBE-SERVICES" })
+	})
+	cases := []struct {
+		name       string
+		kp         func(n *node.Node)
+		wantCheck  bool
+		wantSource string
+	}{
+		{name: "kube-proxy says iptables", kp: func(n *node.Node) {
+			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
+			f.SetMode(kubeproxy.ModeIPTables, nil)
+			n.KubeProxy = f
+		}, wantCheck: true, wantSource: "from kube-proxy /proxyMode"},
+		{name: "kube-proxy says nftables", kp: func(n *node.Node) {
+			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
+			f.SetMode(kubeproxy.ModeNFTables, nil)
+			n.KubeProxy = f
+		}},
+		{name: "kube-proxy unreachable: check anyway, say why", kp: func(n *node.Node) {
+			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
+			f.SetMode("", errors.New("connection refused"))
+			n.KubeProxy = f
+		}, wantCheck: true, wantSource: "kube-proxy mode unknown: connection refused"},
+		{name: "no kube-proxy adapter", kp: func(n *node.Node) {
+			n.Unavailable = map[string]string{"kube-proxy": "no kube-proxy endpoints configured"}
+		}, wantCheck: true, wantSource: "kube-proxy mode unknown: no kube-proxy endpoints configured"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := iptables.NewFake()
+			f.SetRules(iptables.IPv4, iptables.Legacy, noPrerouting)
+			n, _ := newIssue3Node(nil)
+			n.IPTables = f
+			c.kp(n)
+			d := newIssue3Detector(t, "IPTablesRules", n, func(p any) {
+				pp := p.(*IPTablesRulesParams)
+				pp.Families, pp.Backends, pp.ProxyMode = []string{"IPv4"}, []string{"legacy"}, "auto"
+			})
+			got, err := d.Detect(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (len(got) == 1) != c.wantCheck {
+				t.Fatalf("findings = %+v, want check %v", got, c.wantCheck)
+			}
+			if c.wantCheck && got[0].Evidence["proxyModeSource"] != c.wantSource {
+				t.Errorf("source = %v, want %q", got[0].Evidence["proxyModeSource"], c.wantSource)
+			}
+		})
 	}
 }
