@@ -240,7 +240,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 				// The save's own timeout, not the cycle's: that is a finding.
 				out = append(out, Finding{
 					Detector: "IPTablesRules",
-					Target:   target(fam, be, "save-duration"),
+					Target:   iptablesTarget(fam, be, "save-duration"),
 					Severity: Critical,
 					Message:  fmt.Sprintf("%s did not finish within %s: %v", iptables.SaveCommand(fam, be), d.p.SaveTimeout.Duration, err),
 					Evidence: map[string]any{"family": fs, "backend": bs, "error": err.Error(), "saveTimeoutMs": d.p.SaveTimeout.Milliseconds(),
@@ -283,7 +283,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 	return out, nil
 }
 
-func target(f iptables.Family, b iptables.Backend, what string) string {
+func iptablesTarget(f iptables.Family, b iptables.Backend, what string) string {
 	return "iptables/" + string(f) + "/" + string(b) + "/" + what
 }
 
@@ -335,7 +335,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 					ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
 					out = append(out, Finding{
 						Detector: "IPTablesRules",
-						Target:   target(s.Family, s.Backend, "nat/"+c+"/KUBE-SERVICES"),
+						Target:   iptablesTarget(s.Family, s.Backend, "nat/"+c+"/KUBE-SERVICES"),
 						Severity: Critical,
 						Message:  fmt.Sprintf("nat %s does not jump to KUBE-SERVICES %s: service traffic %s is not load-balanced", c, where, map[string]string{"PREROUTING": "arriving at the node", "OUTPUT": "from host-network processes"}[c]),
 						Evidence: ev,
@@ -360,7 +360,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 				ev["table"], ev["chain"], ev["rule"], ev["line"] = "filter", "KUBE-FIREWALL", r.Text("KUBE-FIREWALL"), r.Line
 				out = append(out, Finding{
 					Detector: "IPTablesRules",
-					Target:   target(s.Family, s.Backend, "filter/KUBE-FIREWALL/bare-drop"),
+					Target:   iptablesTarget(s.Family, s.Backend, "filter/KUBE-FIREWALL/bare-drop"),
 					Severity: Critical,
 					Message:  fmt.Sprintf("filter KUBE-FIREWALL has a DROP without its mark match %s: it drops every packet passing through it (version-skew rule corruption)", where),
 					Evidence: ev,
@@ -375,7 +375,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		ev["maxKubeRules"] = d.p.MaxKubeRules
 		out = append(out, Finding{
 			Detector: "IPTablesRules",
-			Target:   target(s.Family, s.Backend, "kube-rule-count"),
+			Target:   iptablesTarget(s.Family, s.Backend, "kube-rule-count"),
 			Severity: Warning,
 			Message:  fmt.Sprintf("%d KUBE-* rules %s, over %d: every kube-proxy sync rewrites them under the xtables lock", n, where, d.p.MaxKubeRules),
 			Evidence: ev,
@@ -386,7 +386,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		ev["maxSaveMs"] = d.p.MaxSaveDuration.Milliseconds()
 		out = append(out, Finding{
 			Detector: "IPTablesRules",
-			Target:   target(s.Family, s.Backend, "save-duration"),
+			Target:   iptablesTarget(s.Family, s.Backend, "save-duration"),
 			Severity: Warning,
 			Message:  fmt.Sprintf("%s took %s (over %s): the rule set is large enough to hold the xtables lock for long", iptables.SaveCommand(s.Family, s.Backend), s.Duration.Round(time.Millisecond), d.p.MaxSaveDuration.Duration),
 			Evidence: ev,
