@@ -3,14 +3,19 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 )
@@ -40,6 +45,18 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// --- wire adapters here: one block per subsystem, setting the
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
 
+	// procs: processes and file locks read through --proc-root. Signals go
+	// to PIDs of this process's PID namespace, so --proc-root must be that
+	// namespace's procfs (hostPID: true in the DaemonSet).
+	if _, err := os.Stat(filepath.Join(w.o.procRoot, "locks")); err != nil {
+		n.Unavailable["procs"] = fmt.Sprintf("proc root %s is not a readable procfs: %v", w.o.procRoot, err)
+	} else {
+		n.Procs = procs.New(w.o.procRoot)
+	}
+	// iptables: rule sets read with iptables-{legacy,nft}-save in this
+	// network namespace (hostNetwork: true), never through the xtables
+	// lock. A missing save command makes the detector skip that backend.
+	n.IPTables = iptables.New(iptables.Config{})
 	// conntrack: the table of the daemon's network namespace over
 	// ctnetlink (hostNetwork in the DaemonSet), tunables under --proc-root
 	// and --sys-root, the last nf_conntrack_max set recorded in --state-dir

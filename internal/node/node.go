@@ -15,7 +15,9 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -39,6 +41,16 @@ type Node struct {
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
 
+	// Procs reads processes and file locks through ProcRoot and signals
+	// processes (subsystem "procs").
+	Procs procs.Interface
+	// IPTables reads the iptables rule sets with *-save, never taking the
+	// xtables lock (subsystem "iptables").
+	IPTables iptables.Interface
+	// Conntrack is the nf_conntrack table and its tunables (subsystem
+	// "conntrack").
+	Conntrack conntrack.Interface
+
 	// Kube is the Kubernetes API client; nil without cluster access
 	// (Unavailable["kubernetes"] says why). Built by internal/kube.
 	Kube kubernetes.Interface
@@ -48,9 +60,6 @@ type Node struct {
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
-	// Conntrack is the nf_conntrack table and its tunables (subsystem
-	// "conntrack").
-	Conntrack conntrack.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
