@@ -3,16 +3,21 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 )
@@ -23,6 +28,7 @@ type wiring struct {
 	o       *options
 	log     *zap.Logger
 	closers []func()
+	k       kubeWiring // Kubernetes client, view, reporter (wire_kube.go)
 
 	// ipvs is created once and shared across policy reloads.
 	ipvs *ipvs.Handle
@@ -44,6 +50,18 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// --- wire adapters here: one block per subsystem, setting the
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
 
+	// procs: processes and file locks read through --proc-root. Signals go
+	// to PIDs of this process's PID namespace, so --proc-root must be that
+	// namespace's procfs (hostPID: true in the DaemonSet).
+	if _, err := os.Stat(filepath.Join(w.o.procRoot, "locks")); err != nil {
+		n.Unavailable["procs"] = fmt.Sprintf("proc root %s is not a readable procfs: %v", w.o.procRoot, err)
+	} else {
+		n.Procs = procs.New(w.o.procRoot)
+	}
+	// iptables: rule sets read with iptables-{legacy,nft}-save in this
+	// network namespace (hostNetwork: true), never through the xtables
+	// lock. A missing save command makes the detector skip that backend.
+	n.IPTables = iptables.New(iptables.Config{})
 	// IPVS: the adapter does not touch the kernel until first use; on a
 	// kernel without ip_vs every IPVS detector and action skips with
 	// "IPVS unavailable: ..." (checked at each use, so a module loaded
@@ -87,6 +105,14 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.KubeProxy = kp
 	}
+
+	// kubernetes: the API client and the Services/EndpointSlices view
+	// (in-cluster or --kubeconfig; built once, shared across reloads).
+	if k := w.kube(); k.client != nil {
+		n.Kube, n.Cluster = k.client.Interface, k.view
+	} else {
+		n.Unavailable["kubernetes"] = k.noAccess
+	}
 	return n, nil
 }
 
@@ -94,17 +120,19 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 // budget, API freshness), checked before the dry-run guardrail.
 func (w *wiring) Guardrails() []remediate.Guardrail {
 	// --- wire cluster guardrails here ---
-	return nil
+	return w.clusterGuardrails()
 }
 
 // OnReport publishes a daemon cycle's report (events, node conditions).
 func (w *wiring) OnReport(ctx context.Context, rep *remediate.Report) {
 	// --- wire reporters here ---
+	w.reportCycle(ctx, rep)
 }
 
 // OnReloadError reports a rejected policy reload beyond the log and metric.
 func (w *wiring) OnReloadError(ctx context.Context, err error) {
 	// --- wire reload error reporting here ---
+	w.reportReloadError(ctx, err)
 }
 
 // Close releases adapters.

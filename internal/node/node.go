@@ -10,12 +10,15 @@ package node
 
 import (
 	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // Node is the shared dependency set. Fields are set once at start-up (or
@@ -39,17 +42,27 @@ type Node struct {
 
 	// Adapters are added here, one per subsystem (internal/<subsystem>).
 
-	// Cluster is the Kubernetes Service/EndpointSlice view ("kubernetes").
-	Cluster cluster.View
-	// IPVS is the kernel's IP Virtual Server tables ("ipvs").
-	IPVS ipvs.Interface
+	// Procs reads processes and file locks through ProcRoot and signals
+	// processes (subsystem "procs").
+	Procs procs.Interface
+	// IPTables reads the iptables rule sets with *-save, never taking the
+	// xtables lock (subsystem "iptables").
+	IPTables iptables.Interface
 	// Conntrack is the nf_conntrack table and its tunables (subsystem
 	// "conntrack").
 	Conntrack conntrack.Interface
 
+	// Kube is the Kubernetes API client; nil without cluster access
+	// (Unavailable["kubernetes"] says why). Built by internal/kube.
+	Kube kubernetes.Interface
+	// Cluster is the informer-backed view of Services and EndpointSlices;
+	// nil without cluster access. Callers check Cluster.Freshness().
+	Cluster cluster.View
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
+	// IPVS is the kernel's IP Virtual Server tables (subsystem "ipvs").
+	IPVS ipvs.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

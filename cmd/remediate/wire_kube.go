@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/kube/report"
+	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/clusterguard"
+)
+
+// Cluster-wide settings not (yet) in the policy, from the environment of
+// the DaemonSet: REMEDIATE_BUDGET_SLOTS (default 1), REMEDIATE_BUDGET_TTL
+// (10m), REMEDIATE_STORM_MAX_SHARE (0.3), and POD_NAMESPACE for the Leases
+// and Events (default kube-system).
+const syncWait = 15 * time.Second
+
+// kubeWiring is the Kubernetes side of the daemon, built once on first use
+// and shared across policy reloads.
+type kubeWiring struct {
+	once     sync.Once
+	noAccess string // why there is no cluster access, if there is none
+	client   *kube.Client
+	view     *kube.View
+	nodes    *kube.NodeWatch
+	reporter *report.Reporter
+	storm    *clusterguard.Storm
+	budget   *clusterguard.Budget
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// kube connects (once): client, the Services/EndpointSlices view, the watch
+// on this Node, the reporter and the cluster guardrails. Without access it
+// records why; API-dependent rules then skip or block with that reason.
+func (w *wiring) kube() *kubeWiring {
+	k := &w.k
+	k.once.Do(func() {
+		c, err := kube.Connect(kube.Options{Kubeconfig: w.o.kubeconfig})
+		if err != nil {
+			k.noAccess = err.Error()
+			w.log.Info("API-dependent checks and actions are off", zap.String("reason", k.noAccess))
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		w.closers = append(w.closers, cancel)
+		ns := envOr("POD_NAMESPACE", "kube-system")
+		k.client = c
+		if k.view, err = kube.NewView(c.Interface, c.Contact, nil, w.log); err != nil {
+			k.noAccess = "cluster view: " + err.Error()
+			k.client = nil
+			return
+		}
+		k.view.Start(ctx)
+		k.nodes = kube.NewNodeWatch(c.Interface, w.o.nodeName)
+		k.nodes.Start(ctx)
+		sctx, scancel := context.WithTimeout(ctx, syncWait)
+		if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) {
+			w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
+		}
+		scancel()
+		slots, _ := strconv.Atoi(envOr("REMEDIATE_BUDGET_SLOTS", "1"))
+		ttl, err := time.ParseDuration(envOr("REMEDIATE_BUDGET_TTL", "10m"))
+		if err != nil {
+			ttl = 10 * time.Minute
+		}
+		share, _ := strconv.ParseFloat(envOr("REMEDIATE_STORM_MAX_SHARE", "0.3"), 64)
+		k.budget = clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: ns, Slots: slots, TTL: ttl, Node: w.o.nodeName, Log: w.log})
+		go k.budget.Run(ctx)
+		k.storm = clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: share})
+		k.reporter = report.New(c.Interface, report.Options{Node: w.o.nodeName, EventNamespace: ns, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
+	})
+	return k
+}
+
+// clusterGuardrails are the guardrails that need the cluster (they block
+// what needs the API when there is no access).
+func (w *wiring) clusterGuardrails() []remediate.Guardrail {
+	k := w.kube()
+	if k.client == nil {
+		return []remediate.Guardrail{clusterguard.NewFreshness(nil, k.noAccess, nil), clusterguard.NewBudget(nil, clusterguard.BudgetOptions{})}
+	}
+	// The budget last: it takes a slot only when everything else allows.
+	return []remediate.Guardrail{clusterguard.NewOptOut(k.nodes), clusterguard.NewFreshness(k.view, "", nil), k.storm, k.budget}
+}
+
+// reportCycle publishes a daemon cycle: events, the node condition, the
+// firing rules for the storm guard, remediate's own uncordon.
+func (w *wiring) reportCycle(ctx context.Context, rep *remediate.Report) {
+	k := w.kube()
+	if k.reporter == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := k.reporter.Report(rctx, rep); err != nil {
+		w.log.Warn("publishing the report to the cluster failed (retried next cycle)", zap.Error(err))
+	}
+}
+
+// reportReloadError puts a rejected policy reload on the Node as a Warning
+// event.
+func (w *wiring) reportReloadError(ctx context.Context, err error) {
+	k := w.kube()
+	if k.reporter == nil {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if e := k.reporter.Emit(rctx, "policy-reload|"+err.Error(), "Warning", "PolicyReloadFailed", "ReloadPolicy",
+		"invalid policy, keeping the previous one: "+err.Error()); e != nil {
+		w.log.Warn("reporting the reload error to the cluster failed", zap.Error(e))
+	}
+}

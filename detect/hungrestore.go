@@ -1,0 +1,201 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// RestoreNames are the argv[0] basenames of the iptables restore binaries,
+// the default of HungIPTablesRestore's names.
+var RestoreNames = []string{
+	"iptables-restore", "ip6tables-restore",
+	"iptables-legacy-restore", "ip6tables-legacy-restore",
+	"iptables-nft-restore", "ip6tables-nft-restore",
+}
+
+// HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
+type HungIPTablesRestoreParams struct {
+	// Names are the argv[0] basenames to watch (never comm: a blocked
+	// iptables-legacy-restore has comm "iptables-legacy").
+	Names []string `yaml:"names"`
+	// MinAge is how long a restore must have run to be reported.
+	// kube-proxy's restores wait at most 5s for the lock and normally
+	// finish in well under a second.
+	MinAge policy.Duration `yaml:"minAge"`
+}
+
+// Validate implements policy.Validator.
+func (p *HungIPTablesRestoreParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	errs = append(errs, validateNames("names", p.Names)...)
+	if p.MinAge.Duration <= 0 {
+		errs = append(errs, policy.FieldError{Field: "minAge", Msg: "must be > 0"})
+	}
+	return errs
+}
+
+func validateNames(field string, names []string) []policy.FieldError {
+	var errs []policy.FieldError
+	if len(names) == 0 {
+		errs = append(errs, policy.FieldError{Field: field, Msg: "must name at least one program"})
+	}
+	for i, n := range names {
+		if n == "" || strings.ContainsRune(n, '/') {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: "must be a program name (argv[0] basename), not empty or a path"})
+		}
+	}
+	return errs
+}
+
+func init() {
+	Register(Type{
+		Name: "HungIPTablesRestore",
+		Doc:  "iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
+		NewParams: func() any {
+			return &HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			p, ok := params.(*HungIPTablesRestoreParams)
+			if !ok {
+				return nil, fmt.Errorf("HungIPTablesRestore: params are %T", params)
+			}
+			return &hungRestore{p: *p, n: n}, nil
+		},
+	})
+}
+
+type hungRestore struct {
+	p HungIPTablesRestoreParams
+	n *node.Node
+}
+
+func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
+	if d.n.Procs == nil {
+		return nil, Skip("%s", d.n.Why("procs"))
+	}
+	found, err := d.n.Procs.Find(ctx, d.p.Names)
+	if err != nil {
+		return nil, fmt.Errorf("scanning processes: %w", err)
+	}
+	now := d.n.Clock.Now()
+	var old []procs.Process
+	for _, p := range found {
+		if p.Age(now) >= d.p.MinAge.Duration {
+			old = append(old, p)
+		}
+	}
+	if len(old) == 0 {
+		return nil, nil
+	}
+	// Only now (something is old) look at the lock.
+	var (
+		locks   procs.FileLocks
+		lockErr error
+	)
+	if d.n.XtablesLock != "" {
+		locks, lockErr = d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
+	}
+	var out []Finding
+	for _, p := range old {
+		age := p.Age(now)
+		ev := processEvidence(p, now)
+		msg := fmt.Sprintf("%s (pid %d) has been running for %s", p.Name(), p.Pid, age.Round(time.Second))
+		sev := Warning
+		if p.Blocked() {
+			sev = Critical
+			msg += ", in uninterruptible sleep (D)"
+		}
+		switch {
+		case d.n.XtablesLock == "":
+			ev["waitsOnXtablesLock"] = nil
+		case lockErr != nil:
+			ev["waitsOnXtablesLock"] = nil
+			ev["xtablesLockError"] = lockErr.Error()
+		default:
+			waits, holds := false, false
+			for _, w := range locks.Waiters {
+				if w.Pid == p.Pid {
+					waits = true
+				}
+			}
+			for _, h := range locks.Holders {
+				if h.Pid == p.Pid {
+					holds = true
+				}
+			}
+			ev["waitsOnXtablesLock"] = waits
+			ev["holdsXtablesLock"] = holds
+			ev["xtablesLock"] = d.n.XtablesLock
+			if holds {
+				sev = Critical
+				msg += fmt.Sprintf(", holding the xtables lock (%d waiting)", len(locks.Waiters))
+			}
+			if waits {
+				sev = Critical
+				ev["xtablesLockHolders"] = processSummaries(locks.Holders, now)
+				msg += ", waiting on the xtables lock" + heldBy(locks)
+			}
+		}
+		out = append(out, Finding{
+			Detector: "HungIPTablesRestore",
+			Target:   p.Target(),
+			Severity: sev,
+			Message:  msg,
+			Evidence: ev,
+		})
+	}
+	return out, nil
+}
+
+func heldBy(l procs.FileLocks) string {
+	if len(l.Holders) == 0 {
+		return fmt.Sprintf(" (holder not visible; /proc/locks pid %v)", l.LockPIDs)
+	}
+	var s []string
+	for _, h := range l.Holders {
+		s = append(s, fmt.Sprintf("%s (pid %d)", h.Name(), h.Pid))
+	}
+	return " held by " + strings.Join(s, ", ")
+}
+
+// processEvidence is the evidence every process finding carries; "pid" and
+// "createTimeMs" identify the process for actions.
+func processEvidence(p procs.Process, now time.Time) map[string]any {
+	return map[string]any{
+		"pid":          p.Pid,
+		"createTimeMs": p.CreateTimeMs,
+		"name":         p.Name(),
+		"cmdline":      strings.Join(p.Cmdline, " "),
+		"ageSeconds":   durSeconds(p.Age(now)),
+		"state":        p.State,
+		"blocked":      p.Blocked(),
+		"ppid":         p.PPid,
+		"parentName":   p.ParentName,
+	}
+}
+
+// processSummaries is a short JSON-friendly list of processes.
+func processSummaries(ps []procs.Process, now time.Time) []map[string]any {
+	out := make([]map[string]any, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, map[string]any{
+			"pid":          p.Pid,
+			"createTimeMs": p.CreateTimeMs,
+			"name":         p.Name(),
+			"cmdline":      strings.Join(p.Cmdline, " "),
+			"ageSeconds":   durSeconds(p.Age(now)),
+			"state":        p.State,
+		})
+	}
+	return out
+}
+
+func durSeconds(d time.Duration) float64 {
+	return float64(d.Round(time.Millisecond)) / float64(time.Second)
+}

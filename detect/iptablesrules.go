@@ -1,0 +1,425 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"go.uber.org/zap"
+
+	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// IPTablesRulesParams select the checks of IPTablesRules and their
+// thresholds. One detector runs all checks from a single save per family
+// and backend per cycle (one type rather than one per check, so a cycle
+// never runs iptables-save more than once per backend).
+type IPTablesRulesParams struct {
+	// Families to check: IPv4, IPv6.
+	Families []string `yaml:"families"`
+	// Backends to check: legacy, nft. A backend whose save command is not
+	// installed is skipped and listed in the evidence.
+	Backends []string `yaml:"backends"`
+	// ProxyMode is kube-proxy's mode. The KUBE-SERVICES jump check runs
+	// only in iptables (and ipvs, which uses the same jumps) mode; nftables,
+	// or "" (unknown), turns it off with the reason logged. "auto" asks
+	// kube-proxy's /proxyMode each cycle (the kube-proxy adapter) and, when
+	// kube-proxy cannot say, still checks (a KUBE-SERVICES chain means an
+	// iptables-based proxy) with the reason in the evidence. Defaults to
+	// iptables, kube-proxy's default on Linux.
+	ProxyMode string `yaml:"proxyMode"`
+	// CheckServicesJump reports nat KUBE-SERVICES not jumped to from nat
+	// PREROUTING or OUTPUT.
+	CheckServicesJump bool `yaml:"checkServicesJump"`
+	// CheckFirewallDrop reports a -j DROP in filter KUBE-FIREWALL with no
+	// mark match and no other condition (drops all traffic).
+	CheckFirewallDrop bool `yaml:"checkFirewallDrop"`
+	// CheckBackendMix reports KUBE-* rules present in both legacy and nft.
+	CheckBackendMix bool `yaml:"checkBackendMix"`
+	// MaxKubeRules reports more KUBE-* rules than this in one backend and
+	// family (0 turns the check off).
+	MaxKubeRules int `yaml:"maxKubeRules"`
+	// MaxSaveDuration reports a save slower than this, a sign of lock
+	// pressure: kube-proxy's restore of the same rules holds the lock
+	// about as long (0 turns the check off). A save that times out is
+	// always reported.
+	MaxSaveDuration policy.Duration `yaml:"maxSaveDuration"`
+	// SaveTimeout bounds each save run; a save that runs out of it is a
+	// critical finding. Saves of all families and backends run at once
+	// (they take no lock), so keep it under the policy's detectorTimeout.
+	SaveTimeout policy.Duration `yaml:"saveTimeout"`
+	// MaxSaveDutyCycle caps the share of time spent saving one backend: a
+	// save that took D is repeated only after D/maxSaveDutyCycle, and the
+	// cycles in between reuse its result. iptables-nft-save is slow on
+	// large rule sets (about 50s for 100k nat rules on 2 vCPUs, against
+	// under 1s for iptables-legacy-save). 0 saves every cycle.
+	MaxSaveDutyCycle float64 `yaml:"maxSaveDutyCycle"`
+}
+
+// Validate implements policy.Validator.
+func (p *IPTablesRulesParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if len(p.Families) == 0 {
+		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
+	}
+	for i, f := range p.Families {
+		if f != string(iptables.IPv4) && f != string(iptables.IPv6) {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
+		}
+	}
+	if len(p.Backends) == 0 {
+		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
+	}
+	for i, b := range p.Backends {
+		if b != string(iptables.Legacy) && b != string(iptables.NFT) {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
+		}
+	}
+	switch p.ProxyMode {
+	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
+	default:
+		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
+	}
+	if p.MaxKubeRules < 0 {
+		errs = append(errs, policy.FieldError{Field: "maxKubeRules", Msg: "must be >= 0 (0 = off)"})
+	}
+	if p.MaxSaveDuration.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be >= 0 (0 = off)"})
+	}
+	if p.MaxSaveDutyCycle < 0 || p.MaxSaveDutyCycle > 1 {
+		errs = append(errs, policy.FieldError{Field: "maxSaveDutyCycle", Msg: "must be between 0 (off) and 1"})
+	}
+	if p.SaveTimeout.Duration <= 0 {
+		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
+	} else if p.MaxSaveDuration.Duration >= p.SaveTimeout.Duration {
+		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be below saveTimeout"})
+	}
+	return errs
+}
+
+func init() {
+	Register(Type{
+		Name: "IPTablesRules",
+		Doc:  "kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES jumps, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
+		NewParams: func() any {
+			return &IPTablesRulesParams{
+				Families:          []string{"IPv4", "IPv6"},
+				Backends:          []string{"legacy", "nft"},
+				ProxyMode:         "iptables",
+				CheckServicesJump: true,
+				CheckFirewallDrop: true,
+				CheckBackendMix:   true,
+				MaxKubeRules:      10000,
+				MaxSaveDuration:   policy.D(2 * time.Second),
+				SaveTimeout:       policy.D(8 * time.Second),
+				MaxSaveDutyCycle:  0.1,
+			}
+		},
+		New: func(params any, n *node.Node) (Detector, error) {
+			p, ok := params.(*IPTablesRulesParams)
+			if !ok {
+				return nil, fmt.Errorf("IPTablesRules: params are %T", params)
+			}
+			return &iptablesRules{p: *p, n: n}, nil
+		},
+	})
+}
+
+type iptablesRules struct {
+	p IPTablesRulesParams
+	n *node.Node
+
+	mu   sync.Mutex
+	last map[string]*saveResult // family/backend -> last save
+}
+
+// saveResult is one save run (or its failure) and when it started.
+type saveResult struct {
+	snap   *iptables.Snapshot
+	err    error
+	at     time.Time
+	took   time.Duration
+	cached bool
+}
+
+// reuse returns the last result of key when saving again now would exceed
+// the duty cycle: a save that took D is repeated only after D/maxSaveDutyCycle.
+func (d *iptablesRules) reuse(key string, now time.Time) *saveResult {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	l := d.last[key]
+	if l == nil || d.p.MaxSaveDutyCycle <= 0 {
+		return nil
+	}
+	if now.Sub(l.at) < time.Duration(float64(l.took)/d.p.MaxSaveDutyCycle) {
+		c := *l
+		c.cached = true
+		return &c
+	}
+	return nil
+}
+
+func (d *iptablesRules) remember(key string, r *saveResult) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		d.last = map[string]*saveResult{}
+	}
+	d.last[key] = r
+}
+
+func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
+	if d.n.IPTables == nil {
+		return nil, Skip("%s", d.n.Why("iptables"))
+	}
+	var (
+		out         []Finding
+		errs        *multierror.Error
+		unavailable []string
+		saved       int
+	)
+	// All saves at once: they take no lock, and the cycle waits for the
+	// slowest instead of the sum. A backend whose last save was slow is
+	// not saved again before its duty cycle allows; its last result is
+	// reused (evidence "cached").
+	results := make(map[string]*saveResult)
+	var wg sync.WaitGroup
+	now := d.n.Clock.Now()
+	for _, fs := range d.p.Families {
+		for _, bs := range d.p.Backends {
+			key := fs + "/" + bs
+			if r := d.reuse(key, now); r != nil {
+				results[key] = r
+				continue
+			}
+			r := &saveResult{at: now}
+			results[key] = r
+			wg.Add(1)
+			go func(fam iptables.Family, be iptables.Backend) {
+				defer wg.Done()
+				sctx, cancel := context.WithTimeout(ctx, d.p.SaveTimeout.Duration)
+				defer cancel()
+				start := time.Now()
+				r.snap, r.err = d.n.IPTables.Save(sctx, fam, be)
+				r.took = time.Since(start)
+				if r.snap != nil && r.snap.Duration > r.took {
+					r.took = r.snap.Duration
+				}
+			}(iptables.Family(fs), iptables.Backend(bs))
+		}
+	}
+	wg.Wait()
+	for key, r := range results {
+		if !r.cached && (r.err == nil || errors.Is(r.err, context.DeadlineExceeded) && ctx.Err() == nil) {
+			d.remember(key, r)
+		}
+	}
+	var mode proxyMode
+	if d.p.CheckServicesJump {
+		mode = d.proxyMode(ctx)
+	}
+	for _, fs := range d.p.Families {
+		fam := iptables.Family(fs)
+		snaps := map[iptables.Backend]*iptables.Snapshot{}
+		for _, bs := range d.p.Backends {
+			be := iptables.Backend(bs)
+			res := results[fs+"/"+bs]
+			snap, err := res.snap, res.err
+			switch {
+			case errors.Is(err, iptables.ErrUnavailable):
+				unavailable = append(unavailable, iptables.SaveCommand(fam, be))
+				continue
+			case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+				// The save's own timeout, not the cycle's: that is a finding.
+				out = append(out, Finding{
+					Detector: "IPTablesRules",
+					Target:   iptablesTarget(fam, be, "save-duration"),
+					Severity: Critical,
+					Message:  fmt.Sprintf("%s did not finish within %s: %v", iptables.SaveCommand(fam, be), d.p.SaveTimeout.Duration, err),
+					Evidence: map[string]any{"family": fs, "backend": bs, "error": err.Error(), "saveTimeoutMs": d.p.SaveTimeout.Milliseconds(),
+						"savedAt": res.at.UTC().Format(time.RFC3339), "cached": res.cached},
+				})
+				continue
+			case err != nil:
+				errs = multierror.Append(errs, err)
+				continue
+			}
+			saved++
+			snaps[be] = snap
+			for _, f := range d.checkSnapshot(snap, mode) {
+				f.Evidence["savedAt"] = res.at.UTC().Format(time.RFC3339)
+				f.Evidence["cached"] = res.cached
+				out = append(out, f)
+			}
+		}
+		if d.p.CheckBackendMix {
+			mix := mixFinding(fam, snaps)
+			if bd, ok := d.n.IPTables.(iptables.BackendDetector); ok && len(mix) > 0 {
+				if b, err := bd.DefaultBackend(ctx); err == nil {
+					mix[0].Evidence["nodeIptablesBackend"] = string(b)
+				}
+			}
+			out = append(out, mix...)
+		}
+	}
+	if err := errs.ErrorOrNil(); err != nil {
+		return nil, fmt.Errorf("saving iptables rules: %w", err)
+	}
+	if saved == 0 && len(out) == 0 {
+		return nil, Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
+	}
+	for i := range out {
+		if len(unavailable) > 0 {
+			out[i].Evidence["unavailableBackends"] = unavailable
+		}
+	}
+	return out, nil
+}
+
+func iptablesTarget(f iptables.Family, b iptables.Backend, what string) string {
+	return "iptables/" + string(f) + "/" + string(b) + "/" + what
+}
+
+// proxyMode is kube-proxy's mode as this cycle knows it.
+type proxyMode struct {
+	mode  string // iptables, ipvs, nftables, ... or "" when unknown
+	check bool   // run the KUBE-SERVICES jump check
+	note  string // where the mode came from, or why it is unknown
+}
+
+func (d *iptablesRules) proxyMode(ctx context.Context) proxyMode {
+	if d.p.ProxyMode != "auto" {
+		m := d.p.ProxyMode
+		return proxyMode{mode: m, check: m == "iptables" || m == "ipvs", note: "from the policy"}
+	}
+	if d.n.KubeProxy == nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + d.n.Why("kube-proxy")}
+	}
+	m, err := d.n.KubeProxy.ProxyMode(ctx)
+	if err != nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
+	}
+	return proxyMode{mode: string(m), check: m == kubeproxy.ModeIPTables || m == kubeproxy.ModeIPVS, note: "from kube-proxy /proxyMode"}
+}
+
+func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Finding {
+	var out []Finding
+	base := func() map[string]any {
+		return map[string]any{
+			"family":        string(s.Family),
+			"backend":       string(s.Backend),
+			"saveCommand":   iptables.SaveCommand(s.Family, s.Backend),
+			"saveMs":        s.Duration.Milliseconds(),
+			"kubeRuleCount": s.Rules.KubeRuleCount(),
+		}
+	}
+	where := fmt.Sprintf("(%s, %s)", s.Family, s.Backend)
+	nat := s.Rules.Table("nat")
+
+	if d.p.CheckServicesJump {
+		if mode.check {
+			if nat.Chain("KUBE-SERVICES") != nil {
+				for _, c := range []string{"PREROUTING", "OUTPUT"} {
+					if nat.Chain(c).JumpsTo("KUBE-SERVICES") {
+						continue
+					}
+					ev := base()
+					ev["table"], ev["chain"], ev["missingJump"] = "nat", c, "KUBE-SERVICES"
+					ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
+					out = append(out, Finding{
+						Detector: "IPTablesRules",
+						Target:   iptablesTarget(s.Family, s.Backend, "nat/"+c+"/KUBE-SERVICES"),
+						Severity: Critical,
+						Message:  fmt.Sprintf("nat %s does not jump to KUBE-SERVICES %s: service traffic %s is not load-balanced", c, where, map[string]string{"PREROUTING": "arriving at the node", "OUTPUT": "from host-network processes"}[c]),
+						Evidence: ev,
+					})
+				}
+			}
+		} else if d.n.Log != nil {
+			d.n.Log.Debug("KUBE-SERVICES jump check skipped", zap.String("reason", fmt.Sprintf("kube-proxy mode is %q (%s), not iptables or ipvs", mode.mode, mode.note)))
+		}
+	}
+
+	if d.p.CheckFirewallDrop {
+		if fw := s.Rules.Table("filter").Chain("KUBE-FIREWALL"); fw != nil {
+			for _, r := range fw.Rules {
+				if r.Target != "DROP" {
+					continue
+				}
+				if _, _, hasMark := r.Match("mark", "--mark"); hasMark || len(r.Conditions()) > 0 {
+					continue
+				}
+				ev := base()
+				ev["table"], ev["chain"], ev["rule"], ev["line"] = "filter", "KUBE-FIREWALL", r.Text("KUBE-FIREWALL"), r.Line
+				out = append(out, Finding{
+					Detector: "IPTablesRules",
+					Target:   iptablesTarget(s.Family, s.Backend, "filter/KUBE-FIREWALL/bare-drop"),
+					Severity: Critical,
+					Message:  fmt.Sprintf("filter KUBE-FIREWALL has a DROP without its mark match %s: it drops every packet passing through it (version-skew rule corruption)", where),
+					Evidence: ev,
+				})
+				break
+			}
+		}
+	}
+
+	if n := s.Rules.KubeRuleCount(); d.p.MaxKubeRules > 0 && n > d.p.MaxKubeRules {
+		ev := base()
+		ev["maxKubeRules"] = d.p.MaxKubeRules
+		out = append(out, Finding{
+			Detector: "IPTablesRules",
+			Target:   iptablesTarget(s.Family, s.Backend, "kube-rule-count"),
+			Severity: Warning,
+			Message:  fmt.Sprintf("%d KUBE-* rules %s, over %d: every kube-proxy sync rewrites them under the xtables lock", n, where, d.p.MaxKubeRules),
+			Evidence: ev,
+		})
+	}
+	if d.p.MaxSaveDuration.Duration > 0 && s.Duration > d.p.MaxSaveDuration.Duration {
+		ev := base()
+		ev["maxSaveMs"] = d.p.MaxSaveDuration.Milliseconds()
+		out = append(out, Finding{
+			Detector: "IPTablesRules",
+			Target:   iptablesTarget(s.Family, s.Backend, "save-duration"),
+			Severity: Warning,
+			Message:  fmt.Sprintf("%s took %s (over %s): the rule set is large enough to hold the xtables lock for long", iptables.SaveCommand(s.Family, s.Backend), s.Duration.Round(time.Millisecond), d.p.MaxSaveDuration.Duration),
+			Evidence: ev,
+		})
+	}
+	return out
+}
+
+func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot) []Finding {
+	leg, nft := snaps[iptables.Legacy], snaps[iptables.NFT]
+	if leg == nil || nft == nil {
+		return nil
+	}
+	nl, nn := leg.Rules.KubeRuleCount(), nft.Rules.KubeRuleCount()
+	cl, cn := leg.Rules.KubeChains(), nft.Rules.KubeChains()
+	// Rules, not chains: kubelet's empty hint and canary chains
+	// (KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY) are not a mix.
+	if nl == 0 || nn == 0 {
+		return nil
+	}
+	return []Finding{{
+		Detector: "IPTablesRules",
+		Target:   "iptables/" + string(f) + "/backend-mix",
+		Severity: Critical,
+		Message:  fmt.Sprintf("KUBE-* rules in both iptables backends (%s): legacy %d rules in %d chains, nft %d rules in %d chains; one set is stale and may shadow or break service traffic", f, nl, cl, nn, cn),
+		Evidence: map[string]any{
+			"family":           string(f),
+			"legacyKubeRules":  nl,
+			"legacyKubeChains": cl,
+			"nftKubeRules":     nn,
+			"nftKubeChains":    cn,
+			"legacySaveMs":     leg.Duration.Milliseconds(),
+			"nftSaveMs":        nft.Duration.Milliseconds(),
+		},
+	}}
+}

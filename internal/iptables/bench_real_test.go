@@ -1,0 +1,60 @@
+package iptables
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/netnstest"
+)
+
+// benchSave loads a 100k-rule nat table into a fresh namespace with the
+// backend's restore and measures the backend's save run (what the detector
+// pays each cycle), reporting the parse time of the same output as a
+// fraction of it. Root only.
+func benchSave(b *testing.B, be Backend) {
+	ns := netnstest.New(b)
+	restore := "iptables-" + string(be) + "-restore"
+	netnstest.NeedCommands(b, restore, SaveCommand(IPv4, be))
+	b.Setenv("XTABLES_LOCKFILE", b.TempDir()+"/xtables.lock")
+	text := natTable(100000)
+	start := time.Now()
+	netnstest.Run(b, ns, text, restore, "-w", "5")
+	b.Logf("%s of %d bytes took %v", restore, len(text), time.Since(start))
+	r := New(Config{Prefix: netnstest.Prefix(ns), Timeout: 2 * time.Minute})
+	var saveTotal time.Duration
+	var snap *Snapshot
+	b.ResetTimer()
+	for b.Loop() {
+		var err error
+		snap, err = r.Save(context.Background(), IPv4, be)
+		if err != nil {
+			b.Fatal(err)
+		}
+		saveTotal += snap.Duration
+	}
+	b.StopTimer()
+	if snap.Rules.Table("nat").Chain("KUBE-SERVICES") == nil || snap.Rules.RuleCount() < 100000 {
+		b.Fatalf("save returned %d rules", snap.Rules.RuleCount())
+	}
+	// Parse time of the saved text, measured apart from the command run.
+	saved := snap.Rules.String()
+	const parses = 3
+	ps := time.Now()
+	for range parses {
+		if _, err := ParseString(saved); err != nil {
+			b.Fatal(err)
+		}
+	}
+	parse := time.Since(ps) / parses
+	save := saveTotal / time.Duration(b.N)
+	b.ReportMetric(float64(save.Milliseconds()), "save-ms")
+	b.ReportMetric(float64(parse.Milliseconds()), "parse-ms")
+	b.ReportMetric(float64(parse)/float64(save), "parse/save")
+}
+
+// BenchmarkSaveLegacy100kNat: iptables-legacy-save of 100k nat rules.
+func BenchmarkSaveLegacy100kNat(b *testing.B) { benchSave(b, Legacy) }
+
+// BenchmarkSaveNFT100kNat: iptables-nft-save of 100k nat rules.
+func BenchmarkSaveNFT100kNat(b *testing.B) { benchSave(b, NFT) }

@@ -1,0 +1,77 @@
+package kube
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+func TestRESTConfigNoAccess(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	_, err := RESTConfig("")
+	if !IsNoAccess(err) || !strings.Contains(err.Error(), "no cluster access: not running in a pod") {
+		t.Fatalf("got %v", err)
+	}
+	_, err = RESTConfig(filepath.Join(t.TempDir(), "missing"))
+	if !IsNoAccess(err) || !strings.Contains(err.Error(), "--kubeconfig") {
+		t.Fatalf("got %v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := os.WriteFile(bad, []byte("not: [yaml"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = RESTConfig(bad); !IsNoAccess(err) {
+		t.Fatalf("got %v", err)
+	}
+	good := filepath.Join(t.TempDir(), "good")
+	if err := os.WriteFile(good, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := RESTConfig(good)
+	if err != nil || cfg.Host != "https://127.0.0.1:6443" {
+		t.Fatalf("got %v %v", cfg, err)
+	}
+}
+
+func TestContactTracksReachability(t *testing.T) {
+	code := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(code)
+		_, _ = w.Write([]byte(`{"major":"1","minor":"34"}`))
+	}))
+	c, err := NewClient(&rest.Config{Host: srv.URL}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Contact.Reachable() {
+		t.Fatal("reachable before any request")
+	}
+	if _, err := c.Interface.Discovery().ServerVersion(); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Contact.Reachable() {
+		t.Fatal("not reachable after success")
+	}
+	code = http.StatusServiceUnavailable
+	_, _ = c.Interface.Discovery().ServerVersion()
+	if c.Contact.Reachable() {
+		t.Fatal("reachable after 503")
+	}
+	srv.Close()
+	_, err = c.Interface.Discovery().ServerVersion()
+	if st := c.Contact.Snapshot(); err == nil || st.LastError == nil || c.Contact.Reachable() {
+		t.Fatalf("closed server: err=%v", err)
+	}
+}

@@ -1,0 +1,707 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/deploy"
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/kube/report"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/clusterguard"
+	"github.com/remediate-dev/remediate/remediate/journal"
+)
+
+const (
+	saUser  = "system:serviceaccount:kube-system:remediate"
+	nodeKey = "authentication.kubernetes.io/node-name"
+)
+
+// asDaemon returns a config that impersonates the DaemonSet's
+// ServiceAccount on node, the way a bound pod token authenticates.
+func asDaemon(cp *controlplane.ControlPlane, node string) *rest.Config {
+	cfg := rest.CopyConfig(cp.RestConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{
+		UserName: saUser,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+		Extra:    map[string][]string{nodeKey: {node}},
+	}
+	return cfg
+}
+
+func daemonClient(t *testing.T, cp *controlplane.ControlPlane, node string) *kube.Client {
+	t.Helper()
+	c, err := kube.NewClient(asDaemon(cp, node), kube.Options{QPS: 50, Burst: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func mkNode(t *testing.T, cs kubernetes.Interface, name string) {
+	t.Helper()
+	_, err := cs.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+}
+
+// TestClusterEndToEnd runs every Kubernetes-facing proof against one real
+// control plane (starting it dominates the cost).
+func TestClusterEndToEnd(t *testing.T) {
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx := context.Background()
+	for _, n := range []string{"n1", "n2", "n3"} {
+		mkNode(t, cp.Client, n)
+	}
+	// No controller manager runs: create the default ServiceAccount that
+	// pod admission looks up.
+	if _, err := cp.Client.CoreV1().ServiceAccounts("kube-system").Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Run("manifests", func(t *testing.T) { testManifests(t, cp) })
+	t.Run("permissions", func(t *testing.T) { testPermissions(t, cp) })
+	t.Run("budget", func(t *testing.T) { testBudget(t, cp) })
+	t.Run("reporting", func(t *testing.T) { testReporting(t, cp) })
+	t.Run("actions", func(t *testing.T) { testActions(t, cp) })
+	t.Run("apiserver-down", func(t *testing.T) { testAPIServerDown(t, cp) })
+}
+
+// testManifests: every object of both overlays passes server-side dry-run
+// apply; then the audit overlay is applied for real (the permission tests
+// need its RBAC and admission policy).
+func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	dyn, err := dynamic.NewForConfig(cp.RestConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apply := func(overlay string, dryRun bool) {
+		m, err := deploy.Render(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range m.Resources() {
+			js, err := r.MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			gvk := r.GetGvk()
+			mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
+			if err != nil {
+				t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
+			}
+			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+			if mapping.Scope.Name() == "namespace" {
+				ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
+			}
+			opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
+			if dryRun {
+				opts.DryRun = []string{metav1.DryRunAll}
+			}
+			if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
+				t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
+			}
+		}
+	}
+	apply("audit", true)
+	apply("enforce", true)
+	apply("audit", false)
+	// Nothing was created by the dry runs of the enforce overlay.
+	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+	for _, cm := range cms.Items {
+		if strings.HasPrefix(cm.Name, "remediate-policy-enforce") {
+			t.Errorf("dry run created %s", cm.Name)
+		}
+	}
+}
+
+// testPermissions: the ServiceAccount can do exactly what the daemon does
+// and is refused the rest (SubjectAccessReview), and the admission policy
+// confines pod deletes and node updates to its own node (impersonation).
+func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	type ra struct {
+		verb, group, resource, sub, ns string
+	}
+	allowed := []ra{
+		{"list", "", "services", "", ""}, {"watch", "", "services", "", ""},
+		{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
+		{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""}, {"update", "", "nodes", "", ""},
+		{"patch", "", "nodes", "status", ""},
+		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"list", "", "pods", "", "kube-system"}, {"delete", "", "pods", "", "kube-system"},
+		{"create", "events.k8s.io", "events", "", "kube-system"}, {"patch", "events.k8s.io", "events", "", "kube-system"},
+	}
+	refused := []ra{
+		{"get", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", ""},
+		{"watch", "", "secrets", "", "default"}, {"get", "", "secrets", "", "default"},
+		{"list", "", "pods", "", "default"}, {"delete", "", "pods", "", "default"}, {"list", "", "pods", "", ""},
+		{"create", "", "pods", "", "kube-system"}, {"get", "", "pods", "", "kube-system"}, {"create", "", "pods", "eviction", "kube-system"},
+		{"delete", "", "nodes", "", ""}, {"patch", "", "nodes", "", ""}, {"create", "", "nodes", "", ""},
+		{"update", "", "nodes", "status", ""},
+		{"delete", "coordination.k8s.io", "leases", "", "kube-system"}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		{"create", "events.k8s.io", "events", "", "default"}, {"create", "", "events", "", "kube-system"},
+		{"update", "", "services", "", "default"}, {"delete", "discovery.k8s.io", "endpointslices", "", "default"},
+		{"get", "", "configmaps", "", "kube-system"}, {"update", "apps", "daemonsets", "", "kube-system"},
+		{"create", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"},
+		{"impersonate", "", "serviceaccounts", "", "kube-system"},
+	}
+	check := func(a ra) bool {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User:   saUser,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
+				Subresource: a.sub, Namespace: a.ns},
+		}}
+		res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Status.Allowed
+	}
+	for _, a := range allowed {
+		if !check(a) {
+			t.Errorf("ServiceAccount refused %+v, which the daemon needs", a)
+		}
+	}
+	for _, a := range refused {
+		if check(a) {
+			t.Errorf("ServiceAccount allowed %+v, which the daemon does not need", a)
+		}
+	}
+
+	// The admission policy: as the daemon on n1, deleting n2's kube-proxy
+	// pod or updating n2 is denied; n1's own are allowed.
+	for _, p := range []*corev1.Pod{kubeProxyPod("kp-n1", "n1"), kubeProxyPod("kp-n2", "n2"), otherPod("dns-n1", "n1")} {
+		if _, err := cp.Client.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n1 := kubernetes.NewForConfigOrDie(asDaemon(cp, "n1"))
+	waitFor(t, 30*time.Second, "admission policy active", func() (bool, string) {
+		err := n1.CoreV1().Pods("kube-system").Delete(ctx, "kp-n2", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "only delete the kube-proxy pod"), fmt.Sprint(err)
+	})
+	if err := n1.CoreV1().Pods("kube-system").Delete(ctx, "dns-n1", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); err == nil {
+		t.Error("daemon may delete a non-kube-proxy pod on its node")
+	}
+	if err := n1.CoreV1().Pods("kube-system").Delete(ctx, "kp-n1", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("daemon may not delete its own node's kube-proxy pod: %v", err)
+	}
+	if _, err := kube.Cordon(ctx, n1, "n2", kube.CordonRecord{Detector: "x"}); err == nil || !strings.Contains(err.Error(), "only update its own Node") {
+		t.Errorf("daemon on n1 cordoned n2: %v", err)
+	}
+	if _, err := n1.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("secrets list: %v", err)
+	}
+	if _, err := n1.CoreV1().Pods("default").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("pods in default: %v", err)
+	}
+	for _, p := range []string{"kp-n1", "kp-n2", "dns-n1"} {
+		_ = cp.Client.CoreV1().Pods("kube-system").Delete(ctx, p, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	}
+}
+
+func kubeProxyPod(name, node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-proxy"}},
+		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "kube-proxy", Image: "registry.k8s.io/kube-proxy:v1.34.4"}},
+			TerminationGracePeriodSeconds: ptr.To[int64](0)},
+	}
+}
+
+func otherPod(name, node string) *corev1.Pod {
+	p := kubeProxyPod(name, node)
+	p.Labels = map[string]string{"k8s-app": "kube-dns"}
+	return p
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, f func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, msg := f()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s: %s", what, last)
+}
+
+func req(rule, target, act string, disruptive, dry bool) *remediate.Request {
+	return &remediate.Request{Rule: &policy.Rule{Name: rule}, ActionType: act, Disruptive: disruptive,
+		Finding: detect.Finding{Target: target}, DryRun: dry, Now: time.Now()}
+}
+
+// testBudget: three daemons (each its own client, impersonating the
+// ServiceAccount on its node) hammer a 2-slot budget concurrently; at no
+// moment do more than 2 hold a slot, measured both in-process and by
+// reading the Leases.
+func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const slots = 2
+	var holding, maxHolding, acquired, blocked atomic.Int64
+	var wg sync.WaitGroup
+	stop := time.Now().Add(8 * time.Second)
+	errs := make(chan error, 100)
+	for i, n := range []string{"n1", "n2", "n3"} {
+		b := clusterguard.NewBudget(daemonClient(t, cp, n).Interface,
+			clusterguard.BudgetOptions{Namespace: "kube-system", Slots: slots, TTL: 30 * time.Second, Node: n})
+		wg.Add(1)
+		go func(i int, n string, b *clusterguard.Budget) {
+			defer wg.Done()
+			rng := rand.New(rand.NewSource(int64(i)))
+			for k := 0; time.Now().Before(stop); k++ {
+				// Dry runs never take a slot.
+				if err := b.Check(ctx, req("r", "t", "RestartKubeProxy", true, true)); err != nil {
+					var bl *remediate.Blocked
+					if !errors.As(err, &bl) {
+						errs <- err
+						return
+					}
+				}
+				if len(b.Held()) != 0 {
+					errs <- fmt.Errorf("%s: dry run took a slot", n)
+				}
+				r := req("restart", fmt.Sprintf("kube-proxy/%s/%d", n, k), "RestartKubeProxy", true, false)
+				err := b.Check(ctx, r)
+				var bl *remediate.Blocked
+				if errors.As(err, &bl) {
+					blocked.Add(1)
+					time.Sleep(time.Duration(rng.Intn(20)) * time.Millisecond)
+					continue
+				}
+				if err != nil {
+					errs <- fmt.Errorf("%s: %w", n, err)
+					return
+				}
+				acquired.Add(1)
+				h := holding.Add(1)
+				for {
+					m := maxHolding.Load()
+					if h <= m || maxHolding.CompareAndSwap(m, h) {
+						break
+					}
+				}
+				time.Sleep(time.Duration(20+rng.Intn(60)) * time.Millisecond)
+				holding.Add(-1)
+				b.Release(ctx, r)
+			}
+		}(i, n, b)
+	}
+	// Watch the Leases themselves meanwhile.
+	var maxLeased int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for time.Now().Before(stop) {
+			l, err := cp.Client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: clusterguard.LabelLease + "=" + clusterguard.LeaseBudget})
+			if err == nil {
+				held := 0
+				for i := range l.Items {
+					if !clusterguard.SlotFree(&l.Items[i], time.Now()) {
+						held++
+					}
+				}
+				maxLeased = max(maxLeased, held)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	wg.Wait()
+	<-done
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("budget: %d acquisitions, %d blocked, max concurrent holders %d (in-process), %d (leases)", acquired.Load(), blocked.Load(), maxHolding.Load(), maxLeased)
+	if maxHolding.Load() > slots || maxLeased > slots {
+		t.Fatalf("more than %d slots held at once: %d in-process, %d leases", slots, maxHolding.Load(), maxLeased)
+	}
+	if acquired.Load() < 10 || blocked.Load() == 0 {
+		t.Fatalf("test did not exercise contention: %d acquired, %d blocked", acquired.Load(), blocked.Load())
+	}
+
+	// A crashed holder's slot expires after its TTL.
+	short := func(n string) *clusterguard.Budget {
+		return clusterguard.NewBudget(daemonClient(t, cp, n).Interface,
+			clusterguard.BudgetOptions{Namespace: "kube-system", Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+	}
+	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
+		t.Fatal(err)
+	}
+	b2 := short("n2")
+	if err := b2.Check(ctx, req("r", "t", "X", true, false)); err == nil {
+		t.Fatal("second holder got the only slot")
+	}
+	time.Sleep(3 * time.Second) // n1 "crashed": never renewed, never released
+	if err := b2.Check(ctx, req("r", "t", "X", true, false)); err != nil {
+		t.Fatalf("expired slot not taken over: %v", err)
+	}
+}
+
+func schemaGK(group, kind string) schema.GroupKind { return schema.GroupKind{Group: group, Kind: kind} }
+
+// testReporting: events are created and deduplicated into series, the
+// condition turns False after ProblemAfter and True again after
+// ClearAfter, and the node-status Lease feeds the storm guard.
+func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	c := daemonClient(t, cp, "n1")
+	storm := clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n1", MinNodes: 2, MaxShare: 0.3})
+	r := report.New(c.Interface, report.Options{Node: "n1", Firing: storm.Publish,
+		Hysteresis: report.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
+	sick := &remediate.Report{
+		Findings: []remediate.ReportFinding{{Rule: "stale", Finding: detect.Finding{Detector: "KubeProxySyncStale",
+			Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "last sync 95s ago"}}},
+		Decisions: []remediate.Decision{{Rule: "stale", Action: "RestartKubeProxy", Target: "kube-proxy/IPv4",
+			Outcome: remediate.OutcomeDryRun, Reason: "audit mode: would delete pod kube-system/kube-proxy-x"}},
+	}
+	for i := 0; i < 4; i++ {
+		if err := r.Report(ctx, sick); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+	}
+	evs, err := cp.Client.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dry []string
+	for _, e := range evs.Items {
+		if e.Reason == report.ReasonDryRun && e.Regarding.Name == "n1" {
+			dry = append(dry, fmt.Sprintf("%s series=%v", e.Name, e.Series))
+			if e.Series == nil || e.Series.Count != 4 {
+				t.Errorf("event not deduplicated into a series of 4: %+v", e)
+			}
+		}
+	}
+	if len(dry) != 1 {
+		t.Fatalf("dry-run events: %v", dry)
+	}
+	// Also visible through the core/v1 Events API, as kubectl describe node uses.
+	core, _ := cp.Client.CoreV1().Events("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=n1"})
+	if len(core.Items) == 0 {
+		t.Error("no core/v1 view of the node events")
+	}
+	cond := func() corev1.NodeCondition {
+		n, err := cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == report.DefaultConditionType {
+				return c
+			}
+		}
+		return corev1.NodeCondition{}
+	}
+	if c := cond(); c.Status != corev1.ConditionFalse || c.Reason != "KubeProxySyncStale" || !strings.Contains(c.Message, "last sync 95s ago") {
+		t.Fatalf("condition after persistent problem: %+v", c)
+	}
+	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
+	// firing it, 2 of 2 live nodes is a storm.
+	storm2 := clusterguard.NewStorm(daemonClient(t, cp, "n2").Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := storm2.Check(ctx, req("stale", "kube-proxy/IPv4", "RestartKubeProxy", true, false)); err == nil || !strings.Contains(err.Error(), "2 of 2 nodes") {
+		t.Errorf("storm not detected: %v", err)
+	}
+	// Healthy: stays False for ClearAfter, then True.
+	healthy := &remediate.Report{}
+	_ = r.Report(ctx, healthy)
+	if c := cond(); c.Status != corev1.ConditionFalse {
+		t.Fatalf("cleared without hysteresis: %+v", c)
+	}
+	time.Sleep(3500 * time.Millisecond)
+	if err := r.Report(ctx, healthy); err != nil {
+		t.Fatal(err)
+	}
+	if c := cond(); c.Status != corev1.ConditionTrue || c.Reason != report.ReasonHealthy {
+		t.Fatalf("condition not cleared: %+v", c)
+	}
+	// n1 no longer fires "stale": only n2 does, 1 of 2 is not a storm.
+	if err := storm2.Check(ctx, req("stale", "kube-proxy/IPv4", "RestartKubeProxy", true, false)); err != nil {
+		t.Errorf("storm after n1 recovered: %v", err)
+	}
+}
+
+// testActions: RestartKubeProxy and CordonNode against the real API, as
+// the ServiceAccount on n1 (RBAC and the admission policy apply).
+func testActions(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	c := daemonClient(t, cp, "n1")
+	n := &node.Node{Name: "n1", Kube: c.Interface}
+	f := detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
+
+	// No controller manager runs here: the test plays the DaemonSet
+	// controller (owner reference, then a Ready replacement).
+	ds := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "kube-proxy", UID: "ds-uid", Controller: ptr.To(true)}
+	mk := func(name string, ready bool) {
+		p := kubeProxyPod(name, "n1")
+		p.OwnerReferences = []metav1.OwnerReference{*ds}
+		p, err := cp.Client.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ready {
+			p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+			if _, err := cp.Client.CoreV1().Pods("kube-system").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mk("kube-proxy-old", true)
+	typ, _ := action.Lookup("RestartKubeProxy")
+	params := typ.NewParams().(*action.RestartKubeProxyParams)
+	params.ReadyTimeout, params.PollInterval = policy.D(20*time.Second), policy.D(200*time.Millisecond)
+	a, err := typ.New(params, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := a.Plan(ctx, f)
+	if err != nil || !strings.Contains(plan.Summary, "kube-system/kube-proxy-old") {
+		t.Fatalf("plan: %+v %v", plan, err)
+	}
+	go func() {
+		waitGone := time.Now().Add(15 * time.Second)
+		for time.Now().Before(waitGone) {
+			if _, err := cp.Client.CoreV1().Pods("kube-system").Get(ctx, "kube-proxy-old", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		mk("kube-proxy-new", true)
+	}()
+	res, err := a.Execute(ctx, f)
+	if err != nil {
+		t.Fatalf("execute: %v", err)
+	}
+	if res.Details["newPod"] != "kube-proxy-new" {
+		t.Fatalf("result %+v", res)
+	}
+	_ = cp.Client.CoreV1().Pods("kube-system").Delete(ctx, "kube-proxy-new", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+
+	// CordonNode, then the reporter uncordons once the finding is gone.
+	ctyp, _ := action.Lookup("CordonNode")
+	ca, err := ctyp.New(&action.CordonNodeParams{Enabled: true, Taint: &action.TaintParams{Key: "remediate.dev/dataplane", Effect: "NoSchedule"}}, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Execute(ctx, f); err != nil {
+		t.Fatalf("cordon: %v", err)
+	}
+	nd, _ := cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if !nd.Spec.Unschedulable || !hasTaint(nd, "remediate.dev/dataplane") || nd.Annotations[kube.AnnotationCordonedBy] == "" {
+		t.Fatalf("not cordoned: %+v", nd.Spec)
+	}
+	r := report.New(c.Interface, report.Options{Node: "n1", UncordonAfter: time.Second})
+	_ = r.Report(ctx, &remediate.Report{})
+	time.Sleep(1100 * time.Millisecond)
+	_ = r.Report(ctx, &remediate.Report{})
+	nd, _ = cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if nd.Spec.Unschedulable || hasTaint(nd, "remediate.dev/dataplane") || nd.Annotations[kube.AnnotationCordonedBy] != "" {
+		t.Fatalf("not uncordoned: %+v %v", nd.Spec, nd.Annotations)
+	}
+}
+
+func hasTaint(n *corev1.Node, key string) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// Test detector and actions for the engine run with the apiserver down.
+// generation makes each cycle's finding a new target, so every cycle goes
+// through the guardrails (instead of verifying the previous attempt).
+var generation atomic.Int64
+
+type alwaysFinding struct{}
+
+func (alwaysFinding) Detect(context.Context) ([]detect.Finding, error) {
+	return []detect.Finding{{Detector: "E2EAlways", Target: fmt.Sprintf("e2e/%d", generation.Load()), Severity: detect.Warning, Message: "e2e"}}, nil
+}
+
+type countAction struct{ n *atomic.Int64 }
+
+func (a countAction) Plan(context.Context, detect.Finding) (action.Plan, error) {
+	return action.Plan{Summary: "count"}, nil
+}
+func (a countAction) Execute(context.Context, detect.Finding) (action.Result, error) {
+	a.n.Add(1)
+	return action.Result{Summary: "counted"}, nil
+}
+
+var localRuns, apiRuns atomic.Int64
+
+type empty struct{}
+
+func init() {
+	detect.Register(detect.Type{Name: "E2EAlways", NewParams: func() any { return &empty{} },
+		New: func(any, *node.Node) (detect.Detector, error) { return alwaysFinding{}, nil }})
+	action.Register(action.Type{Name: "E2ELocal", NewParams: func() any { return &empty{} },
+		New: func(any, *node.Node) (action.Action, error) { return countAction{&localRuns}, nil }})
+	action.Register(action.Type{Name: "E2EDisruptive", Disruptive: true, NewParams: func() any { return &empty{} },
+		New: func(any, *node.Node) (action.Action, error) { return countAction{&apiRuns}, nil }})
+}
+
+const e2ePolicy = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: enforce
+rules:
+- name: local
+  detector: {type: E2EAlways}
+  for: 0s
+  action: {type: E2ELocal}
+  cooldown: 0s
+  rateLimit: {max: 100, per: 1h}
+  verifyAfter: 0s
+- name: api
+  detector: {type: E2EAlways}
+  for: 0s
+  action: {type: E2EDisruptive}
+  cooldown: 0s
+  rateLimit: {max: 100, per: 1h}
+  verifyAfter: 0s
+guardrails:
+  maxActionsPerHour: 100
+  maxTargetsPerCycle: 10
+`
+
+// testAPIServerDown: with kube-apiserver stopped mid-run the view turns
+// stale, the engine keeps executing the node-local rule and blocks the
+// disruptive one with the reason; after a restart the view reconnects and
+// the disruptive rule may act again.
+func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := daemonClient(t, cp, "n1")
+	view, err := kube.NewView(c.Interface, c.Contact, nil, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	view.Start(ctx)
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	if !view.WaitForSync(sctx) {
+		t.Fatal("view did not sync")
+	}
+	nw := kube.NewNodeWatch(c.Interface, "n1")
+	nw.Start(ctx)
+	nw.WaitForSync(sctx)
+	n := &node.Node{Name: "n1", Kube: c.Interface, Cluster: view, Unavailable: map[string]string{}}
+	guards := []remediate.Guardrail{
+		clusterguard.NewOptOut(nw),
+		clusterguard.NewFreshness(view, "", nil),
+		clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n1"}),
+		clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: "kube-system", Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+	}
+	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	j, err := journal.Open(dir, 1<<20, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := remediate.New(p, remediate.Options{Node: n, StateDir: dir, Guardrails: guards, Journal: j, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcome := func(rep *remediate.Report, rule string) remediate.Decision {
+		for _, d := range rep.Decisions {
+			if d.Rule == rule {
+				return d
+			}
+		}
+		t.Fatalf("no decision for %s in %+v", rule, rep.Decisions)
+		return remediate.Decision{}
+	}
+	generation.Add(1)
+	rep, err := eng.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := outcome(rep, "api"); d.Outcome != remediate.OutcomeExecuted {
+		t.Fatalf("api rule with the apiserver up: %+v", d)
+	}
+
+	cp.StopAPIServer()
+	waitFor(t, 60*time.Second, "view to notice the apiserver is gone", func() (bool, string) {
+		f := view.Freshness()
+		return !f.Connected, fmt.Sprintf("%+v", f)
+	})
+	before := localRuns.Load()
+	generation.Add(1)
+	rep, err = eng.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := outcome(rep, "local"); d.Outcome != remediate.OutcomeExecuted || localRuns.Load() != before+1 {
+		t.Errorf("node-local rule with the apiserver down: %+v", d)
+	}
+	d := outcome(rep, "api")
+	if d.Outcome != remediate.OutcomeBlocked || d.Guardrail != "api-freshness" || !strings.Contains(d.Reason, "API server unreachable") {
+		t.Errorf("disruptive rule with the apiserver down: %+v", d)
+	}
+	t.Logf("with the apiserver down: %s", d.Reason)
+
+	cp.StartAPIServer()
+	waitFor(t, 90*time.Second, "view to reconnect", func() (bool, string) {
+		f := view.Freshness()
+		return f.Connected && f.Synced, fmt.Sprintf("%+v", f)
+	})
+	generation.Add(1)
+	rep, err = eng.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := outcome(rep, "api"); d.Outcome != remediate.OutcomeExecuted {
+		t.Errorf("disruptive rule after reconnect: %+v", d)
+	}
+	eng.Close(ctx)
+}

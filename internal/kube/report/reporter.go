@@ -1,0 +1,457 @@
+// Package report publishes the daemon's decisions to the cluster: an Event
+// (events.k8s.io/v1) on the Node for every executed, dry-run, failed or
+// escalated decision (and storm hold-backs), deduplicated into series; the
+// KubeProxyDataplaneHealthy NodeCondition, turned with hysteresis as
+// node-problem-detector does; the node's firing rules for the storm guard;
+// and the undoing of remediate's own cordon once its rule has resolved.
+//
+// The daemon calls Reporter.Report once per cycle with the cycle's report.
+// API failures never stop the loop: what could not be written is retried
+// next cycle.
+package report
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+// Event reasons.
+const (
+	ReasonExecuted  = "RemediationExecuted"
+	ReasonDryRun    = "RemediationDryRun"
+	ReasonFailed    = "RemediationFailed"
+	ReasonEscalated = "RemediationEscalated"
+	ReasonStorm     = "RemediationStormSuspected"
+	ReasonUncordon  = "RemediationUncordoned"
+	ReasonProblem   = "KubeProxyDataplaneProblem"
+)
+
+// DefaultConditionType is the NodeCondition the reporter maintains.
+const DefaultConditionType = "KubeProxyDataplaneHealthy"
+
+// Options configure a Reporter.
+type Options struct {
+	// Node is this node's name.
+	Node string
+	// EventNamespace holds the Events about the (cluster-scoped) Node:
+	// the apiserver accepts "default" or "kube-system" for them; default
+	// kube-system, where the DaemonSet runs, so one Role covers it.
+	EventNamespace string
+	// Controller is the events' reportingController (default
+	// "remediate.dev/remediate").
+	Controller string
+	// DedupWindow: the same rule, target and outcome within this window is
+	// one Event whose series count grows (default 10m).
+	DedupWindow time.Duration
+	// ConditionType (default KubeProxyDataplaneHealthy); empty rules means
+	// every finding of severity >= MinSeverity counts, else only those of
+	// ConditionRules.
+	ConditionType  string
+	ConditionRules []string
+	MinSeverity    detect.Severity
+	Hysteresis     Hysteresis
+	// Heartbeat rewrites the condition at least this often, refreshing
+	// lastHeartbeatTime (default 5m).
+	Heartbeat time.Duration
+	// UncordonAfter: remediate's cordon is undone once its rule has had no
+	// finding (its detector having run) for this long (default 2m).
+	UncordonAfter time.Duration
+	// Firing, if set, publishes the rules firing on this node each cycle
+	// (clusterguard.Storm.Publish).
+	Firing func(ctx context.Context, rules []string) error
+	// Nodes, if set, is the watched Node (kube.NodeWatch): the per-cycle
+	// cordon check reads it instead of GETting the Node.
+	Nodes interface {
+		Node() (*corev1.Node, bool)
+	}
+	Clock clock.PassiveClock
+	Log   *zap.Logger
+}
+
+// Reporter publishes reports. It is goroutine-safe.
+type Reporter struct {
+	cs   kubernetes.Interface
+	opts Options
+
+	mu         sync.Mutex
+	series     map[string]*seriesState
+	cond       ConditionState
+	condLoaded bool
+	condDirty  bool
+	lastWrite  time.Time
+	cleanSince map[string]time.Time // cordon rule → first cycle without its finding
+}
+
+type seriesState struct {
+	name  string
+	count int32
+	first time.Time
+	last  time.Time
+}
+
+// New returns a Reporter writing through cs.
+func New(cs kubernetes.Interface, o Options) *Reporter {
+	if o.EventNamespace == "" {
+		o.EventNamespace = metav1.NamespaceSystem
+	}
+	if o.Controller == "" {
+		o.Controller = "remediate.dev/remediate"
+	}
+	if o.DedupWindow <= 0 {
+		o.DedupWindow = 10 * time.Minute
+	}
+	if o.ConditionType == "" {
+		o.ConditionType = DefaultConditionType
+	}
+	if o.MinSeverity == "" {
+		o.MinSeverity = detect.Warning
+	}
+	if o.Hysteresis == (Hysteresis{}) {
+		o.Hysteresis = Hysteresis{ProblemAfter: time.Minute, ClearAfter: 5 * time.Minute}
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = 5 * time.Minute
+	}
+	if o.UncordonAfter <= 0 {
+		o.UncordonAfter = 2 * time.Minute
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Log == nil {
+		o.Log = zap.NewNop()
+	}
+	return &Reporter{cs: cs, opts: o, series: map[string]*seriesState{}, cleanSince: map[string]time.Time{}}
+}
+
+// Report publishes one cycle's report: events, condition, firing rules,
+// uncordon. It returns the joined errors; the caller logs them.
+func (r *Reporter) Report(ctx context.Context, rep *remediate.Report) error {
+	var errs []error
+	for _, d := range rep.Decisions {
+		if err := r.event(ctx, d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := r.condition(ctx, rep); err != nil {
+		errs = append(errs, err)
+	}
+	if r.opts.Firing != nil {
+		rules := map[string]bool{}
+		for _, f := range rep.Findings {
+			if f.Detector != remediate.SelfDetector {
+				rules[f.Rule] = true
+			}
+		}
+		list := make([]string, 0, len(rules))
+		for k := range rules {
+			list = append(list, k)
+		}
+		sort.Strings(list)
+		if err := r.opts.Firing(ctx, list); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := r.uncordon(ctx, rep); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// eventFor maps a decision to (type, reason); ok false = no event.
+func eventFor(d remediate.Decision) (typ, reason, outcome string, ok bool) {
+	switch {
+	case d.Phase == remediate.PhaseEscalated && d.Outcome != remediate.OutcomeSkipped:
+		return corev1.EventTypeWarning, ReasonEscalated, "escalated", true
+	case d.Outcome == remediate.OutcomeExecuted:
+		return corev1.EventTypeNormal, ReasonExecuted, string(d.Outcome), true
+	case d.Outcome == remediate.OutcomeDryRun:
+		return corev1.EventTypeNormal, ReasonDryRun, string(d.Outcome), true
+	case d.Outcome == remediate.OutcomeFailed:
+		return corev1.EventTypeWarning, ReasonFailed, string(d.Outcome), true
+	case d.Outcome == remediate.OutcomeBlocked && d.Guardrail == "storm-guard":
+		return corev1.EventTypeWarning, ReasonStorm, "storm", true
+	}
+	return "", "", "", false
+}
+
+func (r *Reporter) event(ctx context.Context, d remediate.Decision) error {
+	typ, reason, outcome, ok := eventFor(d)
+	if !ok {
+		return nil
+	}
+	note := fmt.Sprintf("rule %s, target %s: %s", d.Rule, d.Target, d.Reason)
+	action := d.Action
+	if action == "" {
+		action = "Report"
+	}
+	return r.Emit(ctx, d.Rule+"|"+d.Target+"|"+outcome, typ, reason, action, note)
+}
+
+// Emit records one occurrence of an event with dedup key key: the first in
+// DedupWindow creates an Event, the following ones patch its series.
+func (r *Reporter) Emit(ctx context.Context, key, typ, reason, action, note string) error {
+	now := r.opts.Clock.Now()
+	r.mu.Lock()
+	for k, s := range r.series { // forget expired series
+		if now.Sub(s.last) > r.opts.DedupWindow {
+			delete(r.series, k)
+		}
+	}
+	s := r.series[key]
+	r.mu.Unlock()
+	events := r.cs.EventsV1().Events(r.opts.EventNamespace)
+	if s != nil {
+		count := s.count + 1
+		patch := fmt.Sprintf(`{"series":{"count":%d,"lastObservedTime":%q}}`, count,
+			metav1.NewMicroTime(now).UTC().Format(metav1.RFC3339Micro))
+		_, err := events.Patch(ctx, s.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err == nil {
+			r.mu.Lock()
+			s.count, s.last = count, now
+			r.mu.Unlock()
+			return nil
+		}
+		if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("updating event series %s/%s: %w", r.opts.EventNamespace, s.name, err)
+		}
+		// The event expired on the server: start a new one.
+	}
+	if len(note) > 1024 {
+		note = note[:1021] + "..."
+	}
+	ev := &eventsv1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      fmt.Sprintf("%s.%x", r.opts.Node, now.UnixNano()),
+			Namespace: r.opts.EventNamespace,
+		},
+		EventTime:           metav1.NewMicroTime(now),
+		ReportingController: r.opts.Controller,
+		ReportingInstance:   truncate(r.opts.Controller+"-"+r.opts.Node, 128),
+		Action:              truncate(action, 128),
+		Reason:              reason,
+		Type:                typ,
+		Note:                note,
+		// The kubelet's convention for Node events: UID = node name, so
+		// `kubectl describe node` lists them.
+		Regarding: corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: r.opts.Node, UID: types.UID(r.opts.Node)},
+	}
+	created, err := events.Create(ctx, ev, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("creating event %s on node %s: %w", reason, r.opts.Node, err)
+	}
+	r.mu.Lock()
+	r.series[key] = &seriesState{name: created.Name, count: 1, first: now, last: now}
+	r.mu.Unlock()
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func severityRank(s detect.Severity) int {
+	switch s {
+	case detect.Critical:
+		return 3
+	case detect.Warning:
+		return 2
+	case detect.Info:
+		return 1
+	}
+	return 0
+}
+
+// problem summarises the findings that count against the condition.
+func (r *Reporter) problem(rep *remediate.Report) (bool, string, string) {
+	only := map[string]bool{}
+	for _, x := range r.opts.ConditionRules {
+		only[x] = true
+	}
+	var parts []string
+	detectors := map[string]bool{}
+	for _, f := range rep.Findings {
+		if f.Detector == remediate.SelfDetector || severityRank(f.Severity) < severityRank(r.opts.MinSeverity) {
+			continue
+		}
+		if len(only) > 0 && !only[f.Rule] {
+			continue
+		}
+		detectors[f.Detector] = true
+		parts = append(parts, fmt.Sprintf("%s: %s: %s", f.Rule, f.Target, f.Message))
+	}
+	if len(parts) == 0 {
+		return false, "", ""
+	}
+	sort.Strings(parts)
+	reason := "MultipleProblems"
+	if len(detectors) == 1 {
+		for d := range detectors {
+			reason = d
+		}
+	}
+	msg := strings.Join(parts, "; ")
+	if len(msg) > 1024 {
+		msg = msg[:1021] + "..."
+	}
+	return true, reason, msg
+}
+
+func (r *Reporter) condition(ctx context.Context, rep *remediate.Report) error {
+	now := r.opts.Clock.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.condLoaded {
+		// Start from what is on the Node, so a restart does not flip a
+		// False condition to True without the ClearAfter wait.
+		n, err := r.cs.CoreV1().Nodes().Get(ctx, r.opts.Node, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading node %s: %w", r.opts.Node, err)
+		}
+		for _, c := range n.Status.Conditions {
+			if string(c.Type) == r.opts.ConditionType {
+				r.cond = ConditionState{Status: c.Status, Reason: c.Reason, Message: c.Message, Transition: c.LastTransitionTime.Time}
+				if c.Status == corev1.ConditionFalse {
+					r.cond.ProblemSince = c.LastTransitionTime.Time
+				}
+			}
+		}
+		r.condLoaded = true
+	}
+	problem, reason, msg := r.problem(rep)
+	next, changed := NextCondition(r.cond, problem, reason, msg, now, r.opts.Hysteresis)
+	r.cond = next
+	if changed {
+		r.condDirty = true
+	}
+	if next.Status == "" || (!r.condDirty && now.Sub(r.lastWrite) < r.opts.Heartbeat) {
+		return nil
+	}
+	c := corev1.NodeCondition{
+		Type: corev1.NodeConditionType(r.opts.ConditionType), Status: next.Status, Reason: next.Reason, Message: next.Message,
+		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(next.Transition),
+	}
+	if err := patchCondition(ctx, r.cs, r.opts.Node, c); err != nil {
+		return err // stays dirty: retried next cycle
+	}
+	if changed || r.condDirty {
+		typ := corev1.EventTypeNormal
+		if next.Status == corev1.ConditionFalse {
+			typ = corev1.EventTypeWarning
+		}
+		r.mu.Unlock()
+		err := r.Emit(ctx, "condition|"+string(next.Status)+"|"+next.Reason, typ, ReasonProblem, "SetCondition",
+			fmt.Sprintf("%s=%s (%s): %s", r.opts.ConditionType, next.Status, next.Reason, next.Message))
+		r.mu.Lock()
+		if err != nil {
+			r.opts.Log.Warn("condition event failed", zap.Error(err))
+		}
+	}
+	r.condDirty, r.lastWrite = false, now
+	return nil
+}
+
+// patchCondition sets one condition through the nodes/status subresource
+// with a strategic merge patch (conditions merge on type), leaving the
+// kubelet's conditions alone.
+func patchCondition(ctx context.Context, cs kubernetes.Interface, node string, c corev1.NodeCondition) error {
+	body := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{c}}}
+	js, err := jsonMarshal(body)
+	if err != nil {
+		return err
+	}
+	if _, err := cs.CoreV1().Nodes().PatchStatus(ctx, node, js); err != nil {
+		return fmt.Errorf("setting condition %s on node %s: %w", c.Type, node, err)
+	}
+	return nil
+}
+
+// uncordon undoes remediate's cordon once the finding that caused it
+// (detector and target) has been absent for UncordonAfter while its
+// detector ran.
+func (r *Reporter) uncordon(ctx context.Context, rep *remediate.Report) error {
+	var n *corev1.Node
+	if r.opts.Nodes != nil {
+		var ok bool
+		if n, ok = r.opts.Nodes.Node(); !ok {
+			return nil
+		}
+	} else {
+		var err error
+		if n, err = r.cs.CoreV1().Nodes().Get(ctx, r.opts.Node, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("reading node %s: %w", r.opts.Node, err)
+		}
+	}
+	rec, ours := kube.CordonedBy(n)
+	key := rec.Detector + "|" + rec.Target
+	r.mu.Lock()
+	if !ours {
+		r.cleanSince = map[string]time.Time{}
+		r.mu.Unlock()
+		return nil
+	}
+	now := r.opts.Clock.Now()
+	firing := false
+	for _, f := range rep.Findings {
+		if f.Detector == rec.Detector && f.Target == rec.Target {
+			firing = true
+		}
+	}
+	for _, s := range rep.Skipped {
+		if s.Detector == rec.Detector {
+			firing = true // cannot tell: keep the cordon
+		}
+	}
+	// An unreadable record, or a detector no rule runs any more, would
+	// never clear: keep the cordon and say so.
+	ran := rec.Detector != "unknown"
+	if firing || !ran {
+		delete(r.cleanSince, key)
+		r.mu.Unlock()
+		return nil
+	}
+	since, ok := r.cleanSince[key]
+	if !ok {
+		r.cleanSince[key] = now
+		since = now
+	}
+	r.mu.Unlock()
+	if now.Sub(since) < r.opts.UncordonAfter {
+		return nil
+	}
+	changed, err := kube.Uncordon(ctx, r.cs, r.opts.Node)
+	if err != nil {
+		return err
+	}
+	if changed {
+		r.mu.Lock()
+		delete(r.cleanSince, key)
+		r.mu.Unlock()
+		r.opts.Log.Info("uncordoned node: the finding that cordoned it has resolved", zap.String("detector", rec.Detector), zap.String("target", rec.Target))
+		return r.Emit(ctx, "uncordon|"+key, corev1.EventTypeNormal, ReasonUncordon, "Uncordon",
+			fmt.Sprintf("%s on %s resolved (no finding for %s): uncordoned the node remediate cordoned at %s",
+				rec.Detector, rec.Target, r.opts.UncordonAfter, rec.Time.UTC().Format(time.RFC3339)))
+	}
+	return nil
+}

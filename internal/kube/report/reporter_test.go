@@ -1,0 +1,154 @@
+package report
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+func TestReporterFake(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	var published []string
+	r := New(cs, Options{Node: "n1", Clock: clk, Hysteresis: Hysteresis{ProblemAfter: time.Minute, ClearAfter: 2 * time.Minute},
+		Firing: func(_ context.Context, rules []string) error { published = rules; return nil }})
+	sick := &remediate.Report{
+		Findings:  []remediate.ReportFinding{{Rule: "stale", Finding: detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "no sync for 90s"}}},
+		Decisions: []remediate.Decision{{Rule: "stale", Action: "RestartKubeProxy", Target: "kube-proxy/IPv4", Outcome: remediate.OutcomeDryRun, Reason: "audit mode: would delete pod"}},
+	}
+	for i := 0; i < 3; i++ {
+		if err := r.Report(ctx, sick); err != nil {
+			t.Fatal(err)
+		}
+		clk.Step(30 * time.Second)
+	}
+	evs, _ := cs.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
+	var dry, cond int
+	for _, e := range evs.Items {
+		switch e.Reason {
+		case ReasonDryRun:
+			dry++
+			if e.Series == nil || e.Series.Count != 3 || e.Regarding.Name != "n1" || e.Type != "Normal" {
+				t.Errorf("dry-run event not deduplicated into a series of 3: %+v", e)
+			}
+		case ReasonProblem:
+			cond++
+		}
+	}
+	if dry != 1 || cond != 1 {
+		t.Fatalf("events: %d dry-run, %d condition; all: %+v", dry, cond, evs.Items)
+	}
+	if len(published) != 1 || published[0] != "stale" {
+		t.Errorf("firing published %v", published)
+	}
+	cond1 := nodeCondition(t, cs)
+	if cond1.Status != corev1.ConditionFalse || cond1.Reason != "KubeProxySyncStale" || !strings.Contains(cond1.Message, "no sync for 90s") {
+		t.Fatalf("condition %+v", cond1)
+	}
+	// Healthy again: True only after ClearAfter.
+	healthy := &remediate.Report{}
+	_ = r.Report(ctx, healthy)
+	clk.Step(time.Minute)
+	_ = r.Report(ctx, healthy)
+	if c := nodeCondition(t, cs); c.Status != corev1.ConditionFalse {
+		t.Fatalf("cleared too early: %+v", c)
+	}
+	clk.Step(90 * time.Second)
+	_ = r.Report(ctx, healthy)
+	if c := nodeCondition(t, cs); c.Status != corev1.ConditionTrue || c.Reason != ReasonHealthy {
+		t.Fatalf("not cleared: %+v", c)
+	}
+}
+
+func nodeCondition(t *testing.T, cs *fake.Clientset) corev1.NodeCondition {
+	t.Helper()
+	n, err := cs.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == DefaultConditionType {
+			return c
+		}
+	}
+	t.Fatalf("no condition on %+v", n.Status)
+	return corev1.NodeCondition{}
+}
+
+func TestReporterUncordon(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	taint := &corev1.Taint{Key: "remediate.dev/dataplane", Effect: corev1.TaintEffectNoSchedule}
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Time: clk.Now(), Taint: taint}); err != nil {
+		t.Fatal(err)
+	}
+	r := New(cs, Options{Node: "n1", Clock: clk, UncordonAfter: time.Minute})
+	firing := &remediate.Report{Findings: []remediate.ReportFinding{{Rule: "cordon", Finding: detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: detect.Warning}}}}
+	skipped := &remediate.Report{Skipped: []remediate.SkippedCheck{{Rule: "cordon", Detector: "KubeProxySyncStale", Reason: "no cluster access"}}}
+	clean := &remediate.Report{}
+	steps := []struct {
+		rep         *remediate.Report
+		step        time.Duration
+		unscheduled bool
+	}{
+		{firing, 0, true}, {clean, time.Minute / 2, true}, {skipped, time.Minute, true}, {clean, time.Minute / 2, true},
+		{clean, time.Minute / 2, true}, {clean, time.Minute / 2, false},
+	}
+	for i, s := range steps {
+		clk.Step(s.step)
+		_ = r.Report(ctx, s.rep)
+		n, _ := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if n.Spec.Unschedulable != s.unscheduled {
+			t.Fatalf("step %d: unschedulable=%v", i, n.Spec.Unschedulable)
+		}
+		if !s.unscheduled && (len(n.Spec.Taints) != 0 || n.Annotations[kube.AnnotationCordonedBy] != "") {
+			t.Fatalf("taint/annotation left: %+v", n)
+		}
+	}
+	// A node cordoned by someone else is not touched.
+	n, _ := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	n.Spec.Unschedulable = true
+	_, _ = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "x"}); err != kube.ErrCordonedByOther {
+		t.Fatalf("cordon over another's: %v", err)
+	}
+	clk.Step(time.Hour)
+	_ = r.Report(ctx, clean)
+	n, _ = cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if !n.Spec.Unschedulable {
+		t.Fatal("uncordoned a node remediate did not cordon")
+	}
+}
+
+func TestEventFor(t *testing.T) {
+	for _, tc := range []struct {
+		d      remediate.Decision
+		reason string
+	}{
+		{remediate.Decision{Outcome: remediate.OutcomeExecuted}, ReasonExecuted},
+		{remediate.Decision{Outcome: remediate.OutcomeDryRun}, ReasonDryRun},
+		{remediate.Decision{Outcome: remediate.OutcomeFailed}, ReasonFailed},
+		{remediate.Decision{Outcome: remediate.OutcomeFailed, Phase: remediate.PhaseEscalated}, ReasonEscalated},
+		{remediate.Decision{Outcome: remediate.OutcomeBlocked, Guardrail: "storm-guard"}, ReasonStorm},
+		{remediate.Decision{Outcome: remediate.OutcomeBlocked, Guardrail: "cooldown"}, ""},
+		{remediate.Decision{Outcome: remediate.OutcomeSkipped}, ""},
+		{remediate.Decision{Outcome: remediate.OutcomeSkipped, Phase: remediate.PhaseEscalated}, ""},
+	} {
+		_, reason, _, ok := eventFor(tc.d)
+		if ok != (tc.reason != "") || reason != tc.reason {
+			t.Errorf("%+v: got %q %v, want %q", tc.d, reason, ok, tc.reason)
+		}
+	}
+}

@@ -1,0 +1,259 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+)
+
+// serviceIndex indexes EndpointSlices by "namespace/service".
+const serviceIndex = "service"
+
+// View is the informer-backed cluster.View: Services and EndpointSlices
+// watched through shared informers with resync disabled (one LIST at start,
+// then only WATCH; relists happen only after a watch breaks), stripped by
+// Transform to the fields the detectors use.
+type View struct {
+	log     *zap.Logger
+	clock   clock.PassiveClock
+	contact *Contact
+
+	factory informers.SharedInformerFactory
+	svc     cache.SharedIndexInformer
+	eps     cache.SharedIndexInformer
+
+	mu          sync.Mutex
+	lastEvent   time.Time
+	watchErr    error
+	watchErrAt  time.Time
+	gen         uint64 // bumped on every Service change
+	snapGen     uint64
+	snap        []cluster.Service
+	snapIsValid bool
+}
+
+var _ cluster.View = (*View)(nil)
+
+// NewView builds the view over cs. contact (may be nil) is the client's
+// reachability tracker, used for Freshness.Connected. Call Start.
+func NewView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, log *zap.Logger) (*View, error) {
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	v := &View{log: log, clock: clk, contact: contact}
+	// Resync 0: no periodic re-delivery, and the reflector never re-LISTs
+	// unless its watch fails.
+	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(Transform))
+	v.svc = v.factory.Core().V1().Services().Informer()
+	v.eps = v.factory.Discovery().V1().EndpointSlices().Informer()
+	if err := v.eps.AddIndexers(cache.Indexers{serviceIndex: sliceServiceKey}); err != nil {
+		return nil, fmt.Errorf("endpointslice indexer: %w", err)
+	}
+	for name, inf := range map[string]cache.SharedIndexInformer{"services": v.svc, "endpointslices": v.eps} {
+		name := name
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			v.recordWatchError(name, err)
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}); err != nil {
+			return nil, fmt.Errorf("%s watch error handler: %w", name, err)
+		}
+	}
+	svcChanged := func(any) { v.touch(true) }
+	if _, err := v.svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: svcChanged, UpdateFunc: func(_, _ any) { v.touch(true) }, DeleteFunc: svcChanged,
+	}); err != nil {
+		return nil, err
+	}
+	epsChanged := func(any) { v.touch(false) }
+	if _, err := v.eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: epsChanged, UpdateFunc: func(_, _ any) { v.touch(false) }, DeleteFunc: epsChanged,
+	}); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// Start runs the informers until ctx ends. It does not wait for sync.
+func (v *View) Start(ctx context.Context) {
+	v.factory.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		v.factory.Shutdown()
+	}()
+}
+
+// WaitForSync blocks until the initial LIST of both informers completed or
+// ctx ends; it returns whether the view is synced.
+func (v *View) WaitForSync(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), v.svc.HasSynced, v.eps.HasSynced)
+}
+
+func (v *View) touch(svc bool) {
+	now := v.clock.Now()
+	v.mu.Lock()
+	v.lastEvent = now
+	if svc {
+		v.gen++
+	}
+	v.mu.Unlock()
+}
+
+func (v *View) recordWatchError(informer string, err error) {
+	now := v.clock.Now()
+	v.mu.Lock()
+	v.watchErr = fmt.Errorf("%s watch: %w", informer, err)
+	v.watchErrAt = now
+	v.mu.Unlock()
+	v.log.Warn("cluster view watch failed", zap.String("informer", informer), zap.Error(err))
+}
+
+// Freshness implements cluster.View. Connected is false while the last
+// watch error is newer than the last successful request to the apiserver.
+func (v *View) Freshness() cluster.Freshness {
+	v.mu.Lock()
+	f := cluster.Freshness{
+		Synced:        v.svc.HasSynced() && v.eps.HasSynced(),
+		LastEvent:     v.lastEvent,
+		LastError:     v.watchErr,
+		LastErrorTime: v.watchErrAt,
+	}
+	v.mu.Unlock()
+	f.Connected = true
+	if v.contact != nil {
+		st := v.contact.Snapshot()
+		if st.LastError != nil && st.LastErrorTime.After(f.LastErrorTime) {
+			f.LastError, f.LastErrorTime = st.LastError, st.LastErrorTime
+		}
+		// The contact tracker uses wall time; so does a real clock.
+		f.Connected = !st.LastOK.IsZero() && !st.LastOK.Before(f.LastErrorTime)
+	} else if f.LastError != nil {
+		f.Connected = false
+	}
+	return f
+}
+
+// Services implements cluster.View. The snapshot is rebuilt only after a
+// Service changed; callers must not modify it.
+func (v *View) Services() []cluster.Service {
+	v.mu.Lock()
+	if v.snapIsValid && v.snapGen == v.gen {
+		s := v.snap
+		v.mu.Unlock()
+		return s
+	}
+	gen := v.gen
+	v.mu.Unlock()
+
+	objs := v.svc.GetStore().List()
+	out := make([]cluster.Service, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*compactService); ok {
+			out = append(out, s.svc)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		return out[i].Name < out[j].Name
+	})
+	v.mu.Lock()
+	v.snap, v.snapGen, v.snapIsValid = out, gen, true
+	v.mu.Unlock()
+	return out
+}
+
+// Endpoints implements cluster.View: all slices of the Service merged, one
+// Endpoint per address and port, duplicates across slices (seen while a
+// slice is being replaced) collapsed with the most-ready condition kept.
+func (v *View) Endpoints(namespace, name string) []cluster.Endpoint {
+	objs, err := v.eps.GetIndexer().ByIndex(serviceIndex, namespace+"/"+name)
+	if err != nil {
+		return nil
+	}
+	slices := make([]*compactSlice, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*compactSlice); ok {
+			slices = append(slices, s)
+		}
+	}
+	return mergeCompact(slices)
+}
+
+// MergeSlices flattens EndpointSlices into Endpoints, sorted by address,
+// port name and port, deduplicated.
+func MergeSlices(slices []*discoveryv1.EndpointSlice) []cluster.Endpoint {
+	cs := make([]*compactSlice, len(slices))
+	for i, s := range slices {
+		cs[i] = toCompactSlice(s)
+	}
+	return mergeCompact(cs)
+}
+
+func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
+	type key struct {
+		addr, portName, proto string
+		port                  int32
+	}
+	idx := map[key]int{}
+	var out []cluster.Endpoint
+	for _, s := range slices {
+		for _, ep := range s.endpoints {
+			for _, p := range s.ports {
+				e := cluster.Endpoint{Address: ep.address, Port: p.Port, Protocol: p.Protocol, PortName: p.Name, NodeName: ep.node,
+					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0}
+				k := key{ep.address, p.Name, p.Protocol, p.Port}
+				if i, dup := idx[k]; dup {
+					if rank(e) > rank(out[i]) {
+						out[i] = e
+					}
+					continue
+				}
+				idx[k] = len(out)
+				out = append(out, e)
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.Address != b.Address {
+			return a.Address < b.Address
+		}
+		if a.PortName != b.PortName {
+			return a.PortName < b.PortName
+		}
+		if a.Port != b.Port {
+			return a.Port < b.Port
+		}
+		return a.Protocol < b.Protocol
+	})
+	return out
+}
+
+func rank(e cluster.Endpoint) int {
+	r := 0
+	if e.Ready {
+		r += 4
+	}
+	if e.Serving {
+		r += 2
+	}
+	if !e.Terminating {
+		r++
+	}
+	return r
+}

@@ -1,0 +1,158 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+)
+
+func testService() *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "dns", Namespace: "kube-system", ResourceVersion: "7",
+			Annotations:   map[string]string{"big": "annotation"},
+			Labels:        map[string]string{"k8s-app": "kube-dns"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Type: corev1.ServiceTypeClusterIP,
+			Selector: map[string]string{"k8s-app": "kube-dns"},
+			Ports: []corev1.ServicePort{{Name: "dns", Protocol: corev1.ProtocolUDP, Port: 53},
+				{Name: "dns-tcp", Protocol: corev1.ProtocolTCP, Port: 53, NodePort: 30053}},
+		},
+	}
+}
+
+func testSlice(name string, addrs ...string) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system",
+			Labels:        map[string]string{discoveryv1.LabelServiceName: "dns", "other": "x"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "endpointslice-controller"}}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("dns"), Protocol: ptr.To(corev1.ProtocolUDP), Port: ptr.To[int32](53)}},
+	}
+	for _, a := range addrs {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{Addresses: []string{a}, NodeName: ptr.To("node1"),
+			Zone: ptr.To("z1"), TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: "p"},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	}
+	return s
+}
+
+func TestTransformCompacts(t *testing.T) {
+	o, err := Transform(testService())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := o.(*compactService)
+	want := cluster.Service{Namespace: "kube-system", Name: "dns", ClusterIPs: []string{"10.96.0.10"},
+		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53, NodePort: 30053}}}
+	if diff := cmp.Diff(want, s.svc); diff != "" {
+		t.Errorf("service (-want +got):\n%s", diff)
+	}
+	if m := s.GetObjectMeta(); m.GetName() != "dns" || m.GetNamespace() != "kube-system" || m.GetResourceVersion() != "7" {
+		t.Errorf("meta %+v", m)
+	}
+	o, _ = Transform(testSlice("a", "10.0.0.1"))
+	sl := o.(*compactSlice)
+	if sl.service != "dns" || len(sl.endpoints) != 1 || sl.endpoints[0] != (compactEndpoint{"10.0.0.1", "node1", epReady | epServing}) {
+		t.Errorf("slice %+v", sl)
+	}
+	if keys, _ := sliceServiceKey(sl); len(keys) != 1 || keys[0] != "kube-system/dns" {
+		t.Errorf("index keys %v", keys)
+	}
+	// Idempotent: a record passes unchanged; so do other objects.
+	if o2, _ := Transform(sl); o2 != sl {
+		t.Error("record transformed twice")
+	}
+	n := &corev1.Node{}
+	if o, _ := Transform(n); o != n {
+		t.Error("node changed")
+	}
+	// The store keys records like API objects.
+	if k, err := cache.MetaNamespaceKeyFunc(sl); err != nil || k != "kube-system/a" {
+		t.Errorf("key %q %v", k, err)
+	}
+	// Headless: no ClusterIPs.
+	h := testService()
+	h.Spec.ClusterIP, h.Spec.ClusterIPs = "None", []string{"None"}
+	if o, _ := Transform(h); len(o.(*compactService).svc.ClusterIPs) != 0 {
+		t.Error("headless service has a cluster IP")
+	}
+}
+
+func TestMergeSlices(t *testing.T) {
+	a := testSlice("a", "10.0.0.2", "10.0.0.1")
+	b := testSlice("b", "10.0.0.1", "10.0.0.3")
+	// The duplicate 10.0.0.1 in b is terminating: a's ready copy wins.
+	b.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Serving: ptr.To(true), Terminating: ptr.To(true)}
+	// 10.0.0.3 has no conditions: nil ready means ready.
+	b.Endpoints[1].Conditions = discoveryv1.EndpointConditions{}
+	b.Endpoints[1].NodeName = nil
+	got := MergeSlices([]*discoveryv1.EndpointSlice{b, a})
+	want := []cluster.Endpoint{
+		{Address: "10.0.0.1", Port: 53, Protocol: "UDP", PortName: "dns", NodeName: "node1", Ready: true, Serving: true},
+		{Address: "10.0.0.2", Port: 53, Protocol: "UDP", PortName: "dns", NodeName: "node1", Ready: true, Serving: true},
+		{Address: "10.0.0.3", Port: 53, Protocol: "UDP", PortName: "dns", Ready: true, Serving: true},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("MergeSlices (-want +got):\n%s", diff)
+	}
+}
+
+func TestViewWithFakeClient(t *testing.T) {
+	cs := fake.NewClientset(testService(), testSlice("a", "10.0.0.1"))
+	v, err := NewView(cs, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Freshness().Synced {
+		t.Fatal("synced before start")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v.Start(ctx)
+	if !v.WaitForSync(ctx) {
+		t.Fatal("no sync")
+	}
+	f := v.Freshness()
+	if !f.Synced || !f.Connected || f.LastEvent.IsZero() {
+		t.Errorf("freshness %+v", f)
+	}
+	svcs := v.Services()
+	if len(svcs) != 1 || svcs[0].Name != "dns" || len(svcs[0].Ports) != 2 || svcs[0].Ports[1].NodePort != 30053 {
+		t.Fatalf("services %+v", svcs)
+	}
+	if eps := v.Endpoints("kube-system", "dns"); len(eps) != 1 || eps[0].Address != "10.0.0.1" {
+		t.Fatalf("endpoints %+v", eps)
+	}
+	// A change arrives through the watch and invalidates the snapshot.
+	if _, err := cs.DiscoveryV1().EndpointSlices("kube-system").Create(ctx, testSlice("b", "10.0.0.9"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s2 := testService()
+	s2.Name = "other"
+	if _, err := cs.CoreV1().Services("kube-system").Create(ctx, s2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for len(v.Endpoints("kube-system", "dns")) != 2 || len(v.Services()) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("watch events not seen: %v %v", v.Endpoints("kube-system", "dns"), v.Services())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	v.recordWatchError("services", errors.New("boom"))
+	if f := v.Freshness(); f.Connected || f.LastError == nil {
+		t.Errorf("watch error not reflected: %+v", f)
+	}
+}

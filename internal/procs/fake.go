@@ -1,0 +1,202 @@
+package procs
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"syscall"
+)
+
+// Fake is a stateful in-memory Interface for tests. Processes are added with
+// Add; a SIGKILL removes a process, a SIGTERM removes it unless it was added
+// with IgnoreTERM. Locks are set per path with SetLocks. Every signal that
+// was actually delivered is recorded in Signals.
+type Fake struct {
+	mu      sync.Mutex
+	procs   map[int32]*FakeProcess
+	locks   map[string]FileLocks
+	lockErr map[string]error
+	self    int32
+	signals []FakeSignal
+	// Err, when set, is returned by every read.
+	Err error
+	// AfterSignal, when set, runs (without the fake's lock held) after a
+	// signal was delivered, e.g. to make the process exec another program.
+	AfterSignal func(f *Fake, pid int32, sig syscall.Signal)
+}
+
+// FakeProcess is one process of the Fake.
+type FakeProcess struct {
+	Process
+	// IgnoreTERM makes the process survive SIGTERM (only SIGKILL removes it).
+	IgnoreTERM bool
+	// Unkillable makes the process survive every signal (like a process
+	// stuck in D state).
+	Unkillable bool
+}
+
+// FakeSignal is one delivered signal.
+type FakeSignal struct {
+	Pid int32
+	Sig syscall.Signal
+}
+
+var _ Interface = (*Fake)(nil)
+
+// NewFake returns an empty Fake whose own PID is self.
+func NewFake(self int32) *Fake {
+	return &Fake{procs: map[int32]*FakeProcess{}, locks: map[string]FileLocks{}, lockErr: map[string]error{}, self: self}
+}
+
+// Add adds or replaces a process.
+func (f *Fake) Add(p FakeProcess) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cp := p
+	f.procs[p.Pid] = &cp
+}
+
+// Remove makes a process exit.
+func (f *Fake) Remove(pid int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.procs, pid)
+}
+
+// SetLocks sets what FileLocks returns for path.
+func (f *Fake) SetLocks(path string, l FileLocks) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l.Path = path
+	f.locks[path] = l
+}
+
+// SetLocksError makes FileLocks of path fail with err (for example an
+// error wrapping fs.ErrNotExist for a missing lock file).
+func (f *Fake) SetLocksError(path string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lockErr[path] = err
+}
+
+// Signals returns the delivered signals in order.
+func (f *Fake) Signals() []FakeSignal {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]FakeSignal(nil), f.signals...)
+}
+
+// Self implements Interface.
+func (f *Fake) Self() int32 { return f.self }
+
+// Find implements Interface.
+func (f *Fake) Find(_ context.Context, names []string) ([]Process, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return nil, f.Err
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []Process
+	for _, p := range f.procs {
+		if p.Name() == "" || (len(want) > 0 && !want[p.Name()]) {
+			continue
+		}
+		out = append(out, f.withParent(p.Process))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out, nil
+}
+
+func (f *Fake) withParent(p Process) Process {
+	if pp, ok := f.procs[p.PPid]; ok {
+		p.ParentName = pp.Comm
+	}
+	p.Cmdline = append([]string(nil), p.Cmdline...)
+	return p
+}
+
+// Get implements Interface.
+func (f *Fake) Get(_ context.Context, pid int32) (Process, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return Process{}, f.Err
+	}
+	p, ok := f.procs[pid]
+	if !ok {
+		return Process{}, ErrNotFound
+	}
+	return f.withParent(p.Process), nil
+}
+
+// FileLocks implements Interface. Holders and waiters that no longer exist
+// are left out, as the real adapter does; a path without locks set is free.
+func (f *Fake) FileLocks(_ context.Context, path string) (FileLocks, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.Err != nil {
+		return FileLocks{}, f.Err
+	}
+	if err := f.lockErr[path]; err != nil {
+		return FileLocks{}, err
+	}
+	l, ok := f.locks[path]
+	if !ok {
+		return FileLocks{Path: path}, nil
+	}
+	out := FileLocks{Path: path, Dev: l.Dev, LockPIDs: append([]int32(nil), l.LockPIDs...)}
+	for _, h := range l.Holders {
+		if p, ok := f.procs[h.Pid]; ok && p.CreateTimeMs == h.CreateTimeMs {
+			out.Holders = append(out.Holders, f.withParent(p.Process))
+		}
+	}
+	for _, w := range l.Waiters {
+		if p, ok := f.procs[w.Pid]; ok && p.CreateTimeMs == w.CreateTimeMs {
+			out.Waiters = append(out.Waiters, f.withParent(p.Process))
+		}
+	}
+	// The lock is held while a holder lives (or, like an invisible holder,
+	// when it was set without holders).
+	out.Held = l.Held && (len(out.Holders) > 0 || len(l.Holders) == 0)
+	return out, nil
+}
+
+// Signal implements Interface with the same identity checks as Real.
+func (f *Fake) Signal(_ context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error {
+	f.mu.Lock()
+	p, ok := f.procs[pid]
+	if !ok {
+		f.mu.Unlock()
+		return ErrNotFound
+	}
+	if p.CreateTimeMs != createTimeMs {
+		f.mu.Unlock()
+		return ErrNotSame
+	}
+	f.signals = append(f.signals, FakeSignal{Pid: pid, Sig: sig})
+	switch {
+	case p.Unkillable:
+	case sig == syscall.SIGKILL, sig == syscall.SIGTERM && !p.IgnoreTERM:
+		delete(f.procs, pid)
+	}
+	after := f.AfterSignal
+	f.mu.Unlock()
+	if after != nil {
+		after(f, pid, sig)
+	}
+	return nil
+}
+
+// MustGet returns a process of the fake (with ParentName filled in); it
+// panics when absent. For building lock states in tests.
+func (f *Fake) MustGet(pid int32) Process {
+	p, err := f.Get(context.Background(), pid)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}

@@ -1,0 +1,361 @@
+package procs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/shirou/gopsutil/v3/common"
+	"github.com/shirou/gopsutil/v3/process"
+	"golang.org/x/sys/unix"
+)
+
+// userHZ is the unit of /proc/<pid>/stat starttime. It is USER_HZ, fixed at
+// 100 by the kernel ABI on every architecture Kubernetes nodes run on.
+const userHZ = 100
+
+// Real reads a procfs mount. Listing PIDs and argv goes through gopsutil
+// (with the proc root as the per-call HostProc value); the rest reads
+// /proc/<pid>/stat directly, once per process: gopsutil would read stat
+// three times (ppid, create time, status), re-detect virtualization for the
+// boot time on every CreateTime unless a process-global cache is enabled,
+// and truncates the create time to whole seconds.
+type Real struct {
+	root string
+	ctx  func(context.Context) context.Context
+
+	mu       sync.Mutex
+	bootTime int64 // seconds since the epoch, read once: identities must be stable
+}
+
+var _ Interface = (*Real)(nil)
+
+// New returns the real adapter reading the procfs mounted at root
+// ("/proc" when empty). Signals go to PIDs of the caller's PID namespace,
+// so root must be the procfs of that namespace (hostPID for a DaemonSet).
+func New(root string) *Real {
+	if root == "" {
+		root = "/proc"
+	}
+	r := &Real{root: root}
+	r.ctx = func(ctx context.Context) context.Context {
+		return context.WithValue(ctx, common.EnvKey, common.EnvMap{common.HostProcEnvKey: root})
+	}
+	return r
+}
+
+func (r *Real) path(parts ...string) string {
+	return filepath.Join(append([]string{r.root}, parts...)...)
+}
+
+func (r *Real) boot() (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.bootTime != 0 {
+		return r.bootTime, nil
+	}
+	b, err := os.ReadFile(r.path("stat"))
+	if err != nil {
+		return 0, fmt.Errorf("reading boot time: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			t, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("bad btime %q in %s: %w", v, r.path("stat"), err)
+			}
+			r.bootTime = t
+			return t, nil
+		}
+	}
+	return 0, fmt.Errorf("no btime in %s", r.path("stat"))
+}
+
+// Self implements Interface.
+func (r *Real) Self() int32 {
+	if l, err := os.Readlink(r.path("self")); err == nil {
+		if p, err := strconv.Atoi(l); err == nil {
+			return int32(p)
+		}
+	}
+	return int32(os.Getpid())
+}
+
+// statFields is what one read of /proc/<pid>/stat gives.
+type statFields struct {
+	comm      string
+	state     string
+	ppid      int32
+	startTick uint64
+}
+
+func parseStat(b []byte) (statFields, error) {
+	var s statFields
+	// comm is in parentheses and may itself contain ") ".
+	open := bytes.IndexByte(b, '(')
+	end := bytes.LastIndexByte(b, ')')
+	if open < 0 || end < open {
+		return s, fmt.Errorf("malformed stat %q", b)
+	}
+	s.comm = string(b[open+1 : end])
+	f := strings.Fields(string(b[end+1:]))
+	// f[0]=state(3) f[1]=ppid(4) ... f[19]=starttime(22)
+	if len(f) < 20 {
+		return s, fmt.Errorf("short stat %q", b)
+	}
+	s.state = f[0]
+	pp, err := strconv.ParseInt(f[1], 10, 32)
+	if err != nil {
+		return s, fmt.Errorf("bad ppid in stat: %w", err)
+	}
+	s.ppid = int32(pp)
+	s.startTick, err = strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return s, fmt.Errorf("bad starttime in stat: %w", err)
+	}
+	return s, nil
+}
+
+func (r *Real) stat(pid int32) (statFields, error) {
+	b, err := os.ReadFile(r.path(strconv.Itoa(int(pid)), "stat"))
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			return statFields{}, ErrNotFound
+		}
+		return statFields{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return parseStat(b)
+}
+
+func (r *Real) createTimeMs(s statFields) (int64, error) {
+	bt, err := r.boot()
+	if err != nil {
+		return 0, err
+	}
+	return bt*1000 + int64(s.startTick*1000/userHZ), nil
+}
+
+// get builds a Process; argv may be passed when already read.
+func (r *Real) get(ctx context.Context, pid int32, argv []string) (Process, error) {
+	s, err := r.stat(pid)
+	if err != nil {
+		return Process{}, err
+	}
+	if s.state == "Z" || s.state == "X" {
+		return Process{}, ErrNotFound
+	}
+	ct, err := r.createTimeMs(s)
+	if err != nil {
+		return Process{}, err
+	}
+	if argv == nil {
+		argv, err = (&process.Process{Pid: pid}).CmdlineSliceWithContext(r.ctx(ctx))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+				return Process{}, ErrNotFound
+			}
+			return Process{}, fmt.Errorf("pid %d cmdline: %w", pid, err)
+		}
+	}
+	p := Process{Pid: pid, PPid: s.ppid, Comm: s.comm, Cmdline: argv, CreateTimeMs: ct, State: s.state}
+	if s.ppid > 0 {
+		if ps, err := r.stat(s.ppid); err == nil {
+			p.ParentName = ps.comm
+		}
+	}
+	return p, nil
+}
+
+// Get implements Interface.
+func (r *Real) Get(ctx context.Context, pid int32) (Process, error) {
+	if pid <= 0 {
+		return Process{}, ErrNotFound
+	}
+	return r.get(ctx, pid, nil)
+}
+
+// Find implements Interface. It reads only argv for every process and the
+// rest only for matches.
+func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
+	cctx := r.ctx(ctx)
+	pids, err := process.PidsWithContext(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+	}
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	var out []Process
+	for _, pid := range pids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		argv, err := (&process.Process{Pid: pid}).CmdlineSliceWithContext(cctx)
+		if err != nil || len(argv) == 0 {
+			continue // exited, or a kernel thread
+		}
+		if len(want) > 0 && !want[ArgvName(argv)] {
+			continue
+		}
+		p, err := r.get(ctx, pid, argv)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Locks reads and parses <root>/locks.
+func (r *Real) Locks() ([]Lock, error) {
+	f, err := os.Open(r.path("locks"))
+	if err != nil {
+		return nil, fmt.Errorf("reading locks: %w", err)
+	}
+	defer f.Close()
+	return ParseLocks(f)
+}
+
+// FileLocks implements Interface: /proc/locks says whether the file is
+// locked and who waits; the holders are found like lsof does, by every
+// descriptor on the file (stat dev:inode) whose fdinfo lists a lock.
+func (r *Real) FileLocks(ctx context.Context, path string) (FileLocks, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return FileLocks{}, fmt.Errorf("stat lock file %s: %w", path, err)
+	}
+	key := DevKey(unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	fl := FileLocks{Path: path, Dev: key}
+	locks, err := r.Locks()
+	if err != nil {
+		return fl, err
+	}
+	var waiterPIDs []int32
+	for _, l := range locks {
+		if l.Dev != key {
+			continue
+		}
+		if l.Waiting() {
+			waiterPIDs = append(waiterPIDs, l.PID)
+			continue
+		}
+		fl.Held = true
+		fl.LockPIDs = append(fl.LockPIDs, l.PID)
+	}
+	for _, pid := range waiterPIDs {
+		if p, err := r.Get(ctx, pid); err == nil {
+			fl.Waiters = append(fl.Waiters, p)
+		}
+	}
+	if !fl.Held {
+		return fl, nil
+	}
+	holders, err := r.holders(ctx, st.Dev, st.Ino, key)
+	if err != nil {
+		return fl, err
+	}
+	fl.Holders = holders
+	return fl, nil
+}
+
+func (r *Real) holders(ctx context.Context, dev, ino uint64, key string) ([]Process, error) {
+	cctx := r.ctx(ctx)
+	pids, err := process.PidsWithContext(cctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+	}
+	var out []Process
+	for _, pid := range pids {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		ps := strconv.Itoa(int(pid))
+		fds, err := os.ReadDir(r.path(ps, "fd"))
+		if err != nil {
+			continue // exited or not readable
+		}
+		holds := false
+		for _, fd := range fds {
+			var st unix.Stat_t
+			if unix.Stat(r.path(ps, "fd", fd.Name()), &st) != nil || st.Dev != dev || st.Ino != ino {
+				continue
+			}
+			if fdinfoHoldsLock(r.path(ps, "fdinfo", fd.Name()), key) {
+				holds = true
+				break
+			}
+		}
+		if !holds {
+			continue
+		}
+		if p, err := r.Get(ctx, pid); err == nil {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out, nil
+}
+
+// fdinfoHoldsLock reports whether a fdinfo file has a granted "lock:" line
+// on the file with that key.
+func fdinfoHoldsLock(path, key string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		rest, ok := strings.CutPrefix(sc.Text(), "lock:")
+		if !ok {
+			continue
+		}
+		l, err := ParseLockLine(strings.TrimSpace(rest))
+		if err == nil && !l.Waiting() && l.Dev == key && l.Access != "UNLCK" {
+			return true
+		}
+	}
+	return false
+}
+
+// Signal implements Interface. It opens a pidfd first and checks the create
+// time after: a pidfd cannot be retargeted, so a signal sent through it
+// reaches the process that was checked even if the PID is reused meanwhile.
+func (r *Real) Signal(ctx context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error {
+	if pid <= 1 {
+		return fmt.Errorf("refusing to signal pid %d", pid)
+	}
+	fd, err := unix.PidfdOpen(int(pid), 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return ErrNotFound
+		}
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	cur, err := r.Get(ctx, pid)
+	if err != nil {
+		return err
+	}
+	if cur.CreateTimeMs != createTimeMs {
+		return ErrNotSame
+	}
+	if err := unix.PidfdSendSignal(fd, sig, nil, 0); err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			return ErrNotFound
+		}
+		return fmt.Errorf("signal %v to pid %d: %w", sig, pid, err)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package procs
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// start runs a command and stops it (its process group, by PID) when the
+// test ends.
+func start(t *testing.T, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	// Own process group, so cleanup also stops children (flock's sleep).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	})
+	return cmd
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestRealFileLocksFindsRealHoldersAndWaiters(t *testing.T) {
+	if _, err := exec.LookPath("flock"); err != nil {
+		t.Skip("needs flock(1) from util-linux")
+	}
+	ctx := context.Background()
+	lockFile := filepath.Join(t.TempDir(), "xtables.lock")
+	r := New("/proc")
+
+	if _, err := r.FileLocks(ctx, lockFile); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("missing lock file: %v, want fs.ErrNotExist", err)
+	}
+	holder := start(t, "flock", lockFile, "sleep", "300")
+	var fl FileLocks
+	waitFor(t, "the lock to be held with its child", func() bool {
+		var err error
+		fl, err = r.FileLocks(ctx, lockFile)
+		return err == nil && fl.Held && len(fl.Holders) == 2
+	})
+	if len(fl.LockPIDs) != 1 || fl.LockPIDs[0] != int32(holder.Process.Pid) {
+		t.Errorf("LockPIDs = %v, want [%d] (the flock caller)", fl.LockPIDs, holder.Process.Pid)
+	}
+	// flock(1) and its child sleep share the locked open file: both hold.
+	if fl.Holders[0].Name() != "flock" || fl.Holders[1].Name() != "sleep" || fl.Holders[1].PPid != fl.Holders[0].Pid {
+		t.Errorf("holders = %+v", fl.Holders)
+	}
+	if fl.Holders[1].ParentName != "flock" {
+		t.Errorf("ParentName = %q", fl.Holders[1].ParentName)
+	}
+
+	waiter := start(t, "flock", lockFile, "true")
+	waitFor(t, "the waiter", func() bool {
+		var err error
+		fl, err = r.FileLocks(ctx, lockFile)
+		return err == nil && len(fl.Waiters) == 1
+	})
+	if fl.Waiters[0].Pid != int32(waiter.Process.Pid) || fl.Waiters[0].State != "S" {
+		t.Errorf("waiters = %+v", fl.Waiters)
+	}
+
+	// Find by argv[0] basename, with a create time that is stable.
+	found, err := r.Find(ctx, []string{"sleep"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sleep Process
+	for _, p := range found {
+		if p.Pid == fl.Holders[1].Pid {
+			sleep = p
+		}
+	}
+	if sleep.CreateTimeMs != fl.Holders[1].CreateTimeMs || sleep.CreateTimeMs == 0 {
+		t.Fatalf("Find sleep = %+v, holder %+v", sleep, fl.Holders[1])
+	}
+	if age := sleep.Age(time.Now()); age < -2*time.Second || age > time.Minute { // btime is whole seconds
+		t.Errorf("age = %v", age)
+	}
+
+	// Identity is re-checked: a wrong create time sends nothing.
+	if err := r.Signal(ctx, sleep.Pid, sleep.CreateTimeMs-10, syscall.SIGKILL); !errors.Is(err, ErrNotSame) {
+		t.Fatalf("Signal with wrong create time = %v, want ErrNotSame", err)
+	}
+	if ok, _ := Alive(ctx, r, sleep.Pid, sleep.CreateTimeMs); !ok {
+		t.Fatal("sleep died from a refused signal")
+	}
+	// Killing only the flock caller leaves its child holding the lock.
+	flk := fl.Holders[0]
+	if err := r.Signal(ctx, flk.Pid, flk.CreateTimeMs, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "flock caller gone", func() bool { ok, _ := Alive(ctx, r, flk.Pid, flk.CreateTimeMs); return !ok })
+	fl, err = r.FileLocks(ctx, lockFile)
+	if err != nil || !fl.Held || len(fl.Holders) != 1 || fl.Holders[0].Pid != sleep.Pid {
+		t.Fatalf("after killing the flock caller: %+v %v", fl, err)
+	}
+	if err := r.Signal(ctx, sleep.Pid, sleep.CreateTimeMs, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "lock released and waiter done", func() bool {
+		fl, err := r.FileLocks(ctx, lockFile)
+		return err == nil && !fl.Held && len(fl.Waiters) == 0
+	})
+	// The lock is released when the exiting process closes its files,
+	// slightly before it is gone.
+	waitFor(t, "sleep gone", func() bool { ok, _ := Alive(ctx, r, sleep.Pid, sleep.CreateTimeMs); return !ok })
+	if err := r.Signal(ctx, sleep.Pid, sleep.CreateTimeMs, syscall.SIGKILL); !errors.Is(err, ErrNotFound) && !errors.Is(err, ErrNotSame) {
+		t.Errorf("signal to a gone process = %v", err)
+	}
+	if err := r.Signal(ctx, 1, 1, syscall.SIGTERM); err == nil {
+		t.Error("signal to pid 1 allowed")
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	s, err := parseStat([]byte("4242 (iptables-legacy) S 4200 4242 4200 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 2269184 300 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"))
+	if err != nil || s.comm != "iptables-legacy" || s.state != "S" || s.ppid != 4200 || s.startTick != 123456 {
+		t.Fatalf("got %+v %v", s, err)
+	}
+	s, err = parseStat([]byte("7 (a) b) c) D 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0"))
+	if err != nil || s.comm != "a) b) c" || s.state != "D" || s.startTick != 99 {
+		t.Fatalf("comm with parens: %+v %v", s, err)
+	}
+	for _, bad := range []string{"", "1 (x", "1 (x) S 1 2", "1 (x) S z 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0"} {
+		if _, err := parseStat([]byte(bad)); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+// BenchmarkFileLocksHeld measures finding the real holders of a held lock
+// on this machine: every descriptor of every process is stat'ed, which is
+// what the lock contention detector pays in a cycle where the lock is held.
+func BenchmarkFileLocksHeld(b *testing.B) {
+	if _, err := exec.LookPath("flock"); err != nil {
+		b.Skip("needs flock(1)")
+	}
+	lockFile := filepath.Join(b.TempDir(), "xtables.lock")
+	cmd := exec.Command("flock", lockFile, "sleep", "300")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+	r := New("/proc")
+	ctx := context.Background()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		fl, err := r.FileLocks(ctx, lockFile)
+		if err == nil && len(fl.Holders) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatal("lock not held")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pids, _ := os.ReadDir("/proc")
+	b.Logf("%d entries in /proc", len(pids))
+	for b.Loop() {
+		if _, err := r.FileLocks(ctx, lockFile); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestRealOtherProcRoot reads through a proc root that is not "/proc" (the
+// same procfs reached by another path, like a DaemonSet's /host/proc).
+func TestRealOtherProcRoot(t *testing.T) {
+	root := "/proc/self/root/proc"
+	if _, err := os.Stat(root + "/locks"); err != nil {
+		t.Skipf("no %s: %v", root, err)
+	}
+	r := New(root)
+	ctx := context.Background()
+	self, err := r.Get(ctx, int32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	viaProc, err := New("/proc").Get(ctx, int32(os.Getpid()))
+	if err != nil || viaProc.CreateTimeMs != self.CreateTimeMs || viaProc.Name() != self.Name() {
+		t.Fatalf("through %s: %+v; through /proc: %+v %v", root, self, viaProc, err)
+	}
+	if r.Self() != int32(os.Getpid()) {
+		t.Errorf("Self = %d, want %d", r.Self(), os.Getpid())
+	}
+	found, err := r.Find(ctx, []string{self.Name()})
+	if err != nil || len(found) == 0 {
+		t.Fatalf("Find(%q) = %v %v", self.Name(), found, err)
+	}
+}

@@ -1,0 +1,277 @@
+package action
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// KillProcessParams bound KillProcess.
+type KillProcessParams struct {
+	// Names is the allowlist of argv[0] basenames that may be killed;
+	// the process must still match immediately before every signal.
+	Names []string `yaml:"names"`
+	// GracePeriod is how long to wait after SIGTERM before SIGKILL.
+	GracePeriod policy.Duration `yaml:"gracePeriod"`
+	// KillWait is how long to wait for the process to be gone after
+	// SIGKILL before reporting failure (a process in D state dies only
+	// when it leaves the kernel).
+	KillWait policy.Duration `yaml:"killWait"`
+	// MinHoldTime applies to lock-holder findings (evidence
+	// "holdSeconds", from XtablesLockContention): the holder is killed
+	// only when it has held the lock at least this long.
+	MinHoldTime policy.Duration `yaml:"minHoldTime"`
+}
+
+// Validate implements policy.Validator.
+func (p *KillProcessParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if len(p.Names) == 0 {
+		errs = append(errs, policy.FieldError{Field: "names", Msg: "must allow at least one program name"})
+	}
+	for i, n := range p.Names {
+		if n == "" || strings.ContainsRune(n, '/') {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("names[%d]", i), Msg: "must be a program name (argv[0] basename), not empty or a path"})
+		}
+	}
+	if p.GracePeriod.Duration <= 0 {
+		errs = append(errs, policy.FieldError{Field: "gracePeriod", Msg: "must be > 0"})
+	}
+	if p.KillWait.Duration <= 0 {
+		errs = append(errs, policy.FieldError{Field: "killWait", Msg: "must be > 0"})
+	}
+	if p.MinHoldTime.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "minHoldTime", Msg: "must be >= 0"})
+	}
+	return errs
+}
+
+func init() {
+	Register(Type{
+		Name: "KillProcess",
+		Doc:  "SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		NewParams: func() any {
+			return &KillProcessParams{
+				Names:       append([]string(nil), detect.RestoreNames...),
+				GracePeriod: policy.D(5 * time.Second),
+				KillWait:    policy.D(5 * time.Second),
+				MinHoldTime: policy.D(30 * time.Second),
+			}
+		},
+		New: func(params any, n *node.Node) (Action, error) {
+			p, ok := params.(*KillProcessParams)
+			if !ok {
+				return nil, fmt.Errorf("KillProcess: params are %T", params)
+			}
+			return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
+		},
+	})
+}
+
+type killProcess struct {
+	p    KillProcessParams
+	n    *node.Node
+	poll time.Duration
+}
+
+// check resolves the finding's target to the live process and applies
+// every refusal rule. It returns a detect.Skip error when the action must
+// not (or need not) act.
+func (a *killProcess) check(ctx context.Context, f detect.Finding) (procs.Process, error) {
+	if a.n.Procs == nil {
+		return procs.Process{}, detect.Skip("%s", a.n.Why("procs"))
+	}
+	pid, ct, err := procs.ParseTarget(f.Target)
+	if err != nil {
+		return procs.Process{}, detect.Skip("not a process target: %v", err)
+	}
+	if pid == 1 {
+		return procs.Process{}, detect.Skip("refusing to signal pid 1")
+	}
+	if pid == a.n.Procs.Self() {
+		return procs.Process{}, detect.Skip("refusing to signal remediate itself (pid %d)", pid)
+	}
+	if err := a.holdCheck(f); err != nil {
+		return procs.Process{}, err
+	}
+	cur, err := a.n.Procs.Get(ctx, pid)
+	if errors.Is(err, procs.ErrNotFound) {
+		return procs.Process{}, detect.Skip("pid %d is gone", pid)
+	}
+	if err != nil {
+		return procs.Process{}, fmt.Errorf("re-reading pid %d: %w", pid, err)
+	}
+	if cur.CreateTimeMs != ct {
+		return procs.Process{}, detect.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
+	}
+	if !slices.Contains(a.p.Names, cur.Name()) {
+		return procs.Process{}, detect.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
+	}
+	return cur, nil
+}
+
+// holdCheck applies MinHoldTime to lock-holder findings.
+func (a *killProcess) holdCheck(f detect.Finding) error {
+	v, ok := f.Evidence["holdSeconds"]
+	if !ok {
+		return nil
+	}
+	hold, ok := number(v)
+	if !ok {
+		return detect.Skip("evidence holdSeconds is %T, not a number", v)
+	}
+	if d := time.Duration(hold * float64(time.Second)); d < a.p.MinHoldTime.Duration {
+		return detect.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
+	}
+	return nil
+}
+
+func number(v any) (float64, bool) {
+	switch x := v.(type) {
+	case float64:
+		return x, true
+	case float32:
+		return float64(x), true
+	case int:
+		return float64(x), true
+	case int32:
+		return float64(x), true
+	case int64:
+		return float64(x), true
+	}
+	return 0, false
+}
+
+func (a *killProcess) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+	p, err := a.check(ctx, f)
+	if err != nil {
+		return Plan{}, err
+	}
+	return Plan{
+		Summary: fmt.Sprintf("send SIGTERM to pid %d (%s), wait %s, then SIGKILL if it still runs", p.Pid, strings.Join(p.Cmdline, " "), a.p.GracePeriod.Duration),
+		Details: details(p),
+	}, nil
+}
+
+func details(p procs.Process) map[string]any {
+	return map[string]any{
+		"pid":          p.Pid,
+		"createTimeMs": p.CreateTimeMs,
+		"name":         p.Name(),
+		"cmdline":      strings.Join(p.Cmdline, " "),
+		"state":        p.State,
+		"ppid":         p.PPid,
+		"parentName":   p.ParentName,
+	}
+}
+
+func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+	start := time.Now()
+	pid, ct, _ := procs.ParseTarget(f.Target)
+	goneNow := func() bool {
+		alive, err := procs.Alive(ctx, a.n.Procs, pid, ct)
+		return err == nil && !alive
+	}
+	var sent []string
+	for _, step := range []struct {
+		sig  syscall.Signal
+		wait time.Duration
+	}{{syscall.SIGTERM, a.p.GracePeriod.Duration}, {syscall.SIGKILL, a.p.KillWait.Duration}} {
+		// Re-check identity and allowlist immediately before each signal.
+		p, err := a.check(ctx, f)
+		if err != nil {
+			if len(sent) == 0 {
+				return Result{}, err
+			}
+			if goneNow() {
+				return a.gone(f, sent, start), nil
+			}
+			// Still there but no longer eligible (exec'd into another
+			// program): a failure, not a skip.
+			return Result{}, fmt.Errorf("not sending %s after %s: %v", signalName(step.sig), strings.Join(sent, ", "), err)
+		}
+		if err := a.n.Procs.Signal(ctx, p.Pid, p.CreateTimeMs, step.sig); err != nil {
+			if errors.Is(err, procs.ErrNotFound) || errors.Is(err, procs.ErrNotSame) {
+				if len(sent) > 0 {
+					return a.gone(f, sent, start), nil
+				}
+				return Result{}, detect.Skip("pid %d is gone: %v", p.Pid, err)
+			}
+			return Result{}, fmt.Errorf("sending %s to pid %d: %w", signalName(step.sig), p.Pid, err)
+		}
+		sent = append(sent, signalName(step.sig))
+		if a.n.Log != nil {
+			a.n.Log.Info("signalled process", zap.String("signal", signalName(step.sig)), zap.Int32("pid", p.Pid),
+				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", strings.Join(p.Cmdline, " ")))
+		}
+		if a.waitGone(ctx, p, step.wait) {
+			r := a.gone(f, sent, start)
+			r.Details["cmdline"] = strings.Join(p.Cmdline, " ")
+			r.Details["name"] = p.Name()
+			return r, nil
+		}
+		if ctx.Err() != nil {
+			return Result{}, fmt.Errorf("pid %d still running after %s: %w", p.Pid, strings.Join(sent, ", "), ctx.Err())
+		}
+	}
+	state := "?"
+	if cur, err := a.n.Procs.Get(ctx, pid); err == nil {
+		state = cur.State
+	}
+	return Result{}, fmt.Errorf("pid %d still running %s after SIGTERM and SIGKILL (state %s)", pid, a.p.KillWait.Duration, state)
+}
+
+func (a *killProcess) gone(f detect.Finding, sent []string, start time.Time) Result {
+	pid, ct, _ := procs.ParseTarget(f.Target)
+	return Result{
+		Summary: fmt.Sprintf("pid %d is gone after %s", pid, strings.Join(sent, ", ")),
+		Details: map[string]any{
+			"pid":          pid,
+			"createTimeMs": ct,
+			"signals":      sent,
+			"goneAfterMs":  time.Since(start).Milliseconds(),
+		},
+	}
+}
+
+// waitGone polls until the process is gone or d (or ctx) runs out.
+func (a *killProcess) waitGone(ctx context.Context, p procs.Process, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(a.poll)
+	defer tick.Stop()
+	for {
+		if ok, err := procs.Alive(ctx, a.n.Procs, p.Pid, p.CreateTimeMs); err == nil && !ok {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			ok, err := procs.Alive(ctx, a.n.Procs, p.Pid, p.CreateTimeMs)
+			return err == nil && !ok
+		case <-tick.C:
+		}
+	}
+}
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	}
+	return s.String()
+}

@@ -1,0 +1,221 @@
+package action
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/netnstest"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// startBg starts cmd in its own process group and stops the group (by the
+// PID the test started) when the test ends, also on failure.
+func startBg(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %v: %v", cmd.Args, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	})
+}
+
+func eventually(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func detector(t *testing.T, typ string, n *node.Node, set func(any)) detect.Detector {
+	t.Helper()
+	ty, _ := detect.Lookup(typ)
+	p := ty.NewParams()
+	set(p)
+	d, err := ty.New(p, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// TestRealHungRestoreOnHeldXtablesLock runs a real iptables-legacy-restore
+// -w in a test namespace, blocked on a private xtables lock file held by
+// flock(1) + sleep; the detectors report the hung restore and the real
+// holders; KillProcess's plan (dry run) leaves the restore alive and
+// Execute kills it, re-checked by the detector.
+func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
+	ns := netnstest.New(t)
+	netnstest.NeedCommands(t, "flock", "iptables-legacy-restore")
+	ctx := context.Background()
+	lock := filepath.Join(t.TempDir(), "xtables.lock")
+
+	holder := exec.Command("flock", lock, "sleep", "300")
+	startBg(t, holder)
+	pr := procs.New("/proc")
+	eventually(t, "flock to hold the lock", 10*time.Second, func() bool {
+		fl, err := pr.FileLocks(ctx, lock)
+		return err == nil && len(fl.Holders) == 2
+	})
+
+	restore := netnstest.Cmd(ns, "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n", "iptables-legacy-restore", "-w")
+	restore.Env = append(os.Environ(), "XTABLES_LOCKFILE="+lock)
+	startBg(t, restore)
+	restorePID := int32(restore.Process.Pid) // ip netns exec execs in place
+
+	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
+	hung := detector(t, "HungIPTablesRestore", n, func(p any) {
+		p.(*detect.HungIPTablesRestoreParams).MinAge = policy.D(500 * time.Millisecond)
+	})
+	var hf detect.Finding
+	eventually(t, "the hung restore to be reported", 15*time.Second, func() bool {
+		fs, err := hung.Detect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if f.Evidence["pid"] == restorePID && f.Evidence["waitsOnXtablesLock"] == true {
+				hf = f
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("finding: %s %s %v", hf.Target, hf.Message, hf.Evidence)
+	if hf.Severity != detect.Critical || hf.Evidence["name"] != "iptables-legacy-restore" || !strings.Contains(hf.Message, "held by flock") {
+		t.Errorf("finding = %+v", hf)
+	}
+	// comm is the truncated multi-call name; argv[0] matched.
+	if p, _ := pr.Get(ctx, restorePID); p.Comm != "iptables-legacy" {
+		t.Logf("comm = %q", p.Comm)
+	}
+
+	contention := detector(t, "XtablesLockContention", n, func(p any) {
+		p.(*detect.XtablesLockContentionParams).MaxWaiters = 1
+	})
+	cf, err := contention.Detect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cf) != 2 || cf[0].Evidence["name"] != "flock" || cf[1].Evidence["name"] != "sleep" || cf[0].Evidence["pid"] != int32(holder.Process.Pid) {
+		t.Fatalf("contention findings = %+v", cf)
+	}
+	ws := cf[0].Evidence["waiters"].([]map[string]any)
+	if len(ws) != 1 || ws[0]["pid"] != restorePID {
+		t.Errorf("waiters = %v", ws)
+	}
+
+	ty, _ := Lookup("KillProcess")
+	kp := ty.NewParams().(*KillProcessParams)
+	kp.GracePeriod = policy.D(2 * time.Second)
+	kill, err := ty.New(kp, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Dry run: the plan only.
+	plan, err := kill.Plan(ctx, hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("plan: %s", plan.Summary)
+	time.Sleep(300 * time.Millisecond)
+	if alive, _ := procs.Alive(ctx, pr, restorePID, int64(hf.Evidence["createTimeMs"].(int64))); !alive {
+		t.Fatal("the dry run killed the restore")
+	}
+	// The lock holders are not in the default allowlist (restores only).
+	if _, err := kill.Plan(ctx, cf[1]); err == nil {
+		t.Error("plan accepted killing sleep with the default allowlist")
+	}
+
+	// Enforce.
+	res, err := kill.Execute(ctx, hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("result: %s %v", res.Summary, res.Details)
+	if sigs := res.Details["signals"].([]string); len(sigs) != 1 || sigs[0] != "SIGTERM" {
+		t.Errorf("signals = %v", sigs)
+	}
+	fs, err := hung.Detect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fs {
+		if f.Target == hf.Target {
+			t.Fatalf("restore still reported after the kill: %+v", f)
+		}
+	}
+	// The lock holder is untouched.
+	if fl, err := pr.FileLocks(ctx, lock); err != nil || len(fl.Holders) != 2 || len(fl.Waiters) != 0 {
+		t.Errorf("after the kill: %+v %v", fl, err)
+	}
+}
+
+// TestRealKillLockHolder points KillProcess at the real holders of the lock
+// (allowlisted flock and sleep) and shows the waiter then gets the lock.
+func TestRealKillLockHolder(t *testing.T) {
+	netnstest.NeedCommands(t, "flock")
+	ctx := context.Background()
+	lock := filepath.Join(t.TempDir(), "xtables.lock")
+	startBg(t, exec.Command("flock", lock, "sleep", "300"))
+	pr := procs.New("/proc")
+	eventually(t, "flock to hold the lock", 10*time.Second, func() bool {
+		fl, err := pr.FileLocks(ctx, lock)
+		return err == nil && len(fl.Holders) == 2
+	})
+	waiter := exec.Command("flock", lock, "true")
+	startBg(t, waiter)
+
+	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
+	contention := detector(t, "XtablesLockContention", n, func(p any) {
+		p.(*detect.XtablesLockContentionParams).MaxHold = policy.D(300 * time.Millisecond)
+	})
+	ty, _ := Lookup("KillProcess")
+	kp := ty.NewParams().(*KillProcessParams)
+	kp.Names = []string{"flock", "sleep"}
+	kp.MinHoldTime = policy.D(300 * time.Millisecond)
+	kill, err := ty.New(kp, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs, _ := contention.Detect(ctx); len(fs) != 0 {
+		t.Fatalf("first cycle already flagged: %+v", fs)
+	}
+	time.Sleep(400 * time.Millisecond)
+	fs, err := contention.Detect(ctx)
+	if err != nil || len(fs) != 2 {
+		t.Fatalf("findings = %+v %v", fs, err)
+	}
+	for _, f := range fs {
+		if _, err := kill.Execute(ctx, f); err != nil {
+			t.Fatalf("kill %s: %v", f.Target, err)
+		}
+	}
+	eventually(t, "the waiter to get the lock and exit", 10*time.Second, func() bool {
+		fl, err := pr.FileLocks(ctx, lock)
+		return err == nil && !fl.Held && len(fl.Waiters) == 0
+	})
+	if fs, _ := contention.Detect(ctx); len(fs) != 0 {
+		t.Errorf("still flagged: %+v", fs)
+	}
+}

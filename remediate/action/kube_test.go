@@ -1,0 +1,206 @@
+package action
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+func kpPod(name, nodeName string, uid types.UID, ready bool, owner string) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: uid, Labels: map[string]string{"k8s-app": "kube-proxy"}},
+		Spec:       corev1.PodSpec{NodeName: nodeName},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning},
+	}
+	if owner != "" {
+		p.OwnerReferences = []metav1.OwnerReference{{Kind: owner, Name: "kube-proxy", Controller: ptr.To(true), APIVersion: "apps/v1", UID: "ds"}}
+	}
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}
+	return p
+}
+
+func newRestart(t *testing.T, n *node.Node, timeout time.Duration) Action {
+	t.Helper()
+	typ, _ := Lookup("RestartKubeProxy")
+	p := typ.NewParams().(*RestartKubeProxyParams)
+	p.ReadyTimeout, p.PollInterval = policy.D(timeout), policy.D(20*time.Millisecond)
+	a, err := typ.New(p, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestRestartKubeProxyRefusals(t *testing.T) {
+	ctx := context.Background()
+	f := detect.Finding{Target: "kube-proxy/IPv4"}
+	for _, tc := range []struct {
+		name string
+		objs []*corev1.Pod
+		skip string
+		err  string
+	}{
+		{"none", nil, "no pod matching", ""},
+		{"other node only", []*corev1.Pod{kpPod("kp-b", "n2", "b", true, "DaemonSet")}, "no pod matching", ""},
+		{"static pod", []*corev1.Pod{kpPod("kp-a", "n1", "a", true, "")}, "not managed by a DaemonSet", ""},
+		{"ambiguous", []*corev1.Pod{kpPod("kp-a", "n1", "a", true, "DaemonSet"), kpPod("kp-c", "n1", "c", true, "DaemonSet")}, "", "ambiguous"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fake.NewClientset()
+			for _, p := range tc.objs {
+				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, p, metav1.CreateOptions{})
+			}
+			a := newRestart(t, &node.Node{Name: "n1", Kube: cs}, time.Minute)
+			_, err := a.Plan(ctx, f)
+			if reason, ok := detect.IsSkip(err); tc.skip != "" && (!ok || !strings.Contains(reason, tc.skip)) {
+				t.Fatalf("want skip %q, got %v", tc.skip, err)
+			}
+			if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+				t.Fatalf("want error %q, got %v", tc.err, err)
+			}
+			if _, err := a.Execute(ctx, f); err == nil {
+				t.Fatal("Execute acted")
+			}
+			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) != len(tc.objs) {
+				t.Fatal("a pod was deleted")
+			}
+		})
+	}
+	if _, err := newRestart(t, &node.Node{Name: "n1", Unavailable: map[string]string{"kubernetes": "no cluster access: x"}}, time.Minute).Plan(ctx, f); err == nil {
+		t.Fatal("no client: no skip")
+	} else if r, _ := detect.IsSkip(err); r != "no cluster access: x" {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestRestartKubeProxyReplaces(t *testing.T) {
+	ctx := context.Background()
+	// Field selectors are not honoured by the fake for spec.nodeName, so
+	// only this node's pod exists.
+	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
+	a := newRestart(t, &node.Node{Name: "n1", Kube: cs}, 5*time.Second)
+	plan, err := a.Plan(ctx, detect.Finding{})
+	if err != nil || !strings.Contains(plan.Summary, "kube-system/kp-a (uid a)") {
+		t.Fatalf("plan %+v %v", plan, err)
+	}
+	// The "DaemonSet controller": after the delete, a new pod appears,
+	// first not ready, then ready.
+	go func() {
+		for {
+			if _, err := cs.CoreV1().Pods("kube-system").Get(ctx, "kp-a", metav1.GetOptions{}); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod("kp-z", "n1", "z", false, "DaemonSet"), metav1.CreateOptions{})
+		time.Sleep(100 * time.Millisecond)
+		_, _ = cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, kpPod("kp-z", "n1", "z", true, "DaemonSet"), metav1.UpdateOptions{})
+	}()
+	res, err := a.Execute(ctx, detect.Finding{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Details["newPod"] != "kp-z" || res.Details["oldUID"] != "a" || !strings.HasPrefix(res.Details["syncCheck"].(string), "not checked") {
+		t.Fatalf("result %+v", res)
+	}
+
+	// With the kube-proxy adapter: success needs /healthz healthy too. A
+	// "DaemonSet controller" replaces the pod whenever it is gone.
+	stop := make(chan struct{})
+	go func() {
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
+				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
+			}
+		}
+	}()
+	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
+	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
+	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 500*time.Millisecond)
+	if _, err := a.Execute(ctx, detect.Finding{}); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
+		t.Fatalf("unhealthy kube-proxy after restart: %v", err)
+	}
+	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
+	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 5*time.Second)
+	res, err = a.Execute(ctx, detect.Finding{})
+	if err != nil || res.Details["syncRecoveredAfter"] == nil {
+		t.Fatalf("healthy kube-proxy after restart: %+v %v", res, err)
+	}
+	close(stop)
+	time.Sleep(50 * time.Millisecond)
+
+	// Without a replacement: a bounded wait, then failure.
+	a = newRestart(t, &node.Node{Name: "n1", Kube: cs}, 200*time.Millisecond)
+	start := time.Now()
+	if _, err := a.Execute(ctx, detect.Finding{}); err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
+		t.Fatalf("got %v", err)
+	}
+	if time.Since(start) > 3*time.Second {
+		t.Fatal("wait not bounded")
+	}
+}
+
+func TestCordonNode(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	typ, _ := Lookup("CordonNode")
+	mk := func(p *CordonNodeParams) Action {
+		a, err := typ.New(p, &node.Node{Name: "n1", Kube: cs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	f := detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
+	if _, err := mk(typ.NewParams().(*CordonNodeParams)).Plan(ctx, f); err == nil {
+		t.Fatal("disabled by default, yet planned")
+	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, "off") {
+		t.Fatalf("got %v", err)
+	}
+	p := &CordonNodeParams{Enabled: true, Taint: &TaintParams{Key: "remediate.dev/dataplane", Effect: "NoSchedule"}}
+	if errs := p.Validate(); len(errs) != 0 {
+		t.Fatal(errs)
+	}
+	if errs := (&CordonNodeParams{Taint: &TaintParams{Key: "bad key", Effect: "Never"}}).Validate(); len(errs) != 2 {
+		t.Fatalf("validation: %v", errs)
+	}
+	a := mk(p)
+	if plan, err := a.Plan(ctx, f); err != nil || !strings.Contains(plan.Summary, "taint it remediate.dev/dataplane=:NoSchedule") {
+		t.Fatalf("plan %+v %v", plan, err)
+	}
+	if _, err := a.Execute(ctx, f); err != nil {
+		t.Fatal(err)
+	}
+	n, _ := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	rec, ours := kube.CordonedBy(n)
+	if !n.Spec.Unschedulable || !ours || rec.Detector != "KubeProxySyncStale" || len(n.Spec.Taints) != 1 {
+		t.Fatalf("node %+v", n)
+	}
+	if _, err := a.Plan(ctx, f); err == nil {
+		t.Fatal("second cordon planned")
+	}
+}

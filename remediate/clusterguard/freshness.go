@@ -1,0 +1,76 @@
+package clusterguard
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+// DefaultAPIActions are the action types that act through the API or on
+// the view's data, beyond the disruptive ones (which always need a fresh
+// view).
+var DefaultAPIActions = []string{"RestartKubeProxy", "CordonNode", "DeleteStaleIPVSServers", "FlushStaleConntrack"}
+
+// Freshness blocks actions that depend on the Kubernetes API (the listed
+// types and every disruptive one) while the cluster view is missing, not
+// yet synced, or disconnected. Node-local actions pass.
+type Freshness struct {
+	view           cluster.View
+	noAccessReason string
+	apiActions     map[string]bool
+}
+
+// NewFreshness returns the guardrail. view may be nil (no cluster access);
+// then noAccessReason is the reason given. apiActions lists the
+// non-disruptive action types that also need the API (nil means
+// DefaultAPIActions).
+func NewFreshness(view cluster.View, noAccessReason string, apiActions []string) *Freshness {
+	if apiActions == nil {
+		apiActions = DefaultAPIActions
+	}
+	g := &Freshness{view: view, noAccessReason: noAccessReason, apiActions: map[string]bool{}}
+	for _, a := range apiActions {
+		g.apiActions[a] = true
+	}
+	return g
+}
+
+// Name implements remediate.Guardrail.
+func (g *Freshness) Name() string { return "api-freshness" }
+
+// Check implements remediate.Guardrail.
+func (g *Freshness) Check(_ context.Context, r *remediate.Request) error {
+	if !r.Disruptive && !g.apiActions[r.ActionType] {
+		return nil
+	}
+	if g.view == nil {
+		reason := g.noAccessReason
+		if reason == "" {
+			reason = "no cluster access"
+		}
+		return remediate.Block(g.Name(), "%s needs the Kubernetes API: %s", r.ActionType, reason)
+	}
+	if why := StaleReason(g.view.Freshness(), r.Now); why != "" {
+		return remediate.Block(g.Name(), "%s needs a fresh cluster view: %s", r.ActionType, why)
+	}
+	return nil
+}
+
+// StaleReason says why a view with freshness f cannot be trusted at now,
+// or "" when it can.
+func StaleReason(f cluster.Freshness, now time.Time) string {
+	switch {
+	case !f.Synced:
+		return "cluster view not synced yet (initial list incomplete)"
+	case !f.Connected:
+		if f.LastError != nil {
+			return fmt.Sprintf("API server unreachable (last error %s ago): %v",
+				now.Sub(f.LastErrorTime).Round(time.Second), f.LastError)
+		}
+		return "API server unreachable"
+	}
+	return ""
+}

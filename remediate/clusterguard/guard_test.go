@@ -1,0 +1,203 @@
+package clusterguard
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+func req(rule, target, action string, disruptive, dry bool, now time.Time) *remediate.Request {
+	return &remediate.Request{Rule: &policy.Rule{Name: rule}, ActionType: action, Disruptive: disruptive,
+		Finding: detect.Finding{Target: target}, DryRun: dry, Now: now}
+}
+
+type fakeView struct{ f cluster.Freshness }
+
+func (v fakeView) Services() []cluster.Service              { return nil }
+func (v fakeView) Endpoints(_, _ string) []cluster.Endpoint { return nil }
+func (v fakeView) Freshness() cluster.Freshness             { return v.f }
+
+func TestFreshness(t *testing.T) {
+	now := time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
+	fresh := cluster.Freshness{Synced: true, Connected: true, LastEvent: now}
+	down := cluster.Freshness{Synced: true, Connected: false, LastError: errors.New("connection refused"), LastErrorTime: now.Add(-20 * time.Second)}
+	for _, tc := range []struct {
+		name       string
+		view       cluster.View
+		action     string
+		disruptive bool
+		want       string // "" allowed, else substring of the reason
+	}{
+		{"node-local passes without access", nil, "KillProcess", false, ""},
+		{"api action without access", nil, "CordonNode", false, "needs the Kubernetes API: no cluster access: not in a pod"},
+		{"disruptive without access", nil, "Whatever", true, "no cluster access"},
+		{"unsynced", fakeView{cluster.Freshness{Connected: true}}, "RestartKubeProxy", true, "not synced"},
+		{"disconnected", fakeView{down}, "RestartKubeProxy", true, "API server unreachable (last error 20s ago): connection refused"},
+		{"node-local while down", fakeView{down}, "RaiseConntrackMax", false, ""},
+		{"fresh", fakeView{fresh}, "RestartKubeProxy", true, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var g *Freshness
+			if tc.view == nil {
+				g = NewFreshness(nil, "no cluster access: not in a pod", nil)
+			} else {
+				g = NewFreshness(tc.view, "", nil)
+			}
+			err := g.Check(context.Background(), req("r", "t", tc.action, tc.disruptive, false, now))
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("blocked: %v", err)
+				}
+				return
+			}
+			var b *remediate.Blocked
+			if !errors.As(err, &b) || !strings.Contains(b.Reason, tc.want) {
+				t.Fatalf("got %v, want reason containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestBudgetFakeClient(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	mk := func(node string) *Budget {
+		return NewBudget(cs, BudgetOptions{Namespace: "remediate", Slots: 2, TTL: time.Minute, Node: node, Clock: clk})
+	}
+	a, b, c := mk("a"), mk("b"), mk("c")
+	now := clk.Now()
+	if err := a.Check(ctx, req("r", "t", "X", false, false, now)); err != nil || len(a.Held()) != 0 {
+		t.Fatalf("non-disruptive took a slot: %v %v", err, a.Held())
+	}
+	if err := a.Check(ctx, req("r", "t", "X", true, true, now)); err != nil || len(a.Held()) != 0 {
+		t.Fatalf("dry run took a slot: %v %v", err, a.Held())
+	}
+	if err := a.Check(ctx, req("r", "t", "X", true, false, now)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(ctx, req("r", "t", "X", true, false, now)); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Check(ctx, req("r", "t", "X", true, false, now))
+	var bl *remediate.Blocked
+	if !errors.As(err, &bl) || !strings.Contains(bl.Reason, "all 2 cluster-wide") || !strings.Contains(bl.Reason, "a (r on t)") {
+		t.Fatalf("third holder: %v", err)
+	}
+	if err := c.Check(ctx, req("r", "t", "X", true, true, now)); !errors.As(err, &bl) || !strings.Contains(bl.Reason, "would block") {
+		t.Fatalf("dry run on full budget: %v", err)
+	}
+	// Release frees a slot for c.
+	a.Release(ctx, req("r", "t", "X", true, false, now))
+	if err := c.Check(ctx, req("r", "t", "X", true, false, now)); err != nil {
+		t.Fatalf("after release: %v", err)
+	}
+	// b crashes (never renews); c renews. After TTL b's slot is free.
+	clk.Step(40 * time.Second)
+	c.Renew(ctx)
+	clk.Step(30 * time.Second)
+	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err != nil {
+		t.Fatalf("crashed holder's slot did not expire: %v", err)
+	}
+	if err := mk("d").Check(ctx, req("r", "t", "X", true, false, clk.Now())); err == nil {
+		t.Fatal("renewed slot was taken")
+	}
+	// No access: blocked.
+	if err := NewBudget(nil, BudgetOptions{}).Check(ctx, req("r", "t", "X", true, false, now)); err == nil {
+		t.Fatal("no access allowed a disruptive action")
+	}
+}
+
+func TestStormVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		live, affected int
+		storm          bool
+	}{
+		{1, 1, false}, {2, 2, false}, {3, 1, false}, {3, 2, true}, {4, 1, false}, {2, 1, false}, {10, 3, false}, {10, 4, true}, {100, 30, false}, {100, 31, true},
+	} {
+		got := StormVerdict(tc.live, tc.affected, 0.3, 3) != ""
+		if got != tc.storm {
+			t.Errorf("live=%d affected=%d: storm=%v want %v", tc.live, tc.affected, got, tc.storm)
+		}
+	}
+}
+
+func TestStormFakeClient(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	guards := map[string]*Storm{}
+	for _, n := range []string{"n1", "n2", "n3", "n4", "n5"} {
+		guards[n] = NewStorm(cs, StormOptions{Namespace: "remediate", Node: n, TTL: time.Minute, Clock: clk})
+		if err := guards[n].Publish(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := req("restart-kube-proxy", "kube-proxy/IPv4", "RestartKubeProxy", true, false, clk.Now())
+	_ = guards["n2"].Publish(ctx, []string{"restart-kube-proxy"})
+	if err := guards["n1"].Check(ctx, r); err != nil { // 2 of 5 = 40% > 30%
+		if !strings.Contains(err.Error(), "2 of 5 nodes") {
+			t.Fatalf("unexpected: %v", err)
+		}
+	} else {
+		t.Fatal("40% not held back")
+	}
+	_ = guards["n2"].Publish(ctx, []string{"other"})
+	if err := guards["n1"].Check(ctx, r); err != nil { // 1 of 5
+		t.Fatalf("single node held back: %v", err)
+	}
+	// Dead nodes' leases expire and stop counting: n3..n5 silent for 2 min,
+	// n1 and n2 republish. Then 2 live nodes < MinNodes: no judgement.
+	clk.Step(2 * time.Minute)
+	_ = guards["n1"].Publish(ctx, nil)
+	_ = guards["n2"].Publish(ctx, []string{"restart-kube-proxy"})
+	if err := guards["n1"].Check(ctx, r); err != nil {
+		t.Fatalf("dead nodes counted: %v", err)
+	}
+	// Non-disruptive passes unless AllActions.
+	if err := guards["n1"].Check(ctx, req("restart-kube-proxy", "x", "Kill", false, false, clk.Now())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type nodeSrc struct{ n *corev1.Node }
+
+func (s nodeSrc) Node() (*corev1.Node, bool) { return s.n, s.n != nil }
+
+func TestOptOut(t *testing.T) {
+	r := req("r", "t", "KillProcess", false, false, time.Now())
+	mkNode := func(l, a map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: l, Annotations: a}}
+	}
+	for _, tc := range []struct {
+		name string
+		src  NodeSource
+		want string
+	}{
+		{"no access", nil, ""},
+		{"unknown node", nodeSrc{}, ""},
+		{"plain", nodeSrc{mkNode(nil, nil)}, ""},
+		{"label", nodeSrc{mkNode(map[string]string{OptOutKey: "true"}, nil)}, "label remediate.dev/opt-out=true"},
+		{"annotation", nodeSrc{mkNode(nil, map[string]string{OptOutKey: "maintenance"})}, "annotation remediate.dev/opt-out=maintenance"},
+		{"explicit false", nodeSrc{mkNode(map[string]string{OptOutKey: "false"}, nil)}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := NewOptOut(tc.src).Check(context.Background(), r)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("got %v want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,209 @@
+package clusterguard
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+// StormOptions configure the storm guard.
+type StormOptions struct {
+	// Namespace holds the node-status Leases.
+	Namespace string
+	// Node is this node's name.
+	Node string
+	// MaxShare: when more than this share of the live nodes report the
+	// same rule firing at once, hold back (default 0.3).
+	MaxShare float64
+	// MinNodes: the guard only judges when at least this many nodes are
+	// reporting (default 3), so two nodes of which one is sick is not a
+	// "50% storm".
+	MinNodes int
+	// TTL: a node-status Lease not renewed for this long is a dead node and
+	// not counted (default 5m). Publish renews every TTL/3 at most.
+	TTL time.Duration
+	// AllActions applies the guard to every action; by default only
+	// disruptive ones are held back.
+	AllActions bool
+	Clock      clock.PassiveClock
+}
+
+// Storm is the storm guard. Each daemon publishes the rules firing on its
+// node in its own node-status Lease (Publish, called every cycle by the
+// Reporter); Check counts, over the live Leases, how many nodes report the
+// request's rule.
+type Storm struct {
+	cs   kubernetes.Interface
+	opts StormOptions
+
+	mu            sync.Mutex
+	lastFiring    []string
+	lastPublished time.Time
+}
+
+var _ remediate.Guardrail = (*Storm)(nil)
+
+// NewStorm returns the storm guard. cs nil means no cluster access: the
+// guard then allows (it cannot count), and disruptive actions are blocked
+// by the budget and freshness guards anyway.
+func NewStorm(cs kubernetes.Interface, opts StormOptions) *Storm {
+	if opts.MaxShare <= 0 {
+		opts.MaxShare = 0.3
+	}
+	if opts.MinNodes <= 0 {
+		opts.MinNodes = 3
+	}
+	if opts.TTL <= 0 {
+		opts.TTL = 5 * time.Minute
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	return &Storm{cs: cs, opts: opts}
+}
+
+// Name implements remediate.Guardrail.
+func (s *Storm) Name() string { return "storm-guard" }
+
+// StatusLeaseName is the node-status Lease name of a node (hashed when the
+// node name is too long for a Lease name).
+func StatusLeaseName(node string) string {
+	n := "remediate-node-" + node
+	if len(n) <= 253 {
+		return n
+	}
+	h := sha256.Sum256([]byte(node))
+	return "remediate-node-" + node[:200] + "-" + hex.EncodeToString(h[:8])
+}
+
+// Publish writes the rules firing on this node (sorted, deduplicated) to
+// its node-status Lease when they changed or the Lease is due for renewal.
+func (s *Storm) Publish(ctx context.Context, firing []string) error {
+	if s.cs == nil {
+		return nil
+	}
+	firing = slices.Clone(firing)
+	sort.Strings(firing)
+	firing = slices.Compact(firing)
+	now := s.opts.Clock.Now()
+	s.mu.Lock()
+	due := !slices.Equal(firing, s.lastFiring) || s.lastPublished.IsZero() || now.Sub(s.lastPublished) >= s.opts.TTL/3
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	js, _ := json.Marshal(firing)
+	name := StatusLeaseName(s.opts.Node)
+	leases := s.cs.CoordinationV1().Leases(s.opts.Namespace)
+	mt := metav1.NewMicroTime(now)
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		l = &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.opts.Namespace,
+			Labels: map[string]string{LabelLease: LeaseNodeStatus, "app.kubernetes.io/name": "remediate"}}}
+		l.Annotations = map[string]string{AnnotationFiring: string(js)}
+		l.Spec = coordv1.LeaseSpec{HolderIdentity: ptr.To(s.opts.Node), LeaseDurationSeconds: ptr.To(int32(s.opts.TTL.Seconds())),
+			AcquireTime: &mt, RenewTime: &mt}
+		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
+	case err == nil:
+		if l.Annotations == nil {
+			l.Annotations = map[string]string{}
+		}
+		l.Annotations[AnnotationFiring] = string(js)
+		l.Spec.HolderIdentity = ptr.To(s.opts.Node)
+		l.Spec.LeaseDurationSeconds = ptr.To(int32(s.opts.TTL.Seconds()))
+		l.Spec.RenewTime = &mt
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("publishing node status lease %s/%s: %w", s.opts.Namespace, name, err)
+	}
+	s.mu.Lock()
+	s.lastFiring, s.lastPublished = firing, now
+	s.mu.Unlock()
+	return nil
+}
+
+// Check implements remediate.Guardrail.
+func (s *Storm) Check(ctx context.Context, r *remediate.Request) error {
+	if !r.Disruptive && !s.opts.AllActions {
+		return nil
+	}
+	if s.cs == nil {
+		return nil
+	}
+	list, err := s.cs.CoordinationV1().Leases(s.opts.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.Set{LabelLease: LeaseNodeStatus}.String()})
+	if err != nil {
+		return fmt.Errorf("listing node status leases: %w", err)
+	}
+	live, affected := CountFiring(list.Items, r.Rule.Name, s.opts.Node, s.opts.Clock.Now())
+	if why := StormVerdict(live, affected, s.opts.MaxShare, s.opts.MinNodes); why != "" {
+		return remediate.Block(s.Name(), "rule %q: %s; suspecting a cluster-wide cause (control plane, network), holding back", r.Rule.Name, why)
+	}
+	return nil
+}
+
+// CountFiring counts the live node-status Leases (renewed within their
+// duration) and, among them, those listing rule. self always counts as live
+// and affected (it is asking because the rule fires here).
+func CountFiring(items []coordv1.Lease, rule, self string, now time.Time) (live, affected int) {
+	selfSeen := false
+	for i := range items {
+		l := &items[i]
+		holder := ""
+		if l.Spec.HolderIdentity != nil {
+			holder = *l.Spec.HolderIdentity
+		}
+		if holder == self {
+			selfSeen = true
+			live++
+			affected++
+			continue
+		}
+		if SlotFree(l, now) { // expired: a dead or removed node
+			continue
+		}
+		live++
+		var firing []string
+		if json.Unmarshal([]byte(l.Annotations[AnnotationFiring]), &firing) == nil && slices.Contains(firing, rule) {
+			affected++
+		}
+	}
+	if !selfSeen {
+		live++
+		affected++
+	}
+	return live, affected
+}
+
+// StormVerdict returns why affected of live nodes is a storm, or "": more
+// than maxShare of at least minNodes live nodes, and at least two.
+func StormVerdict(live, affected int, maxShare float64, minNodes int) string {
+	// One node alone is never a storm, whatever the cluster size.
+	if live < minNodes || live == 0 || affected < 2 {
+		return ""
+	}
+	share := float64(affected) / float64(live)
+	if share > maxShare {
+		return fmt.Sprintf("%d of %d nodes (%.0f%%) report it at once, above the %.0f%% storm threshold",
+			affected, live, share*100, maxShare*100)
+	}
+	return ""
+}
