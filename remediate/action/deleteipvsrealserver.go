@@ -19,9 +19,6 @@ type DeleteIPVSRealServerParams struct {
 	// CycleWindow is the window MaxPerCycle counts over (default 1m; set
 	// it to the policy's interval for "per cycle").
 	CycleWindow policy.Duration `yaml:"cycleWindow"`
-	// MaxViewAge is how old the cluster view's last event may be (default
-	// 10m; informer resyncs count as events).
-	MaxViewAge policy.Duration `yaml:"maxViewAge"`
 	// DeleteDraining allows deleting a TCP/SCTP real server that
 	// kube-proxy is draining (weight 0 with connections). Default false.
 	DeleteDraining bool `yaml:"deleteDraining"`
@@ -29,7 +26,7 @@ type DeleteIPVSRealServerParams struct {
 
 // Validate implements policy.Validator.
 func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
-	return IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow, p.MaxViewAge}.validate()
+	return IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow}.validate()
 }
 
 func init() {
@@ -39,7 +36,7 @@ func init() {
 		Disruptive: true,
 		NewParams: func() any {
 			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow, MaxViewAge: b.MaxViewAge}
+			return &DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
 		},
 		New: func(params any, n *node.Node) (Action, error) {
 			p := *params.(*DeleteIPVSRealServerParams)
@@ -71,7 +68,7 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now 
 	if err != nil {
 		return vs, rs, "", fmt.Errorf("finding %s: %w", f.Target, err)
 	}
-	if err := ipvsViewGate(a.n, a.p.MaxViewAge.Duration, now); err != nil {
+	if err := ipvsViewGate(a.n); err != nil {
 		return vs, rs, "", err
 	}
 	rss, err := a.n.IPVS.RealServers(ctx, vs)

@@ -20,9 +20,6 @@ type DeleteIPVSVirtualServerParams struct {
 	MaxPerCycle int `yaml:"maxPerCycle"`
 	// CycleWindow is the window MaxPerCycle counts over (default 1m).
 	CycleWindow policy.Duration `yaml:"cycleWindow"`
-	// MaxViewAge is how old the cluster view's last event may be (default
-	// 10m).
-	MaxViewAge policy.Duration `yaml:"maxViewAge"`
 	// ManagedCIDRs are kube-proxy's address ranges (Service CIDRs,
 	// external/load-balancer pools); a virtual server outside them and
 	// NodeIPs is never deleted. Default 10.96.0.0/12.
@@ -33,7 +30,7 @@ type DeleteIPVSVirtualServerParams struct {
 
 // Validate implements policy.Validator.
 func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
-	errs := IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow, p.MaxViewAge}.validate()
+	errs := IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow}.validate()
 	for i, s := range p.ManagedCIDRs {
 		if _, err := netip.ParsePrefix(s); err != nil {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("managedCIDRs[%d]", i), Msg: fmt.Sprintf("%q is not a CIDR", s)})
@@ -54,7 +51,7 @@ func init() {
 		Disruptive: true,
 		NewParams: func() any {
 			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow, MaxViewAge: b.MaxViewAge,
+			return &DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
 				ManagedCIDRs: []string{"10.96.0.0/12"}}
 		},
 		New: func(params any, n *node.Node) (Action, error) {
@@ -102,7 +99,7 @@ func (a *deleteIPVSVirtualServer) check(ctx context.Context, f detect.Finding, n
 	if err != nil {
 		return vs, nil, fmt.Errorf("finding %s: %w", f.Target, err)
 	}
-	if err := ipvsViewGate(a.n, a.p.MaxViewAge.Duration, now); err != nil {
+	if err := ipvsViewGate(a.n); err != nil {
 		return vs, nil, err
 	}
 	desired := ipvs.NewDesired(a.n.Cluster, a.nodeIPs)

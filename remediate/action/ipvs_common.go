@@ -135,10 +135,11 @@ func ipvsClock(n *node.Node) clock.PassiveClock {
 }
 
 // ipvsViewGate refuses (with a skip and its reason) unless the cluster view
-// is synced, connected and has heard from the API server within maxAge.
-// Deleting kernel state on a stale view would delete what the cluster
-// still wants.
-func ipvsViewGate(n *node.Node, maxAge time.Duration, now time.Time) error {
+// is synced and connected. Deleting kernel state on a stale view would
+// delete what the cluster still wants. The age of the last event is not a
+// staleness signal: the view's informers have no periodic resync, so a
+// quiet cluster sends no events while its watch is perfectly current.
+func ipvsViewGate(n *node.Node) error {
 	if n.Cluster == nil {
 		return detect.Skip("%s", n.Why("kubernetes"))
 	}
@@ -152,11 +153,6 @@ func ipvsViewGate(n *node.Node, maxAge time.Duration, now time.Time) error {
 			reason += " (" + f.LastError.Error() + ")"
 		}
 		return detect.Skip("%s: refusing to delete IPVS state", reason)
-	case f.LastEvent.IsZero():
-		return detect.Skip("cluster view has never received an event: refusing to delete IPVS state")
-	case now.Sub(f.LastEvent) > maxAge:
-		return detect.Skip("cluster view stale: last event %s ago, more than maxViewAge %s: refusing to delete IPVS state",
-			now.Sub(f.LastEvent).Round(time.Second), maxAge)
 	}
 	return nil
 }
@@ -215,13 +211,10 @@ type IPVSDeleteBounds struct {
 	// CycleWindow is the window MaxPerCycle counts over (default 1m; set
 	// it to the policy's interval for "per cycle").
 	CycleWindow policy.Duration `yaml:"cycleWindow"`
-	// MaxViewAge is how old the cluster view's last event may be (default
-	// 10m; informer resyncs count as events).
-	MaxViewAge policy.Duration `yaml:"maxViewAge"`
 }
 
 func defaultIPVSDeleteBounds() IPVSDeleteBounds {
-	return IPVSDeleteBounds{MaxPerCycle: 1, CycleWindow: policy.D(time.Minute), MaxViewAge: policy.D(10 * time.Minute)}
+	return IPVSDeleteBounds{MaxPerCycle: 1, CycleWindow: policy.D(time.Minute)}
 }
 
 func (b IPVSDeleteBounds) validate() []policy.FieldError {
@@ -231,9 +224,6 @@ func (b IPVSDeleteBounds) validate() []policy.FieldError {
 	}
 	if b.CycleWindow.Duration <= 0 {
 		errs = append(errs, policy.FieldError{Field: "cycleWindow", Msg: "must be positive"})
-	}
-	if b.MaxViewAge.Duration <= 0 {
-		errs = append(errs, policy.FieldError{Field: "maxViewAge", Msg: "must be positive"})
 	}
 	return errs
 }

@@ -28,7 +28,7 @@ guardrails: {maxTargetsPerCycle: 10, maxActionsPerHour: 20}
 rules:
 - name: ipvs-stale-real-server
   detector: {type: IPVSStaleRealServer}
-  action: {type: DeleteIPVSRealServer, maxPerCycle: 1, cycleWindow: 30s, maxViewAge: 5m}
+  action: {type: DeleteIPVSRealServer, maxPerCycle: 1, cycleWindow: 30s}
 - name: ipvs-stale-virtual-server
   detector: {type: IPVSStaleVirtualServer, managedCIDRs: [10.96.0.0/12]}
   action: {type: DeleteIPVSVirtualServer, maxPerCycle: 1, managedCIDRs: [10.96.0.0/12]}

@@ -227,8 +227,10 @@ func TestDeleteIPVSRealServer(t *testing.T) {
 		{name: "view disconnected", prep: func(w *ipvsActWorld) {
 			w.view.SetFreshness(cluster.Freshness{Synced: true, LastEvent: ipvsT0, LastError: errors.New("dial tcp: connection refused")})
 		}, finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "disconnected (dial tcp: connection refused)"},
-		{name: "view stale", prep: func(w *ipvsActWorld) { w.clock.SetTime(ipvsT0.Add(11 * time.Minute)) },
-			finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "stale: last event 11m0s ago"},
+		// The real view has no periodic resync: a quiet cluster's last
+		// event can be hours old while its watch is current.
+		{name: "quiet but connected view is trusted", prep: func(w *ipvsActWorld) { w.clock.SetTime(ipvsT0.Add(6 * time.Hour)) },
+			finding: rsFinding(dnsUDPVS, "10.244.0.12"), deleted: true},
 		{name: "pod came back before the action ran", prep: func(w *ipvsActWorld) {
 			w.view.SetEndpoints("kube-system", "kube-dns", ipvsEP("10.244.0.12", "UDP", "dns", true, true, false))
 		}, finding: rsFinding(dnsUDPVS, "10.244.0.12"), wantSkip: "now an expected endpoint"},
@@ -341,8 +343,9 @@ func TestDeleteIPVSVirtualServer(t *testing.T) {
 		}, finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "no Services at all"},
 		{name: "not kube-proxy's", finding: vsFinding("TCP", "172.16.0.1", 80), wantSkip: "outside managedCIDRs"},
 		{name: "already gone", finding: vsFinding("TCP", "10.96.6.6", 80), wantSkip: "no longer exists"},
-		{name: "view stale", prep: func(w *ipvsActWorld) { w.clock.SetTime(ipvsT0.Add(time.Hour)) },
-			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "stale"},
+		{name: "view disconnected", prep: func(w *ipvsActWorld) {
+			w.view.SetFreshness(cluster.Freshness{Synced: true, LastError: errors.New("watch: EOF")})
+		}, finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "disconnected (watch: EOF)"},
 		{name: "no cluster view", prep: func(w *ipvsActWorld) { w.node.Cluster = nil },
 			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "kubernetes is not configured"},
 		{name: "IPVS unavailable", prep: func(w *ipvsActWorld) { w.ipvs.SetUnavailable("no ip_vs module") },
@@ -389,7 +392,6 @@ func TestIPVSDeleteParamsValidation(t *testing.T) {
 	p := typ.NewParams().(*DeleteIPVSVirtualServerParams)
 	p.MaxPerCycle = 0
 	p.CycleWindow = policy.D(0)
-	p.MaxViewAge = policy.D(-time.Second)
 	p.ManagedCIDRs = []string{"10.96.0.0/33"}
 	p.NodeIPs = []string{"node1"}
 	errs := p.Validate()
@@ -397,7 +399,7 @@ func TestIPVSDeleteParamsValidation(t *testing.T) {
 	for _, e := range errs {
 		fields = append(fields, e.Field)
 	}
-	if strings.Join(fields, ",") != "maxPerCycle,cycleWindow,maxViewAge,managedCIDRs[0],nodeIPs[0]" {
+	if strings.Join(fields, ",") != "maxPerCycle,cycleWindow,managedCIDRs[0],nodeIPs[0]" {
 		t.Fatalf("fields = %v", fields)
 	}
 	for _, name := range []string{"DeleteIPVSVirtualServer", "DeleteIPVSRealServer"} {
