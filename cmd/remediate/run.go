@@ -127,7 +127,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
 		return exitError
 	}
-	w := newWiring(&o, log)
+	w := newWiring(&o, pol, log)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
