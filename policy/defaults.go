@@ -18,6 +18,11 @@ const (
 	DefaultMaxActionsPerHour  = 6
 	DefaultMaxTargetsPerCycle = 3
 
+	DefaultBudgetSlots   = 1
+	DefaultBudgetTTL     = 10 * time.Minute
+	DefaultStormMaxShare = 0.3
+	DefaultStormMinNodes = 3
+
 	DefaultFor          = 2 * time.Minute
 	DefaultCooldown     = 15 * time.Minute
 	DefaultRateLimitMax = 3
@@ -42,6 +47,12 @@ func (p *Policy) setDefaults() {
 	p.Guardrails = NodeGuardrails{
 		MaxActionsPerHour:  DefaultMaxActionsPerHour,
 		MaxTargetsPerCycle: DefaultMaxTargetsPerCycle,
+	}
+	p.Cluster = Cluster{
+		BudgetSlots:   DefaultBudgetSlots,
+		BudgetTTL:     D(DefaultBudgetTTL),
+		StormMaxShare: DefaultStormMaxShare,
+		StormMinNodes: DefaultStormMinNodes,
 	}
 }
 

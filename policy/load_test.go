@@ -153,6 +153,12 @@ func TestParseErrors(t *testing.T) {
 		{"node guardrails", header + "guardrails: {maxActionsPerHour: 0, maxTargetsPerCycle: -1}\n" + minimalRule, []string{
 			`p.yaml:3:33: guardrails.maxActionsPerHour: must be >= 1`,
 			`p.yaml:3:56: guardrails.maxTargetsPerCycle: must be >= 1`}},
+		{"cluster settings", header + "cluster: {namespace: Bad_NS, budgetSlots: 0, budgetTTL: 1s, stormMaxShare: 1.5, stormMinNodes: 0}\n" + minimalRule, []string{
+			`p.yaml:3:22: cluster.namespace: must be a valid namespace name`,
+			`p.yaml:3:43: cluster.budgetSlots: must be >= 1`,
+			`p.yaml:3:57: cluster.budgetTTL: must be at least 10s`,
+			`p.yaml:3:76: cluster.stormMaxShare: must be in (0, 1]`,
+			`p.yaml:3:96: cluster.stormMinNodes: must be >= 1`}},
 		{"int type", header + "guardrails: {maxActionsPerHour: many}\n" + minimalRule, []string{`p.yaml:3:33: guardrails.maxActionsPerHour: must be an integer, got "many"`}},
 		{"no rules", header, []string{`p.yaml:1:1: rules: at least one rule is required`}},
 		{"rules not list", header + "rules: {a: 1}\n", []string{`p.yaml:3:8: rules: must be a list`}},

@@ -46,6 +46,9 @@ type Policy struct {
 	KubeProxy KubeProxy `yaml:"kubeProxy"`
 	// Guardrails are node-wide limits across all rules.
 	Guardrails NodeGuardrails `yaml:"guardrails"`
+	// Cluster configures the cluster-wide guardrails (used only with
+	// cluster access).
+	Cluster Cluster `yaml:"cluster"`
 	// Rules pair detectors with actions.
 	Rules []Rule `yaml:"rules"`
 }
@@ -72,6 +75,25 @@ type NodeGuardrails struct {
 	MaxActionsPerHour int `yaml:"maxActionsPerHour"`
 	// MaxTargetsPerCycle caps how many targets are acted on in one cycle.
 	MaxTargetsPerCycle int `yaml:"maxTargetsPerCycle"`
+}
+
+// Cluster configures the guardrails shared by every node's daemon.
+// Changes take effect when the daemon restarts (the Leases are set up once).
+type Cluster struct {
+	// Namespace holds the budget and node-status Leases and the Events
+	// ("" = $POD_NAMESPACE, else kube-system).
+	Namespace string `yaml:"namespace"`
+	// BudgetSlots is how many disruptive actions (restart kube-proxy,
+	// cordon, delete IPVS servers) may be in progress cluster-wide.
+	BudgetSlots int `yaml:"budgetSlots"`
+	// BudgetTTL: a slot not renewed for this long (a crashed holder) is free.
+	BudgetTTL Duration `yaml:"budgetTTL"`
+	// StormMaxShare: when more than this share of live nodes report the same
+	// rule firing at once, hold back (suspect the control plane).
+	StormMaxShare float64 `yaml:"stormMaxShare"`
+	// StormMinNodes: the storm guard judges only with at least this many
+	// nodes reporting.
+	StormMinNodes int `yaml:"stormMinNodes"`
 }
 
 // Rule is one detector → action pairing with its guardrails.

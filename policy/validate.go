@@ -65,6 +65,21 @@ func validatePolicy(p *Policy) []FieldError {
 	if p.Guardrails.MaxTargetsPerCycle < 1 {
 		add("guardrails.maxTargetsPerCycle", "must be >= 1")
 	}
+	if p.Cluster.Namespace != "" && !ruleNameRE.MatchString(p.Cluster.Namespace) {
+		add("cluster.namespace", "must be a valid namespace name")
+	}
+	if p.Cluster.BudgetSlots < 1 {
+		add("cluster.budgetSlots", "must be >= 1")
+	}
+	if p.Cluster.BudgetTTL.Duration < 10*time.Second {
+		add("cluster.budgetTTL", "must be at least 10s")
+	}
+	if p.Cluster.StormMaxShare <= 0 || p.Cluster.StormMaxShare > 1 {
+		add("cluster.stormMaxShare", "must be in (0, 1]")
+	}
+	if p.Cluster.StormMinNodes < 1 {
+		add("cluster.stormMinNodes", "must be >= 1")
+	}
 	if len(p.Rules) == 0 {
 		add("rules", "at least one rule is required")
 	}

@@ -127,7 +127,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
 		return exitError
 	}
-	w := newWiring(&o, log)
+	w := newWiring(&o, pol, log)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -257,7 +257,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 	case "types":
 		fmt.Fprintln(stdout, "DETECTORS:")
 		for _, t := range detect.Types() {
-			fmt.Fprintf(stdout, "  %-28s %s\n", t.Name, t.Doc)
+			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, t.Doc)
 		}
 		fmt.Fprintln(stdout, "ACTIONS:")
 		for _, t := range action.Types() {
@@ -265,7 +265,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 			if t.Disruptive {
 				d += " [disruptive: needs a cluster budget slot]"
 			}
-			fmt.Fprintf(stdout, "  %-28s %s\n", t.Name, d)
+			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, d)
 		}
 		return exitOK
 	}

@@ -26,6 +26,7 @@ import (
 // holds what must be closed at exit.
 type wiring struct {
 	o       *options
+	pol     *policy.Policy // the policy at start (cluster-wide settings)
 	log     *zap.Logger
 	closers []func()
 	k       kubeWiring // Kubernetes client, view, reporter (wire_kube.go)
@@ -34,7 +35,9 @@ type wiring struct {
 	ipvs *ipvs.Handle
 }
 
-func newWiring(o *options, log *zap.Logger) *wiring { return &wiring{o: o, log: log} }
+func newWiring(o *options, pol *policy.Policy, log *zap.Logger) *wiring {
+	return &wiring{o: o, pol: pol, log: log}
+}
 
 // Node builds the node for a policy; it is called at start and on every
 // policy reload (the kube-proxy endpoints come from the policy).

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"strconv"
 	"sync"
 	"time"
 
@@ -15,10 +14,10 @@ import (
 	"github.com/remediate-dev/remediate/remediate/clusterguard"
 )
 
-// Cluster-wide settings not (yet) in the policy, from the environment of
-// the DaemonSet: REMEDIATE_BUDGET_SLOTS (default 1), REMEDIATE_BUDGET_TTL
-// (10m), REMEDIATE_STORM_MAX_SHARE (0.3), and POD_NAMESPACE for the Leases
-// and Events (default kube-system).
+// syncWait bounds the wait for the initial cluster view at start.
+// Cluster-wide settings come from the policy's `cluster` section (read
+// once, at start); the namespace defaults to $POD_NAMESPACE, else
+// kube-system.
 const syncWait = 15 * time.Second
 
 // kubeWiring is the Kubernetes side of the daemon, built once on first use
@@ -47,6 +46,7 @@ func envOr(key, def string) string {
 func (w *wiring) kube() *kubeWiring {
 	k := &w.k
 	k.once.Do(func() {
+		cl := w.pol.Cluster
 		c, err := kube.Connect(kube.Options{Kubeconfig: w.o.kubeconfig})
 		if err != nil {
 			k.noAccess = err.Error()
@@ -55,7 +55,10 @@ func (w *wiring) kube() *kubeWiring {
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		w.closers = append(w.closers, cancel)
-		ns := envOr("POD_NAMESPACE", "kube-system")
+		ns := cl.Namespace
+		if ns == "" {
+			ns = envOr("POD_NAMESPACE", "kube-system")
+		}
 		k.client = c
 		if k.view, err = kube.NewView(c.Interface, c.Contact, nil, w.log); err != nil {
 			k.noAccess = "cluster view: " + err.Error()
@@ -70,15 +73,9 @@ func (w *wiring) kube() *kubeWiring {
 			w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
 		}
 		scancel()
-		slots, _ := strconv.Atoi(envOr("REMEDIATE_BUDGET_SLOTS", "1"))
-		ttl, err := time.ParseDuration(envOr("REMEDIATE_BUDGET_TTL", "10m"))
-		if err != nil {
-			ttl = 10 * time.Minute
-		}
-		share, _ := strconv.ParseFloat(envOr("REMEDIATE_STORM_MAX_SHARE", "0.3"), 64)
-		k.budget = clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: ns, Slots: slots, TTL: ttl, Node: w.o.nodeName, Log: w.log})
+		k.budget = clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
-		k.storm = clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: share})
+		k.storm = clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
 		k.reporter = report.New(c.Interface, report.Options{Node: w.o.nodeName, EventNamespace: ns, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
 	})
 	return k
