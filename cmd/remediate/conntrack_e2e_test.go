@@ -77,7 +77,7 @@ func TestOnceConntrackDriftEndToEnd(t *testing.T) {
 	if code != exitFindings || len(r.Findings) != 1 || r.Findings[0].Target != "conntrack/max-drift" || r.Findings[0].Evidence["lastSetMax"] != 262144.0 {
 		t.Fatalf("dry-run: exit %d\n%s\n%s", code, out, errOut)
 	}
-	if len(r.Decisions) != 1 || r.Decisions[0].Outcome != "dry-run" || !strings.Contains(r.Decisions[0].Reason, "would raise nf_conntrack_max from 131072 to 262144") {
+	if len(r.Decisions) != 1 || r.Decisions[0].Outcome != "dry-run" || !strings.Contains(r.Decisions[0].Reason, "would raise nf_conntrack_max from 131072 to 262144") || strings.Contains(r.Decisions[0].Reason, "would would") {
 		t.Fatalf("dry-run decision: %s", out)
 	}
 	if v, _ := sysctl.ReadUintFile(filepath.Join(procRoot, "sys/net/netfilter/nf_conntrack_max")); v != 131072 {

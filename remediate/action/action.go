@@ -20,7 +20,8 @@ import (
 )
 
 // Plan describes what Execute would do, computed without side effects. It is
-// what audit mode and dry-run report ("would kill pid 1234 ...").
+// what audit mode and dry-run report. Summary is imperative ("kill pid 1234
+// ..."): the engine prefixes "would" for dry runs.
 type Plan struct {
 	Summary string         `json:"summary"`
 	Details map[string]any `json:"details,omitempty"`

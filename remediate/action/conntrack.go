@@ -263,7 +263,7 @@ func (a *raiseConntrackMax) Plan(ctx context.Context, f detect.Finding) (Plan, e
 	if err != nil {
 		return Plan{}, err
 	}
-	return Plan{Summary: mp.summary("would raise"), Details: mp.details()}, nil
+	return Plan{Summary: mp.summary("raise"), Details: mp.details()}, nil
 }
 
 // Execute implements Action: it re-reads the current values, writes the new
@@ -423,9 +423,9 @@ func (a *flushConntrack) Plan(ctx context.Context, f detect.Finding) (Plan, erro
 	d := map[string]any{"backend": b.String(), "matching": n, "maxEntries": a.p.MaxEntries}
 	if n > a.p.MaxEntries {
 		d["matching"] = fmt.Sprintf(">%d", a.p.MaxEntries)
-		return Plan{Summary: fmt.Sprintf("would delete %d UDP conntrack entries with reply source %s (more than %d match: the rest next run)", a.p.MaxEntries, b, a.p.MaxEntries), Details: d}, nil
+		return Plan{Summary: fmt.Sprintf("delete %d UDP conntrack entries with reply source %s (more than %d match: the rest next run)", a.p.MaxEntries, b, a.p.MaxEntries), Details: d}, nil
 	}
-	return Plan{Summary: fmt.Sprintf("would delete %d UDP conntrack entries with reply source %s", n, b), Details: d}, nil
+	return Plan{Summary: fmt.Sprintf("delete %d UDP conntrack entries with reply source %s", n, b), Details: d}, nil
 }
 
 // Execute implements Action.

@@ -82,7 +82,7 @@ func TestConntrackRealKernelDetectAndFlush(t *testing.T) {
 	}
 	f := detect.Finding{Target: "endpoint/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53, "protocol": "UDP"}}
 	p, err := a.Plan(ctx, f)
-	if err != nil || !strings.Contains(p.Summary, "would delete 20 ") {
+	if err != nil || !strings.Contains(p.Summary, "delete 20 ") {
 		t.Fatalf("plan = %+v, %v", p, err)
 	}
 	if got := flowKeys(conntracktest.Table(t, fd)); fmt.Sprint(got) != fmt.Sprint(flowKeys(all)) {

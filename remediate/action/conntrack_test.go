@@ -121,7 +121,7 @@ func TestRaiseConntrackMaxPlanThenExecute(t *testing.T) {
 	fd := tableFinding(131072)
 
 	p, err := a.Plan(ctx, fd)
-	if err != nil || !strings.Contains(p.Summary, "would raise nf_conntrack_max from 131072 to 262144") {
+	if err != nil || !strings.Contains(p.Summary, "raise nf_conntrack_max from 131072 to 262144") {
 		t.Fatalf("plan = %+v, %v", p, err)
 	}
 	if f.MaxValue != 131072 || f.Calls["SetMax"] != 0 {
@@ -247,7 +247,7 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	}
 	fd := detect.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53}}
 	p, err := a.Plan(ctx, fd)
-	if err != nil || !strings.Contains(p.Summary, "would delete 3") || !strings.Contains(p.Summary, "more than 3") || len(f.Flows) != 8 {
+	if err != nil || !strings.Contains(p.Summary, "delete 3") || !strings.Contains(p.Summary, "more than 3") || len(f.Flows) != 8 {
 		t.Fatalf("plan = %+v, %v (table %d)", p, err, len(f.Flows))
 	}
 	r, err := a.Execute(ctx, fd)
