@@ -354,7 +354,17 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, p
 	prev := c.st.Targets[key]
 	now := c.e.opts.Clock.Now()
 	next, act := Step(prev, present, now, tm)
-	c.setState(key, next)
+	if tm.Once {
+		// A one-shot run treats `for` as met for its own decision, but
+		// records only the state the daemon would have computed: pointed at
+		// the daemon's state dir, it must not shorten the daemon's `for`.
+		daemonView := tm
+		daemonView.Once = false
+		persist, _ := Step(prev, present, now, daemonView)
+		c.setState(key, persist)
+	} else {
+		c.setState(key, next)
+	}
 	actName := ""
 	if rr.act != nil {
 		actName = rr.actType.Name
@@ -475,10 +485,12 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		if b.Guardrail == GuardDryRun {
 			*c.acted++
 			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
-			ts := c.st.Targets[key]
-			if !ts.DryRunReported {
-				ts.DryRunReported = true
-				c.st.Targets[key] = ts
+			ts, stored := c.st.Targets[key]
+			if !ts.DryRunReported || c.e.opts.Once {
+				if stored && !c.e.opts.Once {
+					ts.DryRunReported = true
+					c.st.Targets[key] = ts
+				}
 				c.e.journal(journal.Record{Kind: journal.KindDryRun, Rule: r.Name, Target: f.Target, Action: rr.actType.Name,
 					Outcome: string(OutcomeDryRun), Summary: "would " + plan.Summary, Details: plan.Details}, c.rep)
 			}
@@ -521,6 +533,19 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 	}
 	out := journal.Record{Time: done, ID: id, Kind: journal.KindOutcome, Node: c.e.opts.Node.Name, Rule: r.Name,
 		Target: f.Target, Action: rr.actType.Name, Summary: res.Summary, Details: res.Details}
+	if reason, skipped := detect.IsSkip(err); skipped {
+		// The action re-checked its target and refused (gone, changed,
+		// someone else's): nothing was changed, so it is neither a failed
+		// attempt nor a use of the rate budget.
+		c.st.History[hi].Outcome = string(OutcomeSkipped)
+		out.Outcome, out.Summary = string(OutcomeSkipped), reason
+		dec.Outcome, dec.Reason = OutcomeSkipped, "refused at execution: "+reason
+		for _, hg := range held {
+			hg.h.Release(ctx, &hg.req)
+		}
+		c.e.journal(out, c.rep)
+		return
+	}
 	ts := Record(c.st.Targets[key], ActOutcome{Err: err}, done, tm)
 	c.st.Targets[key] = ts
 	dec.Phase = ts.Phase

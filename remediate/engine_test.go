@@ -681,3 +681,68 @@ func TestStateDirLockSerializesRuns(t *testing.T) {
 	}
 	unlock2()
 }
+
+// TestOnceDoesNotShortenDaemonFor: a one-shot run pointed at the daemon's
+// state dir decides with `for` met, but the daemon afterwards still waits
+// its full `for` from the first sighting.
+func TestOnceDoesNotShortenDaemonFor(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(enforceRule, "for: 0s", "for: 10m", 1)
+	p := mustPolicy(t, src)
+	setPresent("a", "p")
+	once := h.opts
+	once.Once, once.ForceDryRun = true, true
+	e1, err := New(p, once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := decisionFor(h.cycle(e1), "p"); d.Outcome != OutcomeDryRun {
+		t.Fatalf("once: %+v", d)
+	}
+	daemon := h.engine(p)
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeSkipped || d.Phase != PhasePending {
+		t.Fatalf("daemon acted 1m after first sighting with for=10m: %+v", d)
+	}
+	if len(executed()) != 0 {
+		t.Fatalf("executed %v", executed())
+	}
+	h.clock.Step(9 * time.Minute)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeExecuted {
+		t.Fatalf("daemon did not fire after for (counted from the once run's sighting): %+v", d)
+	}
+}
+
+type refusingAction struct{}
+
+func (refusingAction) Plan(context.Context, detect.Finding) (action.Plan, error) {
+	return action.Plan{Summary: "kill it"}, nil
+}
+func (refusingAction) Execute(context.Context, detect.Finding) (action.Result, error) {
+	return action.Result{}, detect.Skip("process exited before SIGTERM")
+}
+
+func init() {
+	action.Register(action.Type{Name: "FakeRefuse", Doc: "test", NewParams: func() any { return &fakeParams{} },
+		New: func(any, *node.Node) (action.Action, error) { return refusingAction{}, nil }})
+}
+
+// TestRefusalAtExecutionIsNotAFailure: an action whose re-check refuses
+// (the target vanished) neither burns an attempt nor uses the rate budget.
+func TestRefusalAtExecutionIsNotAFailure(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(strings.Replace(enforceRule, "type: FakeFix", "type: FakeRefuse", 1), "rateLimit: {max: 10, per: 1h}", "rateLimit: {max: 1, per: 1h}", 1)
+	e := h.engine(mustPolicy(t, src))
+	setPresent("a", "p")
+	for i := 0; i < 4; i++ {
+		d := decisionFor(h.cycle(e), "p")
+		if d.Outcome != OutcomeSkipped || !strings.Contains(d.Reason, "refused at execution: process exited") || d.Phase == PhaseEscalated {
+			t.Fatalf("cycle %d: %+v", i, d)
+		}
+		h.clock.Step(time.Minute)
+	}
+	recs, _ := journal.ReadAll(h.dir)
+	if len(recs) != 8 || recs[1].Outcome != "skipped" {
+		t.Fatalf("journal: %+v", recs)
+	}
+}

@@ -46,7 +46,7 @@ func (g cooldownGuard) Check(_ context.Context, r *Request) error {
 	}
 	for i := len(g.st.History) - 1; i >= 0; i-- {
 		h := g.st.History[i]
-		if h.Rule == r.Rule.Name && h.Target == r.Finding.Target {
+		if h.Rule == r.Rule.Name && h.Target == r.Finding.Target && h.changedSomething() {
 			if r.Now.Sub(h.Time) < cd {
 				return Block(GuardCooldown, "last action on this target at %s; cooldown %s until %s", h.Time.UTC().Format(time.RFC3339), cd, h.Time.Add(cd).UTC().Format(time.RFC3339))
 			}
@@ -137,10 +137,17 @@ func countSince(h []ActionRecord, since time.Time, keep func(ActionRecord) bool)
 	n := 0
 	var oldest time.Time
 	for i := len(h) - 1; i >= 0 && !h[i].Time.Before(since); i-- {
-		if keep(h[i]) {
+		if h[i].changedSomething() && keep(h[i]) {
 			n++
 			oldest = h[i].Time
 		}
 	}
 	return n, oldest
+}
+
+// changedSomething is false for attempts known not to have changed anything
+// (the action refused at execution, or the journal intent could not be
+// written). Pending attempts (a crash mid-action) count.
+func (h ActionRecord) changedSomething() bool {
+	return h.Outcome != string(OutcomeSkipped) && h.Outcome != "not-run"
 }

@@ -24,8 +24,8 @@ type ActionRecord struct {
 	Rule   string    `json:"rule"`
 	Target string    `json:"target"`
 	Action string    `json:"action"`
-	// Outcome is "pending" until the action returns, then "executed" or
-	// "failed".
+	// Outcome is "pending" until the action returns, then "executed",
+	// "failed" or "skipped" (refused at execution; not counted by limits).
 	Outcome string `json:"outcome"`
 }
 
