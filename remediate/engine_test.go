@@ -681,3 +681,35 @@ func TestStateDirLockSerializesRuns(t *testing.T) {
 	}
 	unlock2()
 }
+
+func TestOnceDryRunDoesNotShortenTheDaemonsFor(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(enforceRule, "for: 0s", "for: 1h", 1)
+	setPresent("a", "p")
+	// The daemon sees the finding first: Pending.
+	daemon := h.engine(mustPolicy(t, src))
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeSkipped || d.Phase != PhasePending {
+		t.Fatalf("daemon first cycle: %+v", d)
+	}
+	// On-call runs `remediate --once --dry-run` on the same state dir.
+	once := h.opts
+	once.Once, once.ForceDryRun = true, true
+	e1, err := New(mustPolicy(t, src), once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(e1), "p"); d.Outcome != OutcomeDryRun {
+		t.Fatalf("once dry run: %+v", d)
+	}
+	// The daemon's next cycle is still within `for`: it must not act.
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome == OutcomeExecuted || len(executed()) != 0 {
+		t.Fatalf("a --once --dry-run made the daemon act before `for`: %+v executed=%v", d, executed())
+	}
+	// And it still acts once `for` has passed since the finding appeared.
+	h.clock.Step(time.Hour)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeExecuted {
+		t.Fatalf("after for: %+v", d)
+	}
+}
