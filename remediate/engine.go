@@ -132,6 +132,19 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
+	// A rule that is gone never steps its targets again, so nothing else
+	// would release what its attempts hold (a cluster budget slot).
+	keep := map[string]bool{}
+	for i := range p.Rules {
+		keep[p.Rules[i].Name] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for k := range e.held {
+		if rule, _, _ := strings.Cut(k, "|"); !keep[rule] {
+			e.releaseHeld(ctx, k)
+		}
+	}
 	return nil
 }
 

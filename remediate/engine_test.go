@@ -713,3 +713,35 @@ func TestOnceDryRunDoesNotShortenTheDaemonsFor(t *testing.T) {
 		t.Fatalf("after for: %+v", d)
 	}
 }
+
+func TestReloadRemovingARuleReleasesWhatItHolds(t *testing.T) {
+	h := newHarness(t)
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	e := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	h.cycle(e)
+	if holder.checks.Load() != 1 || holder.releases.Load() != 0 {
+		t.Fatalf("not held while verifying: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
+	}
+	// The rule is renamed away while its target is Verifying: nothing will
+	// ever step that target again.
+	if err := e.SetPolicy(mustPolicy(t, strings.Replace(enforceRule, "fix-it", "other", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 {
+		t.Fatalf("slot of a removed rule still held after reload: releases=%d", holder.releases.Load())
+	}
+	// A reload that keeps the rule keeps its slot.
+	h.clock.Step(time.Hour)
+	h.cycle(e)
+	if holder.checks.Load() != 2 {
+		t.Fatalf("checks=%d", holder.checks.Load())
+	}
+	if err := e.SetPolicy(mustPolicy(t, strings.Replace(enforceRule, "fix-it", "other", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 {
+		t.Fatalf("reload released the slot of a rule it kept: releases=%d", holder.releases.Load())
+	}
+}
