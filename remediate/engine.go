@@ -80,6 +80,10 @@ type ruleRuntime struct {
 	actType  action.Type
 	running  atomic.Bool // the detector is still running (possibly hung)
 	runSince atomic.Int64
+	// actBusy: the action's Plan or Execute is still running (possibly
+	// abandoned after its deadline); it is not started again meanwhile.
+	actBusy  atomic.Bool
+	actSince atomic.Int64
 }
 
 // New builds an engine for p. Every rule's detector and action are
@@ -504,6 +508,15 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		return
 	}
 
+	// Stopping (SIGTERM): finish the cycle, start nothing new.
+	if err := ctx.Err(); err != nil {
+		for _, hg := range held {
+			hg.h.Release(context.WithoutCancel(ctx), &hg.req)
+		}
+		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
+		return
+	}
+
 	// Acting. The attempt counts against every limit before it runs, and
 	// that is on disk before the action can do anything.
 	*c.acted++
@@ -559,12 +572,19 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 
 // plan runs Action.Plan with the action timeout and panic recovery.
 func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
-	var p action.Plan
+	// The result comes over a channel: an abandoned call may still return
+	// after guarded did.
+	out := make(chan action.Plan, 1)
 	err := c.guarded(ctx, rr, "plan", func(ctx context.Context) error {
-		var err error
-		p, err = rr.act.Plan(ctx, f)
+		p, err := rr.act.Plan(ctx, f)
+		out <- p
 		return err
 	})
+	var p action.Plan
+	select {
+	case p = <-out:
+	default:
+	}
 	if err == nil && p.Summary == "" {
 		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
 	}
@@ -573,12 +593,17 @@ func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (ac
 
 // execute runs Action.Execute with the action timeout and panic recovery.
 func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
-	var res action.Result
+	out := make(chan action.Result, 1)
 	err := c.guarded(ctx, rr, "execute", func(ctx context.Context) error {
-		var err error
-		res, err = rr.act.Execute(ctx, f)
+		res, err := rr.act.Execute(ctx, f)
+		out <- res
 		return err
 	})
+	var res action.Result
+	select {
+	case res = <-out:
+	default:
+	}
 	return res, err
 }
 
@@ -587,24 +612,39 @@ func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) 
 // context is abandoned (its goroutine is left to finish) rather than
 // stalling the loop.
 func (c *cycle) guarded(ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("action %s %s not started: %w", rr.actType.Name, what, err)
+	}
+	if !rr.actBusy.CompareAndSwap(false, true) {
+		since := time.Unix(0, rr.actSince.Load())
+		return fmt.Errorf("action %s still running since %s (hung?); not started again", rr.actType.Name, since.UTC().Format(time.RFC3339))
+	}
+	rr.actSince.Store(c.e.opts.Clock.Now().UnixNano())
 	timeout := c.pol.ActionTimeout.Duration
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ch := make(chan error, 1)
 	go func() {
+		var err error
 		defer func() {
 			if p := recover(); p != nil {
 				c.e.opts.Log.Error("action panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-				ch <- fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
+				err = fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
 			}
+			rr.actBusy.Store(false) // before the result: the next call may follow at once
+			ch <- err
 		}()
-		ch <- fn(actx)
+		err = fn(actx)
 	}()
 	var err error
 	select {
 	case err = <-ch:
 	case <-actx.Done():
-		err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+		select {
+		case err = <-ch: // it did return: its result, not a timeout
+		default:
+			err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+		}
 	}
 	if err != nil {
 		if _, skip := detect.IsSkip(err); !skip && (strings.Contains(err.Error(), "panicked") || errors.Is(err, context.DeadlineExceeded)) {

@@ -31,7 +31,9 @@ type world struct {
 	actErr   map[string]error
 	actPanic map[string]bool
 	actHang  map[string]bool
-	fixes    map[string]bool // executing the action removes the target
+	actBlock map[string]chan struct{} // Execute waits for it, ignoring ctx
+	starts   int                      // Execute calls begun
+	fixes    map[string]bool          // executing the action removes the target
 }
 
 var w = &world{}
@@ -42,6 +44,7 @@ func resetWorld() {
 	w.present, w.fail, w.panicky = map[string][]string{}, map[string]error{}, map[string]bool{}
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	w.actBlock, w.starts = map[string]chan struct{}{}, 0
 }
 
 type fakeParams struct {
@@ -79,13 +82,17 @@ func (a fakeAction) Plan(_ context.Context, f detect.Finding) (action.Plan, erro
 
 func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Result, error) {
 	w.mu.Lock()
-	pan, hang, err, fixes := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key]
+	w.starts++
+	pan, hang, err, fixes, block := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key]
 	w.mu.Unlock()
 	if pan {
 		panic("action bug")
 	}
 	if hang {
 		select {} // never returns, ignores ctx
+	}
+	if block != nil {
+		<-block // ignores ctx on purpose
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -743,5 +750,72 @@ func TestReloadRemovingARuleReleasesWhatItHolds(t *testing.T) {
 	}
 	if holder.releases.Load() != 1 {
 		t.Fatalf("reload released the slot of a rule it kept: releases=%d", holder.releases.Load())
+	}
+}
+
+func TestAbandonedActionIsNotStartedAgainWhileRunning(t *testing.T) {
+	h := newHarness(t)
+	p := mustPolicy(t, strings.Replace(enforceRule, "maxAttempts: 2", "maxAttempts: 5", 1)+"actionTimeout: 100ms\n")
+	e := h.engine(p)
+	release := make(chan struct{})
+	w.actBlock["a"] = release
+	setPresent("a", "p")
+	if d := decisionFor(h.cycle(e), "p"); d.Outcome != OutcomeFailed || !strings.Contains(d.Reason, "did not finish") {
+		t.Fatalf("first: %+v", d)
+	}
+	// Next cycle: the abandoned Execute still runs; starting another one
+	// on the same target would act twice at once.
+	h.clock.Step(time.Minute)
+	d := decisionFor(h.cycle(e), "p")
+	w.mu.Lock()
+	starts := w.starts
+	w.mu.Unlock()
+	if starts != 1 || !strings.Contains(d.Reason, "still running") {
+		t.Fatalf("action started again while the abandoned one runs: starts=%d %+v", starts, d)
+	}
+	// Once it returns (late, writing its result), the rule may act again.
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(executed()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(e), "p"); d.Outcome != OutcomeExecuted {
+		t.Fatalf("after the abandoned action returned: %+v", d)
+	}
+}
+
+// stopGuard cancels the cycle's context as a SIGTERM arriving mid-cycle would.
+type stopGuard struct{ cancel context.CancelFunc }
+
+func (stopGuard) Name() string { return "stop" }
+func (g stopGuard) Check(context.Context, *Request) error {
+	g.cancel()
+	return nil
+}
+
+func TestNoNewActionAfterStop(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder, stopGuard{cancel}}
+	e := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	rep, err := e.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // an action started in the background would have run by now
+	if d := decisionFor(rep, "p"); d.Outcome != OutcomeSkipped || !strings.Contains(d.Reason, "stopping") || len(executed()) != 0 {
+		t.Fatalf("acted after stop: %+v executed=%v", d, executed())
+	}
+	if holder.checks.Load() != 1 || holder.releases.Load() != 1 {
+		t.Fatalf("slot taken before the stop not released: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
+	}
+	st, _ := (&Store{Dir: h.dir}).Load(h.clock.Now())
+	if len(st.History) != 0 {
+		t.Fatalf("an attempt not made counts against the limits: %+v", st.History)
 	}
 }
