@@ -64,6 +64,9 @@ type Engine struct {
 	mu    sync.Mutex // guards pol and rules; one cycle at a time
 	pol   *policy.Policy
 	rules []*ruleRuntime
+	// cur is pol for readers outside the cycle (/healthz): they must not
+	// wait for a cycle, which may take minutes.
+	cur atomic.Pointer[policy.Policy]
 	// held maps Request.Key() to holders to release when the attempt ends.
 	held map[string][]heldGuard
 }
@@ -111,11 +114,10 @@ func New(p *policy.Policy, o Options) (*Engine, error) {
 	return e, nil
 }
 
-// Policy returns the policy in force.
+// Policy returns the policy in force. It does not wait for a running
+// cycle.
 func (e *Engine) Policy() *policy.Policy {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pol
+	return e.cur.Load()
 }
 
 // SetPolicy swaps in a new policy (a reload). Detectors and actions are
@@ -136,6 +138,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
+	e.cur.Store(p)
 	// A rule that is gone never steps its targets again, so nothing else
 	// would release what its attempts hold (a cluster budget slot).
 	keep := map[string]bool{}

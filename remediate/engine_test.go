@@ -819,3 +819,29 @@ func TestNoNewActionAfterStop(t *testing.T) {
 		t.Fatalf("an attempt not made counts against the limits: %+v", st.History)
 	}
 }
+
+func TestPolicyDoesNotWaitForACycle(t *testing.T) {
+	h := newHarness(t)
+	e := h.engine(mustPolicy(t, enforceRule+"detectorTimeout: 20s\n"))
+	release := make(chan struct{})
+	w.mu.Lock()
+	w.hang["a"] = release
+	w.mu.Unlock()
+	cycled := make(chan struct{})
+	go func() {
+		defer close(cycled)
+		_, _ = e.Cycle(context.Background())
+	}()
+	defer func() { close(release); <-cycled }()
+	time.Sleep(50 * time.Millisecond) // the cycle is in its detectors
+	got := make(chan *policy.Policy, 1)
+	go func() { got <- e.Policy() }()
+	select {
+	case p := <-got:
+		if p == nil || p.Rules[0].Name != "fix-it" {
+			t.Fatalf("policy = %+v", p)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Policy() (behind /healthz) blocked for the whole cycle: a slow cycle fails the liveness probe")
+	}
+}
