@@ -87,6 +87,10 @@ type ruleRuntime struct {
 	// abandoned after its deadline); it is not started again meanwhile.
 	actBusy  atomic.Bool
 	actSince atomic.Int64
+	// warm is set after the detector instance's first successful run.
+	// Detectors that judge across cycles (rates, hold times) report
+	// nothing on their first run, so absence then is not evidence.
+	warm bool
 }
 
 // New builds an engine for p. Every rule's detector and action are
@@ -350,8 +354,16 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: f})
 	}
 	// Targets with state but no finding this cycle (vanished or cleared).
+	// Not on a new detector instance's first run (daemon start, policy
+	// reload): a rate or hold-time detector has no baseline yet, and an
+	// escalated or verifying target must not be cleared by that.
 	prefix := r.Name + "|"
+	warm := rr.warm
+	rr.warm = true
 	for k := range c.st.Targets {
+		if !warm {
+			break
+		}
 		if t, ok := strings.CutPrefix(k, prefix); ok {
 			if _, seen := present[t]; !seen {
 				order = append(order, t)

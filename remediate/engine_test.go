@@ -845,3 +845,37 @@ func TestPolicyDoesNotWaitForACycle(t *testing.T) {
 		t.Fatal("Policy() (behind /healthz) blocked for the whole cycle: a slow cycle fails the liveness probe")
 	}
 }
+
+func TestFreshDetectorsFirstRunDoesNotClearEscalation(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(enforceRule, "maxAttempts: 2", "maxAttempts: 1", 1)
+	e := h.engine(mustPolicy(t, src))
+	w.actErr["a"] = errors.New("boom")
+	setPresent("a", "p")
+	if d := decisionFor(h.cycle(e), "p"); d.Phase != PhaseEscalated {
+		t.Fatalf("not escalated: %+v", d)
+	}
+	// A reload (or restart) rebuilds the detector; a rate or hold-time
+	// detector reports nothing on its first run: no baseline yet.
+	for _, restart := range []bool{false, true} {
+		if restart {
+			e = h.engine(mustPolicy(t, src))
+		} else if err := e.SetPolicy(mustPolicy(t, src)); err != nil {
+			t.Fatal(err)
+		}
+		setPresent("a")
+		h.clock.Step(time.Hour)
+		h.cycle(e)
+		setPresent("a", "p")
+		h.clock.Step(time.Minute)
+		if d := decisionFor(h.cycle(e), "p"); d.Guardrail != GuardEscalation || len(executed()) != 1 {
+			t.Fatalf("restart=%v: escalation cleared by a fresh detector's empty first run: %+v executed=%v", restart, d, executed())
+		}
+	}
+	// Once warm, absence clears as before.
+	setPresent("a")
+	h.cycle(e)
+	if st, _ := (&Store{Dir: h.dir}).Load(h.clock.Now()); len(st.Targets) != 0 {
+		t.Fatalf("cleared finding kept: %v", st.Targets)
+	}
+}
