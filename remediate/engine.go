@@ -501,9 +501,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 			continue
 		}
 		b := AsBlocked(g.Name(), err)
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		if b.Guardrail == GuardDryRun {
 			*c.acted++
 			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
@@ -525,9 +523,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 
 	// Stopping (SIGTERM): finish the cycle, start nothing new.
 	if err := ctx.Err(); err != nil {
-		for _, hg := range held {
-			hg.h.Release(context.WithoutCancel(ctx), &hg.req)
-		}
+		releaseAll(ctx, held)
 		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
 		return
 	}
@@ -538,18 +534,14 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 	c.st.History = append(c.st.History, ActionRecord{Time: now, Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Outcome: "pending"})
 	hi := len(c.st.History) - 1
 	if err := c.e.store.Save(c.st); err != nil {
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
 		return
 	}
 	id := fmt.Sprintf("%d-%s", now.UnixNano(), shortHash(key))
 	if err := c.e.opts.Journal.Append(journal.Record{Time: now, ID: id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
 		Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Summary: plan.Summary, Details: plan.Details}); err != nil {
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		c.st.History[hi].Outcome = "not-run"
 		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
 		return
@@ -570,9 +562,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		out.Outcome, out.Error = string(OutcomeFailed), err.Error()
 		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
 		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		if ts.Phase == PhaseEscalated {
 			c.escalate(r, f, rr.actType.Name, ts, log)
 		}
@@ -689,10 +679,22 @@ func (e *Engine) journal(r journal.Record, rep *Report) {
 }
 
 func (e *Engine) releaseHeld(ctx context.Context, key string) {
-	for _, hg := range e.held[key] {
-		hg.h.Release(ctx, &hg.req)
-	}
+	releaseAll(ctx, e.held[key])
 	delete(e.held, key)
+}
+
+// releaseAll releases held resources. It does not use ctx's cancellation:
+// a slot not released because the daemon is stopping (the action was just
+// cancelled) would block every node's disruptive actions until its TTL.
+func releaseAll(ctx context.Context, held []heldGuard) {
+	if len(held) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, hg := range held {
+		hg.h.Release(rctx, &hg.req)
+	}
 }
 
 // Close releases every resource still held by guardrails (budget slots).

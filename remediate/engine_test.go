@@ -32,6 +32,7 @@ type world struct {
 	actPanic map[string]bool
 	actHang  map[string]bool
 	actBlock map[string]chan struct{} // Execute waits for it, ignoring ctx
+	actHook  map[string]func()        // called as Execute begins
 	starts   int                      // Execute calls begun
 	fixes    map[string]bool          // executing the action removes the target
 }
@@ -44,7 +45,7 @@ func resetWorld() {
 	w.present, w.fail, w.panicky = map[string][]string{}, map[string]error{}, map[string]bool{}
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
-	w.actBlock, w.starts = map[string]chan struct{}{}, 0
+	w.actBlock, w.starts, w.actHook = map[string]chan struct{}{}, 0, map[string]func(){}
 }
 
 type fakeParams struct {
@@ -83,8 +84,11 @@ func (a fakeAction) Plan(_ context.Context, f detect.Finding) (action.Plan, erro
 func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Result, error) {
 	w.mu.Lock()
 	w.starts++
-	pan, hang, err, fixes, block := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key]
+	pan, hang, err, fixes, block, hook := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key], w.actHook[a.key]
 	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	if pan {
 		panic("action bug")
 	}
@@ -587,6 +591,7 @@ func (failingGuard) Check(context.Context, *Request) error {
 type countingHolder struct {
 	checks, releases atomic.Int32
 	sawDryRun        atomic.Bool
+	cancelledRelease atomic.Bool // Release was given a done context
 }
 
 func (g *countingHolder) Name() string { return "slots" }
@@ -598,7 +603,12 @@ func (g *countingHolder) Check(_ context.Context, r *Request) error {
 	g.checks.Add(1)
 	return nil
 }
-func (g *countingHolder) Release(context.Context, *Request) { g.releases.Add(1) }
+func (g *countingHolder) Release(ctx context.Context, _ *Request) {
+	if ctx.Err() != nil {
+		g.cancelledRelease.Store(true)
+	}
+	g.releases.Add(1)
+}
 
 func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 	h := newHarness(t)
@@ -877,5 +887,25 @@ func TestFreshDetectorsFirstRunDoesNotClearEscalation(t *testing.T) {
 	h.cycle(e)
 	if st, _ := (&Store{Dir: h.dir}).Load(h.clock.Now()); len(st.Targets) != 0 {
 		t.Fatalf("cleared finding kept: %v", st.Targets)
+	}
+}
+
+func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	e := h.engine(mustPolicy(t, enforceRule))
+	// SIGTERM arrives while the action runs; the action fails with it.
+	w.actHook["a"] = cancel
+	w.actErr["a"] = context.Canceled
+	setPresent("a", "p")
+	if _, err := e.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 || holder.cancelledRelease.Load() {
+		t.Fatalf("slot released with the cancelled context (the API call fails, the slot stays taken for its TTL): releases=%d cancelled=%v",
+			holder.releases.Load(), holder.cancelledRelease.Load())
 	}
 }
