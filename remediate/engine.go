@@ -241,6 +241,13 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	for i, rr := range e.rules {
 		c.rule(ctx, rr, results[i])
 	}
+	// What is held is held for a Verifying target. Another process sharing
+	// the state dir (remediate --once) may have judged the verification.
+	for k := range e.held {
+		if st.Targets[k].Phase != PhaseVerifying {
+			e.releaseHeld(ctx, k)
+		}
+	}
 
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
 	sortReport(rep)

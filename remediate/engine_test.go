@@ -909,3 +909,29 @@ func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
 			holder.releases.Load(), holder.cancelledRelease.Load())
 	}
 }
+
+func TestSlotReleasedWhenAnotherRunJudgedTheVerification(t *testing.T) {
+	h := newHarness(t)
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	daemon := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	h.cycle(daemon) // executed, Verifying, slot held
+	// After verifyAfter, on-call runs `remediate --once --dry-run` on the
+	// daemon's state dir: the finding is still there, verification failed.
+	once := h.opts
+	once.Once, once.ForceDryRun, once.Guardrails = true, true, nil
+	e1, err := New(mustPolicy(t, enforceRule), once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(time.Minute)
+	h.cycle(e1)
+	// Then the finding clears; the daemon never sees its target Verifying.
+	setPresent("a")
+	h.clock.Step(time.Minute)
+	h.cycle(daemon)
+	if holder.releases.Load() != 1 {
+		t.Fatalf("slot held for a target no longer Verifying: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
+	}
+}
