@@ -64,6 +64,9 @@ type Engine struct {
 	mu    sync.Mutex // guards pol and rules; one cycle at a time
 	pol   *policy.Policy
 	rules []*ruleRuntime
+	// cur is pol for readers outside the cycle (/healthz): they must not
+	// wait for a cycle, which may take minutes.
+	cur atomic.Pointer[policy.Policy]
 	// held maps Request.Key() to holders to release when the attempt ends.
 	held map[string][]heldGuard
 }
@@ -80,6 +83,14 @@ type ruleRuntime struct {
 	actType  action.Type
 	running  atomic.Bool // the detector is still running (possibly hung)
 	runSince atomic.Int64
+	// actBusy: the action's Plan or Execute is still running (possibly
+	// abandoned after its deadline); it is not started again meanwhile.
+	actBusy  atomic.Bool
+	actSince atomic.Int64
+	// warm is set after the detector instance's first successful run.
+	// Detectors that judge across cycles (rates, hold times) report
+	// nothing on their first run, so absence then is not evidence.
+	warm bool
 }
 
 // New builds an engine for p. Every rule's detector and action are
@@ -107,11 +118,10 @@ func New(p *policy.Policy, o Options) (*Engine, error) {
 	return e, nil
 }
 
-// Policy returns the policy in force.
+// Policy returns the policy in force. It does not wait for a running
+// cycle.
 func (e *Engine) Policy() *policy.Policy {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.pol
+	return e.cur.Load()
 }
 
 // SetPolicy swaps in a new policy (a reload). Detectors and actions are
@@ -132,6 +142,20 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
+	e.cur.Store(p)
+	// A rule that is gone never steps its targets again, so nothing else
+	// would release what its attempts hold (a cluster budget slot).
+	keep := map[string]bool{}
+	for i := range p.Rules {
+		keep[p.Rules[i].Name] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for k := range e.held {
+		if rule, _, _ := strings.Cut(k, "|"); !keep[rule] {
+			e.releaseHeld(ctx, k)
+		}
+	}
 	return nil
 }
 
@@ -216,6 +240,13 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	c := &cycle{e: e, pol: pol, st: st, rep: rep, acted: &acted}
 	for i, rr := range e.rules {
 		c.rule(ctx, rr, results[i])
+	}
+	// What is held is held for a Verifying target. Another process sharing
+	// the state dir (remediate --once) may have judged the verification.
+	for k := range e.held {
+		if st.Targets[k].Phase != PhaseVerifying {
+			e.releaseHeld(ctx, k)
+		}
 	}
 
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
@@ -330,8 +361,16 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: f})
 	}
 	// Targets with state but no finding this cycle (vanished or cleared).
+	// Not on a new detector instance's first run (daemon start, policy
+	// reload): a rate or hold-time detector has no baseline yet, and an
+	// escalated or verifying target must not be cleared by that.
 	prefix := r.Name + "|"
+	warm := rr.warm
+	rr.warm = true
 	for k := range c.st.Targets {
+		if !warm {
+			break
+		}
 		if t, ok := strings.CutPrefix(k, prefix); ok {
 			if _, seen := present[t]; !seen {
 				order = append(order, t)
@@ -353,18 +392,10 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, p
 	key := r.Name + "|" + f.Target
 	prev := c.st.Targets[key]
 	now := c.e.opts.Clock.Now()
+	// With Once, Step makes the action due but keeps the target Pending,
+	// so a one-shot run never shortens the daemon's `for`.
 	next, act := Step(prev, present, now, tm)
-	if tm.Once {
-		// A one-shot run treats `for` as met for its own decision, but
-		// records only the state the daemon would have computed: pointed at
-		// the daemon's state dir, it must not shorten the daemon's `for`.
-		daemonView := tm
-		daemonView.Once = false
-		persist, _ := Step(prev, present, now, daemonView)
-		c.setState(key, persist)
-	} else {
-		c.setState(key, next)
-	}
+	c.setState(key, next)
 	actName := ""
 	if rr.act != nil {
 		actName = rr.actType.Name
@@ -479,9 +510,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 			continue
 		}
 		b := AsBlocked(g.Name(), err)
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		if b.Guardrail == GuardDryRun {
 			*c.acted++
 			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
@@ -503,24 +532,27 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		return
 	}
 
+	// Stopping (SIGTERM): finish the cycle, start nothing new.
+	if err := ctx.Err(); err != nil {
+		releaseAll(ctx, held)
+		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
+		return
+	}
+
 	// Acting. The attempt counts against every limit before it runs, and
 	// that is on disk before the action can do anything.
 	*c.acted++
 	c.st.History = append(c.st.History, ActionRecord{Time: now, Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Outcome: "pending"})
 	hi := len(c.st.History) - 1
 	if err := c.e.store.Save(c.st); err != nil {
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
 		return
 	}
 	id := fmt.Sprintf("%d-%s", now.UnixNano(), shortHash(key))
 	if err := c.e.opts.Journal.Append(journal.Record{Time: now, ID: id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
 		Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Summary: plan.Summary, Details: plan.Details}); err != nil {
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		c.st.History[hi].Outcome = "not-run"
 		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
 		return
@@ -554,9 +586,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		out.Outcome, out.Error = string(OutcomeFailed), err.Error()
 		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
 		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		if ts.Phase == PhaseEscalated {
 			c.escalate(r, f, rr.actType.Name, ts, log)
 		}
@@ -571,12 +601,19 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 
 // plan runs Action.Plan with the action timeout and panic recovery.
 func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
-	var p action.Plan
+	// The result comes over a channel: an abandoned call may still return
+	// after guarded did.
+	out := make(chan action.Plan, 1)
 	err := c.guarded(ctx, rr, "plan", func(ctx context.Context) error {
-		var err error
-		p, err = rr.act.Plan(ctx, f)
+		p, err := rr.act.Plan(ctx, f)
+		out <- p
 		return err
 	})
+	var p action.Plan
+	select {
+	case p = <-out:
+	default:
+	}
 	if err == nil && p.Summary == "" {
 		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
 	}
@@ -585,12 +622,17 @@ func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (ac
 
 // execute runs Action.Execute with the action timeout and panic recovery.
 func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
-	var res action.Result
+	out := make(chan action.Result, 1)
 	err := c.guarded(ctx, rr, "execute", func(ctx context.Context) error {
-		var err error
-		res, err = rr.act.Execute(ctx, f)
+		res, err := rr.act.Execute(ctx, f)
+		out <- res
 		return err
 	})
+	var res action.Result
+	select {
+	case res = <-out:
+	default:
+	}
 	return res, err
 }
 
@@ -599,24 +641,39 @@ func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) 
 // context is abandoned (its goroutine is left to finish) rather than
 // stalling the loop.
 func (c *cycle) guarded(ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("action %s %s not started: %w", rr.actType.Name, what, err)
+	}
+	if !rr.actBusy.CompareAndSwap(false, true) {
+		since := time.Unix(0, rr.actSince.Load())
+		return fmt.Errorf("action %s still running since %s (hung?); not started again", rr.actType.Name, since.UTC().Format(time.RFC3339))
+	}
+	rr.actSince.Store(c.e.opts.Clock.Now().UnixNano())
 	timeout := c.pol.ActionTimeout.Duration
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	ch := make(chan error, 1)
 	go func() {
+		var err error
 		defer func() {
 			if p := recover(); p != nil {
 				c.e.opts.Log.Error("action panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-				ch <- fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
+				err = fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
 			}
+			rr.actBusy.Store(false) // before the result: the next call may follow at once
+			ch <- err
 		}()
-		ch <- fn(actx)
+		err = fn(actx)
 	}()
 	var err error
 	select {
 	case err = <-ch:
 	case <-actx.Done():
-		err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+		select {
+		case err = <-ch: // it did return: its result, not a timeout
+		default:
+			err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+		}
 	}
 	if err != nil {
 		if _, skip := detect.IsSkip(err); !skip && (strings.Contains(err.Error(), "panicked") || errors.Is(err, context.DeadlineExceeded)) {
@@ -646,10 +703,22 @@ func (e *Engine) journal(r journal.Record, rep *Report) {
 }
 
 func (e *Engine) releaseHeld(ctx context.Context, key string) {
-	for _, hg := range e.held[key] {
-		hg.h.Release(ctx, &hg.req)
-	}
+	releaseAll(ctx, e.held[key])
 	delete(e.held, key)
+}
+
+// releaseAll releases held resources. It does not use ctx's cancellation:
+// a slot not released because the daemon is stopping (the action was just
+// cancelled) would block every node's disruptive actions until its TTL.
+func releaseAll(ctx context.Context, held []heldGuard) {
+	if len(held) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, hg := range held {
+		hg.h.Release(rctx, &hg.req)
+	}
 }
 
 // Close releases every resource still held by guardrails (budget slots).

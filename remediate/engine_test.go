@@ -31,7 +31,10 @@ type world struct {
 	actErr   map[string]error
 	actPanic map[string]bool
 	actHang  map[string]bool
-	fixes    map[string]bool // executing the action removes the target
+	actBlock map[string]chan struct{} // Execute waits for it, ignoring ctx
+	actHook  map[string]func()        // called as Execute begins
+	starts   int                      // Execute calls begun
+	fixes    map[string]bool          // executing the action removes the target
 }
 
 var w = &world{}
@@ -42,6 +45,7 @@ func resetWorld() {
 	w.present, w.fail, w.panicky = map[string][]string{}, map[string]error{}, map[string]bool{}
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
+	w.actBlock, w.starts, w.actHook = map[string]chan struct{}{}, 0, map[string]func(){}
 }
 
 type fakeParams struct {
@@ -79,13 +83,20 @@ func (a fakeAction) Plan(_ context.Context, f detect.Finding) (action.Plan, erro
 
 func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Result, error) {
 	w.mu.Lock()
-	pan, hang, err, fixes := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key]
+	w.starts++
+	pan, hang, err, fixes, block, hook := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key], w.actHook[a.key]
 	w.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	if pan {
 		panic("action bug")
 	}
 	if hang {
 		select {} // never returns, ignores ctx
+	}
+	if block != nil {
+		<-block // ignores ctx on purpose
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -580,6 +591,7 @@ func (failingGuard) Check(context.Context, *Request) error {
 type countingHolder struct {
 	checks, releases atomic.Int32
 	sawDryRun        atomic.Bool
+	cancelledRelease atomic.Bool // Release was given a done context
 }
 
 func (g *countingHolder) Name() string { return "slots" }
@@ -591,7 +603,12 @@ func (g *countingHolder) Check(_ context.Context, r *Request) error {
 	g.checks.Add(1)
 	return nil
 }
-func (g *countingHolder) Release(context.Context, *Request) { g.releases.Add(1) }
+func (g *countingHolder) Release(ctx context.Context, _ *Request) {
+	if ctx.Err() != nil {
+		g.cancelledRelease.Store(true)
+	}
+	g.releases.Add(1)
+}
 
 func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 	h := newHarness(t)
@@ -744,5 +761,242 @@ func TestRefusalAtExecutionIsNotAFailure(t *testing.T) {
 	recs, _ := journal.ReadAll(h.dir)
 	if len(recs) != 8 || recs[1].Outcome != "skipped" {
 		t.Fatalf("journal: %+v", recs)
+	}
+}
+
+func TestOnceDryRunDoesNotShortenTheDaemonsFor(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(enforceRule, "for: 0s", "for: 1h", 1)
+	setPresent("a", "p")
+	// The daemon sees the finding first: Pending.
+	daemon := h.engine(mustPolicy(t, src))
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeSkipped || d.Phase != PhasePending {
+		t.Fatalf("daemon first cycle: %+v", d)
+	}
+	// On-call runs `remediate --once --dry-run` on the same state dir.
+	once := h.opts
+	once.Once, once.ForceDryRun = true, true
+	e1, err := New(mustPolicy(t, src), once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(e1), "p"); d.Outcome != OutcomeDryRun {
+		t.Fatalf("once dry run: %+v", d)
+	}
+	// The daemon's next cycle is still within `for`: it must not act.
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome == OutcomeExecuted || len(executed()) != 0 {
+		t.Fatalf("a --once --dry-run made the daemon act before `for`: %+v executed=%v", d, executed())
+	}
+	// And it still acts once `for` has passed since the finding appeared.
+	h.clock.Step(time.Hour)
+	if d := decisionFor(h.cycle(daemon), "p"); d.Outcome != OutcomeExecuted {
+		t.Fatalf("after for: %+v", d)
+	}
+}
+
+func TestReloadRemovingARuleReleasesWhatItHolds(t *testing.T) {
+	h := newHarness(t)
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	e := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	h.cycle(e)
+	if holder.checks.Load() != 1 || holder.releases.Load() != 0 {
+		t.Fatalf("not held while verifying: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
+	}
+	// The rule is renamed away while its target is Verifying: nothing will
+	// ever step that target again.
+	if err := e.SetPolicy(mustPolicy(t, strings.Replace(enforceRule, "fix-it", "other", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 {
+		t.Fatalf("slot of a removed rule still held after reload: releases=%d", holder.releases.Load())
+	}
+	// A reload that keeps the rule keeps its slot.
+	h.clock.Step(time.Hour)
+	h.cycle(e)
+	if holder.checks.Load() != 2 {
+		t.Fatalf("checks=%d", holder.checks.Load())
+	}
+	if err := e.SetPolicy(mustPolicy(t, strings.Replace(enforceRule, "fix-it", "other", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 {
+		t.Fatalf("reload released the slot of a rule it kept: releases=%d", holder.releases.Load())
+	}
+}
+
+func TestAbandonedActionIsNotStartedAgainWhileRunning(t *testing.T) {
+	h := newHarness(t)
+	p := mustPolicy(t, strings.Replace(enforceRule, "maxAttempts: 2", "maxAttempts: 5", 1)+"actionTimeout: 100ms\n")
+	e := h.engine(p)
+	release := make(chan struct{})
+	w.actBlock["a"] = release
+	setPresent("a", "p")
+	if d := decisionFor(h.cycle(e), "p"); d.Outcome != OutcomeFailed || !strings.Contains(d.Reason, "did not finish") {
+		t.Fatalf("first: %+v", d)
+	}
+	// Next cycle: the abandoned Execute still runs; starting another one
+	// on the same target would act twice at once.
+	h.clock.Step(time.Minute)
+	d := decisionFor(h.cycle(e), "p")
+	w.mu.Lock()
+	starts := w.starts
+	w.mu.Unlock()
+	if starts != 1 || !strings.Contains(d.Reason, "still running") {
+		t.Fatalf("action started again while the abandoned one runs: starts=%d %+v", starts, d)
+	}
+	// Once it returns (late, writing its result), the rule may act again.
+	close(release)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(executed()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	h.clock.Step(time.Minute)
+	if d := decisionFor(h.cycle(e), "p"); d.Outcome != OutcomeExecuted {
+		t.Fatalf("after the abandoned action returned: %+v", d)
+	}
+}
+
+// stopGuard cancels the cycle's context as a SIGTERM arriving mid-cycle would.
+type stopGuard struct{ cancel context.CancelFunc }
+
+func (stopGuard) Name() string { return "stop" }
+func (g stopGuard) Check(context.Context, *Request) error {
+	g.cancel()
+	return nil
+}
+
+func TestNoNewActionAfterStop(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder, stopGuard{cancel}}
+	e := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	rep, err := e.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // an action started in the background would have run by now
+	if d := decisionFor(rep, "p"); d.Outcome != OutcomeSkipped || !strings.Contains(d.Reason, "stopping") || len(executed()) != 0 {
+		t.Fatalf("acted after stop: %+v executed=%v", d, executed())
+	}
+	if holder.checks.Load() != 1 || holder.releases.Load() != 1 {
+		t.Fatalf("slot taken before the stop not released: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
+	}
+	st, _ := (&Store{Dir: h.dir}).Load(h.clock.Now())
+	if len(st.History) != 0 {
+		t.Fatalf("an attempt not made counts against the limits: %+v", st.History)
+	}
+}
+
+func TestPolicyDoesNotWaitForACycle(t *testing.T) {
+	h := newHarness(t)
+	e := h.engine(mustPolicy(t, enforceRule+"detectorTimeout: 20s\n"))
+	release := make(chan struct{})
+	w.mu.Lock()
+	w.hang["a"] = release
+	w.mu.Unlock()
+	cycled := make(chan struct{})
+	go func() {
+		defer close(cycled)
+		_, _ = e.Cycle(context.Background())
+	}()
+	defer func() { close(release); <-cycled }()
+	time.Sleep(50 * time.Millisecond) // the cycle is in its detectors
+	got := make(chan *policy.Policy, 1)
+	go func() { got <- e.Policy() }()
+	select {
+	case p := <-got:
+		if p == nil || p.Rules[0].Name != "fix-it" {
+			t.Fatalf("policy = %+v", p)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Policy() (behind /healthz) blocked for the whole cycle: a slow cycle fails the liveness probe")
+	}
+}
+
+func TestFreshDetectorsFirstRunDoesNotClearEscalation(t *testing.T) {
+	h := newHarness(t)
+	src := strings.Replace(enforceRule, "maxAttempts: 2", "maxAttempts: 1", 1)
+	e := h.engine(mustPolicy(t, src))
+	w.actErr["a"] = errors.New("boom")
+	setPresent("a", "p")
+	if d := decisionFor(h.cycle(e), "p"); d.Phase != PhaseEscalated {
+		t.Fatalf("not escalated: %+v", d)
+	}
+	// A reload (or restart) rebuilds the detector; a rate or hold-time
+	// detector reports nothing on its first run: no baseline yet.
+	for _, restart := range []bool{false, true} {
+		if restart {
+			e = h.engine(mustPolicy(t, src))
+		} else if err := e.SetPolicy(mustPolicy(t, src)); err != nil {
+			t.Fatal(err)
+		}
+		setPresent("a")
+		h.clock.Step(time.Hour)
+		h.cycle(e)
+		setPresent("a", "p")
+		h.clock.Step(time.Minute)
+		if d := decisionFor(h.cycle(e), "p"); d.Guardrail != GuardEscalation || len(executed()) != 1 {
+			t.Fatalf("restart=%v: escalation cleared by a fresh detector's empty first run: %+v executed=%v", restart, d, executed())
+		}
+	}
+	// Once warm, absence clears as before.
+	setPresent("a")
+	h.cycle(e)
+	if st, _ := (&Store{Dir: h.dir}).Load(h.clock.Now()); len(st.Targets) != 0 {
+		t.Fatalf("cleared finding kept: %v", st.Targets)
+	}
+}
+
+func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
+	h := newHarness(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	e := h.engine(mustPolicy(t, enforceRule))
+	// SIGTERM arrives while the action runs; the action fails with it.
+	w.actHook["a"] = cancel
+	w.actErr["a"] = context.Canceled
+	setPresent("a", "p")
+	if _, err := e.Cycle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if holder.releases.Load() != 1 || holder.cancelledRelease.Load() {
+		t.Fatalf("slot released with the cancelled context (the API call fails, the slot stays taken for its TTL): releases=%d cancelled=%v",
+			holder.releases.Load(), holder.cancelledRelease.Load())
+	}
+}
+
+func TestSlotReleasedWhenAnotherRunJudgedTheVerification(t *testing.T) {
+	h := newHarness(t)
+	holder := &countingHolder{}
+	h.opts.Guardrails = []Guardrail{holder}
+	daemon := h.engine(mustPolicy(t, enforceRule))
+	setPresent("a", "p")
+	h.cycle(daemon) // executed, Verifying, slot held
+	// After verifyAfter, on-call runs `remediate --once --dry-run` on the
+	// daemon's state dir: the finding is still there, verification failed.
+	once := h.opts
+	once.Once, once.ForceDryRun, once.Guardrails = true, true, nil
+	e1, err := New(mustPolicy(t, enforceRule), once)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.Step(time.Minute)
+	h.cycle(e1)
+	// Then the finding clears; the daemon never sees its target Verifying.
+	setPresent("a")
+	h.clock.Step(time.Minute)
+	h.cycle(daemon)
+	if holder.releases.Load() != 1 {
+		t.Fatalf("slot held for a target no longer Verifying: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
 	}
 }

@@ -59,7 +59,9 @@ type Timing struct {
 	For         time.Duration
 	VerifyAfter time.Duration
 	MaxAttempts int
-	// Once makes `for` count as met: the operator is asking now.
+	// Once makes `for` count as met for this observation only: the
+	// operator is asking now. The target stays Pending in the state, so a
+	// daemon sharing the state dir still waits for `for`.
 	Once bool
 }
 
@@ -75,21 +77,24 @@ func Step(st TargetState, present bool, now time.Time, t Timing) (TargetState, b
 			return TargetState{Phase: PhaseOK}, false
 		}
 		st = TargetState{Phase: PhasePending, Since: now, LastSeen: now}
-		if t.Once || t.For <= 0 {
+		if t.For <= 0 {
 			st.Phase = PhaseFiring
 			return st, true
 		}
-		return st, false
+		// Once: due now, but the target stays Pending. The state dir may be
+		// the daemon's, whose `for` must keep counting from Since: a
+		// one-shot (dry) run must not make the daemon act early.
+		return st, t.Once
 	case PhasePending:
 		if !present {
 			return TargetState{Phase: PhaseOK}, false // flapped away: start over
 		}
 		st.LastSeen = now
-		if t.Once || now.Sub(st.Since) >= t.For {
+		if now.Sub(st.Since) >= t.For {
 			st.Phase = PhaseFiring
 			return st, true
 		}
-		return st, false
+		return st, t.Once // see above: due for --once, still Pending
 	case PhaseFiring, PhaseFailed:
 		if !present {
 			// Cleared without (further) action.

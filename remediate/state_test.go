@@ -30,10 +30,15 @@ func TestStep(t *testing.T) {
 				}
 			}},
 		{name: "ok to firing with for=0", st: TargetState{}, present: true, now: at(0), timing: Timing{MaxAttempts: 1}, wantPhase: PhaseFiring, wantAct: true},
-		{name: "ok to firing in once mode", st: TargetState{}, present: true, now: at(0), timing: Timing{For: time.Hour, Once: true}, wantPhase: PhaseFiring, wantAct: true},
+		{name: "once acts now but stays pending", st: TargetState{}, present: true, now: at(0), timing: Timing{For: time.Hour, Once: true}, wantPhase: PhasePending, wantAct: true},
 		{name: "pending waits", st: TargetState{Phase: PhasePending, Since: at(0)}, present: true, now: at(59), timing: tm, wantPhase: PhasePending},
 		{name: "pending fires at for", st: TargetState{Phase: PhasePending, Since: at(0)}, present: true, now: at(60), timing: tm, wantPhase: PhaseFiring, wantAct: true},
-		{name: "pending fires in once mode", st: TargetState{Phase: PhasePending, Since: at(0)}, present: true, now: at(1), timing: Timing{For: time.Hour, Once: true}, wantPhase: PhaseFiring, wantAct: true},
+		{name: "pending is due in once mode but stays pending", st: TargetState{Phase: PhasePending, Since: at(0)}, present: true, now: at(1), timing: Timing{For: time.Hour, Once: true}, wantPhase: PhasePending, wantAct: true,
+			check: func(t *testing.T, st TargetState) {
+				if !st.Since.Equal(at(0)) {
+					t.Errorf("since = %v", st.Since)
+				}
+			}},
 		{name: "pending flaps away", st: TargetState{Phase: PhasePending, Since: at(0)}, present: false, now: at(30), timing: tm, wantPhase: PhaseOK},
 		{name: "firing keeps asking", st: TargetState{Phase: PhaseFiring, Since: at(0)}, present: true, now: at(90), timing: tm, wantPhase: PhaseFiring, wantAct: true},
 		{name: "firing target vanishes", st: TargetState{Phase: PhaseFiring, Since: at(0)}, present: false, now: at(90), timing: tm, wantPhase: PhaseOK},

@@ -386,3 +386,26 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// TestOnceExitsOneWhenStateIsNotSaved: a --once run whose guardrail state
+// cannot be written reports what it saw but exits 1 (error), not 0.
+func TestOnceExitsOneWhenStateIsNotSaved(t *testing.T) {
+	dir := t.TempDir()
+	pol := writePolicy(t, dir, "audit", 0)
+	state := filepath.Join(dir, "state")
+	// state.json is a directory: unreadable (quarantined, but the move aside
+	// fails as its targets exist and are not empty) and not replaceable.
+	if err := os.MkdirAll(filepath.Join(state, "state.json", "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().Unix()
+	for s := now - 1; s <= now+30; s++ {
+		if err := os.MkdirAll(filepath.Join(state, fmt.Sprintf("state.json.corrupt-%d", s), "x"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	code, out, errOut := run(t, "--once", "--policy", pol, "--state-dir", state, "--node-name", "node1")
+	if code != exitError || !strings.Contains(out, "persisting guardrail state") {
+		t.Fatalf("exit %d\n%s%s", code, out, errOut)
+	}
+}

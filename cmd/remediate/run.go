@@ -177,9 +177,15 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
 		return exitError
 	}
+	code := rep.ExitCode()
 	if err != nil {
+		// The report is complete, but the guardrail state is not saved.
 		rep.Warnings = append(rep.Warnings, err.Error())
+		code = exitError
 	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	eng.Close(rctx)
+	rcancel()
 	if o.output == "json" {
 		err = rep.WriteJSON(stdout)
 	} else {
@@ -189,10 +195,7 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 		log.Error("writing report", zap.Error(err))
 		return exitError
 	}
-	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	eng.Close(rctx)
-	rcancel()
-	return rep.ExitCode()
+	return code
 }
 
 func newLogger(format, level string, w io.Writer) (*zap.Logger, error) {

@@ -204,3 +204,20 @@ func TestCordonNode(t *testing.T) {
 		t.Fatal("second cordon planned")
 	}
 }
+
+// TestRestartKubeProxyDefaultWaitFitsTheActionTimeout: with default
+// settings the wait for the replacement must end before the engine abandons
+// the action (which then counts a failed attempt after the pod was deleted).
+func TestRestartKubeProxyDefaultWaitFitsTheActionTimeout(t *testing.T) {
+	typ, ok := Lookup("RestartKubeProxy")
+	if !ok {
+		t.Fatal("RestartKubeProxy not registered")
+	}
+	p := typ.NewParams().(*RestartKubeProxyParams)
+	if p.ReadyTimeout.Duration >= policy.DefaultActionTimeout {
+		t.Fatalf("default readyTimeout %s >= default actionTimeout %s", p.ReadyTimeout.Duration, policy.DefaultActionTimeout)
+	}
+	if errs := p.Validate(); len(errs) != 0 {
+		t.Fatalf("defaults invalid: %v", errs)
+	}
+}

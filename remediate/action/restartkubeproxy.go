@@ -27,7 +27,9 @@ type RestartKubeProxyParams struct {
 	LabelSelector string `yaml:"labelSelector"`
 	// ReadyTimeout bounds the wait for the replacement pod to be Ready and,
 	// where the kube-proxy adapter is available, for kube-proxy's /healthz
-	// to report healthy (its sync recovered). Keep it under actionTimeout.
+	// to report healthy (its sync recovered). Keep it under actionTimeout:
+	// the engine abandons the action at actionTimeout (default 60s), after
+	// the pod was deleted, and counts a failed attempt.
 	ReadyTimeout policy.Duration `yaml:"readyTimeout"`
 	// PollInterval between checks of the replacement pod.
 	PollInterval policy.Duration `yaml:"pollInterval"`
@@ -60,7 +62,7 @@ func init() {
 		Disruptive: true,
 		NewParams: func() any {
 			return &RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
-				ReadyTimeout: policy.D(2 * time.Minute), PollInterval: policy.D(2 * time.Second)}
+				ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
 		},
 		New: func(params any, n *node.Node) (Action, error) {
 			p := params.(*RestartKubeProxyParams)

@@ -115,13 +115,24 @@ func (b *Budget) Check(ctx context.Context, r *remediate.Request) error {
 		return remediate.Block(b.Name(), "no cluster access: cannot take a cluster-wide budget slot")
 	}
 	key := r.Key()
+	now := b.opts.Clock.Now()
 	b.mu.Lock()
-	_, already := b.held[key]
+	h, already := b.held[key]
 	b.mu.Unlock()
 	if already {
-		return nil
+		// Only if the Lease is still ours: a slot no longer renewed
+		// (maxHold, renewal errors) expires and may be someone else's.
+		l, err := b.cs.CoordinationV1().Leases(b.opts.Namespace).Get(ctx, h.name, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("reading budget lease %s/%s: %w", b.opts.Namespace, h.name, err)
+		}
+		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == b.opts.Node && !SlotFree(l, now) {
+			return nil
+		}
+		b.mu.Lock()
+		delete(b.held, key)
+		b.mu.Unlock()
 	}
-	now := b.opts.Clock.Now()
 	holders := make([]string, 0, b.opts.Slots)
 	start := b.startIndex()
 	for k := 0; k < b.opts.Slots; k++ {

@@ -201,3 +201,36 @@ func TestOptOut(t *testing.T) {
 		})
 	}
 }
+
+func TestBudgetSlotNoLongerOursIsNotTrusted(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	mk := func(node string) *Budget {
+		return NewBudget(cs, BudgetOptions{Namespace: "remediate", Slots: 1, TTL: time.Minute, MaxHold: 2 * time.Minute, Node: node, Clock: clk})
+	}
+	a, d := mk("a"), mk("d")
+	if err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now())); err != nil {
+		t.Fatal(err)
+	}
+	// a keeps renewing until maxHold, then lets the slot expire; d takes it.
+	for range 6 {
+		clk.Step(30 * time.Second)
+		a.Renew(ctx)
+	}
+	clk.Step(2 * time.Minute)
+	if err := d.Check(ctx, req("r2", "t2", "X", true, false, clk.Now())); err != nil {
+		t.Fatalf("expired slot not free for d: %v", err)
+	}
+	// a asks again for the same (rule, target): the only slot is d's.
+	err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now()))
+	var bl *remediate.Blocked
+	if !errors.As(err, &bl) || !strings.Contains(bl.Reason, "all 1 cluster-wide") {
+		t.Fatalf("a was allowed on a slot it no longer holds: %v", err)
+	}
+	// Once d releases, a can take it for real.
+	d.Release(ctx, req("r2", "t2", "X", true, false, clk.Now()))
+	if err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now())); err != nil || len(a.Held()) != 1 {
+		t.Fatalf("after d released: %v %v", err, a.Held())
+	}
+}

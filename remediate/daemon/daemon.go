@@ -83,8 +83,9 @@ func New(cfg Config) *Daemon {
 }
 
 // Run loops until ctx is done. The cycle in progress when ctx is cancelled
-// finishes (each detector and action is bounded by its own deadline), then
-// held guardrail resources are released and the HTTP server stops.
+// ends without starting new actions (a running one sees its context
+// cancelled), then held guardrail resources are released and the HTTP
+// server stops.
 func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = d.cfg.Clock.Now()

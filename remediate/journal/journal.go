@@ -80,10 +80,13 @@ func (j *Journal) Append(r Record) error {
 	line = append(line, '\n')
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if fi, err := os.Stat(j.path); err == nil && fi.Size()+int64(len(line)) > j.maxBytes {
+	fi, statErr := os.Stat(j.path)
+	created := statErr != nil
+	if statErr == nil && fi.Size()+int64(len(line)) > j.maxBytes {
 		if err := j.rotate(); err != nil {
 			return err
 		}
+		created = true
 	}
 	f, err := os.OpenFile(j.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -95,6 +98,25 @@ func (j *Journal) Append(r Record) error {
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync journal: %w", err)
+	}
+	if created {
+		// A new file (first record, or after rotation) is durable only once
+		// its directory entry is.
+		if err := syncDir(filepath.Dir(j.path)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("opening journal dir for fsync: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync journal dir: %w", err)
 	}
 	return nil
 }
