@@ -4,38 +4,23 @@ package detect
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/netnstest"
 )
 
 // TestIPVSDetectorsOnRealKernelWithoutIPVS runs every IPVS detector with the
 // real adapter in a network namespace of this kernel (no ip_vs): each skips
 // with "IPVS unavailable", none reports a finding or "healthy".
 func TestIPVSDetectorsOnRealKernelWithoutIPVS(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
 	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
 		t.Skip("ip_vs is loaded on this kernel; this test covers kernels without it")
 	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2 (ip)")
-	}
-	name := fmt.Sprintf("remediate-ipvsdet-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del: %v: %s", err, out)
-		}
-	})
+	name := netnstest.New(t)
 	real := ipvs.New(ipvs.Options{ProcRoot: "/proc", NetNSPath: "/var/run/netns/" + name})
 	defer real.Close(context.Background())
 	w := ipvsCoreDNSRollout(t)

@@ -3,9 +3,10 @@
 package ipvs
 
 import (
+	"github.com/remediate-dev/remediate/internal/netnstest"
+
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,21 +26,7 @@ func ipvsLoaded() bool {
 // the end; it returns its path.
 func newTestNetns(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates a network namespace")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2 (ip)")
-	}
-	name := fmt.Sprintf("remediate-ipvs-%d", os.Getpid())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del: %v: %s", err, out)
-		}
-	})
+	name := netnstest.New(t)
 	return "/var/run/netns/" + name
 }
 
