@@ -3,6 +3,7 @@ package kube
 import (
 	"context"
 	"fmt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sort"
 	"sync"
 	"time"
@@ -45,6 +46,11 @@ type View struct {
 
 var _ cluster.View = (*View)(nil)
 
+// KubeProxyLabelSelector is the selector kube-proxy's informers use
+// (cmd/kube-proxy/app/server.go): objects of an alternative service proxy
+// and headless Services' EndpointSlices are ignored.
+const KubeProxyLabelSelector = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
+
 // NewView builds the view over cs. contact (may be nil) is the client's
 // reachability tracker, used for Freshness.Connected. Call Start.
 func NewView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, log *zap.Logger) (*View, error) {
@@ -57,7 +63,11 @@ func NewView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, 
 	v := &View{log: log, clock: clk, contact: contact}
 	// Resync 0: no periodic re-delivery, and the reflector never re-LISTs
 	// unless its watch fails.
-	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(Transform))
+	// The same label selector as kube-proxy's own informers: Services
+	// handled by another proxy and headless slices are not programmed by
+	// kube-proxy, so they are not part of the desired state.
+	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(Transform),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = KubeProxyLabelSelector }))
 	v.svc = v.factory.Core().V1().Services().Informer()
 	v.eps = v.factory.Discovery().V1().EndpointSlices().Informer()
 	if err := v.eps.AddIndexers(cache.Indexers{serviceIndex: sliceServiceKey}); err != nil {

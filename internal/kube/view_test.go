@@ -110,7 +110,9 @@ func TestMergeSlices(t *testing.T) {
 }
 
 func TestViewWithFakeClient(t *testing.T) {
-	cs := fake.NewClientset(testService(), testSlice("a", "10.0.0.1"))
+	other := testService()
+	other.Name, other.Labels = "cilium-managed", map[string]string{"service.kubernetes.io/service-proxy-name": "cilium"}
+	cs := fake.NewClientset(testService(), testSlice("a", "10.0.0.1"), other)
 	v, err := NewView(cs, nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -129,6 +131,7 @@ func TestViewWithFakeClient(t *testing.T) {
 		t.Errorf("freshness %+v", f)
 	}
 	svcs := v.Services()
+	// Like kube-proxy, the view ignores Services of another service proxy.
 	if len(svcs) != 1 || svcs[0].Name != "dns" || len(svcs[0].Ports) != 2 || svcs[0].Ports[1].NodePort != 30053 {
 		t.Fatalf("services %+v", svcs)
 	}
