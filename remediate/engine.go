@@ -572,9 +572,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		c.st.History[hi].Outcome = string(OutcomeSkipped)
 		out.Outcome, out.Summary = string(OutcomeSkipped), reason
 		dec.Outcome, dec.Reason = OutcomeSkipped, "refused at execution: "+reason
-		for _, hg := range held {
-			hg.h.Release(ctx, &hg.req)
-		}
+		releaseAll(ctx, held)
 		c.e.journal(out, c.rep)
 		return
 	}
@@ -601,19 +599,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 
 // plan runs Action.Plan with the action timeout and panic recovery.
 func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
-	// The result comes over a channel: an abandoned call may still return
-	// after guarded did.
-	out := make(chan action.Plan, 1)
-	err := c.guarded(ctx, rr, "plan", func(ctx context.Context) error {
-		p, err := rr.act.Plan(ctx, f)
-		out <- p
-		return err
-	})
-	var p action.Plan
-	select {
-	case p = <-out:
-	default:
-	}
+	p, err := guarded(c, ctx, rr, "plan", func(ctx context.Context) (action.Plan, error) { return rr.act.Plan(ctx, f) })
 	if err == nil && p.Summary == "" {
 		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
 	}
@@ -622,68 +608,66 @@ func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (ac
 
 // execute runs Action.Execute with the action timeout and panic recovery.
 func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
-	out := make(chan action.Result, 1)
-	err := c.guarded(ctx, rr, "execute", func(ctx context.Context) error {
-		res, err := rr.act.Execute(ctx, f)
-		out <- res
-		return err
-	})
-	var res action.Result
-	select {
-	case res = <-out:
-	default:
-	}
-	return res, err
+	return guarded(c, ctx, rr, "execute", func(ctx context.Context) (action.Result, error) { return rr.act.Execute(ctx, f) })
+}
+
+// guardedResult is what a guarded call's goroutine hands back.
+type guardedResult[T any] struct {
+	v        T
+	err      error
+	panicked bool
 }
 
 // guarded runs fn under the action deadline; a panic or an overrun becomes
 // an error and a finding about the daemon. An action that ignores its
-// context is abandoned (its goroutine is left to finish) rather than
-// stalling the loop.
-func (c *cycle) guarded(ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) error) error {
+// context is abandoned (its goroutine is left to finish; its late result is
+// dropped) rather than stalling the loop, and is not started again while
+// it still runs.
+func guarded[T any](c *cycle, ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) (T, error)) (T, error) {
+	var zero T
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("action %s %s not started: %w", rr.actType.Name, what, err)
+		return zero, fmt.Errorf("action %s %s not started: %w", rr.actType.Name, what, err)
 	}
 	if !rr.actBusy.CompareAndSwap(false, true) {
 		since := time.Unix(0, rr.actSince.Load())
-		return fmt.Errorf("action %s still running since %s (hung?); not started again", rr.actType.Name, since.UTC().Format(time.RFC3339))
+		return zero, fmt.Errorf("action %s still running since %s (hung?); not started again", rr.actType.Name, since.UTC().Format(time.RFC3339))
 	}
 	rr.actSince.Store(c.e.opts.Clock.Now().UnixNano())
 	timeout := c.pol.ActionTimeout.Duration
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ch := make(chan error, 1)
+	ch := make(chan guardedResult[T], 1)
 	go func() {
-		var err error
+		var r guardedResult[T]
 		defer func() {
 			if p := recover(); p != nil {
 				c.e.opts.Log.Error("action panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-				err = fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p)
+				r = guardedResult[T]{err: fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p), panicked: true}
 			}
 			rr.actBusy.Store(false) // before the result: the next call may follow at once
-			ch <- err
+			ch <- r
 		}()
-		err = fn(actx)
+		r.v, r.err = fn(actx)
 	}()
-	var err error
+	var r guardedResult[T]
 	select {
-	case err = <-ch:
+	case r = <-ch:
 	case <-actx.Done():
 		select {
-		case err = <-ch: // it did return: its result, not a timeout
+		case r = <-ch: // it did return: its result, not a timeout
 		default:
-			err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
+			r.err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
 		}
 	}
-	if err != nil {
-		if _, skip := detect.IsSkip(err); !skip && (strings.Contains(err.Error(), "panicked") || errors.Is(err, context.DeadlineExceeded)) {
-			c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
-				Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
-				Message: err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
-			}})
-		}
+	// A panic, or a failure once our deadline fired (abandoned, or the
+	// action gave up on it), is a fault of the daemon's, not of the node.
+	if r.panicked || (r.err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
+			Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
+			Message: r.err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
+		}})
 	}
-	return err
+	return r.v, r.err
 }
 
 // journal appends a record, stamping time and node; a failure becomes a

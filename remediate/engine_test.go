@@ -1000,3 +1000,24 @@ func TestSlotReleasedWhenAnotherRunJudgedTheVerification(t *testing.T) {
 		t.Fatalf("slot held for a target no longer Verifying: checks=%d releases=%d", holder.checks.Load(), holder.releases.Load())
 	}
 }
+
+// TestActionErrorTextIsNotADaemonFault: only a real panic or an overrun of
+// the engine's deadline is a finding about the daemon, not an action error
+// whose text happens to say "panicked".
+func TestActionErrorTextIsNotADaemonFault(t *testing.T) {
+	h := newHarness(t)
+	e := h.engine(mustPolicy(t, enforceRule))
+	w.mu.Lock()
+	w.actErr["a"] = errors.New("iptables-restore panicked: exit status 2")
+	w.mu.Unlock()
+	setPresent("a", "p")
+	rep := h.cycle(e)
+	if d := decisionFor(rep, "p"); d.Outcome != OutcomeFailed {
+		t.Fatalf("%+v", d)
+	}
+	for _, f := range rep.Findings {
+		if f.Detector == SelfDetector {
+			t.Fatalf("an ordinary action error was reported as a daemon fault: %+v", f)
+		}
+	}
+}
