@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -61,12 +60,7 @@ func TestRealSaveBothBackendsInNamespace(t *testing.T) {
 	// Observation never takes the xtables lock: with the (private) lock
 	// held, every save and the version probe still return at once.
 	netnstest.NeedCommands(t, "flock")
-	holder := exec.Command("flock", lock, "sleep", "60")
-	holder.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // cleanup stops sleep too
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-holder.Process.Pid, syscall.SIGKILL); _ = holder.Wait() })
+	netnstest.StartGroup(t, exec.Command("flock", lock, "sleep", "60"))
 	time.Sleep(300 * time.Millisecond)
 	if out, err := exec.Command("flock", "-n", lock, "true").CombinedOutput(); err == nil {
 		t.Fatalf("lock not held by the test's flock: %s", out)

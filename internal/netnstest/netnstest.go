@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -76,3 +77,20 @@ func Cmd(ns, stdin string, args ...string) *exec.Cmd {
 
 // Prefix is the command prefix that runs a command in the namespace.
 func Prefix(ns string) []string { return []string{"ip", "netns", "exec", ns} }
+
+// StartGroup starts cmd in a process group of its own and, when the test
+// ends, kills that group by the PID it started (children such as flock's
+// sleep included) and reaps it.
+func StartGroup(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %v: %v", cmd.Args, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	})
+}

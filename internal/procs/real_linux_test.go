@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/netnstest"
 )
 
 // start runs a command and stops it (its process group, by PID) when the
@@ -17,17 +19,7 @@ import (
 func start(t *testing.T, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(name, args...)
-	// Own process group, so cleanup also stops children (flock's sleep).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	})
+	netnstest.StartGroup(t, cmd) // own group: cleanup also stops flock's sleep
 	return cmd
 }
 
@@ -158,12 +150,7 @@ func BenchmarkFileLocksHeld(b *testing.B) {
 		b.Skip("needs flock(1)")
 	}
 	lockFile := filepath.Join(b.TempDir(), "xtables.lock")
-	cmd := exec.Command("flock", lockFile, "sleep", "300")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() }()
+	netnstest.StartGroup(b, exec.Command("flock", lockFile, "sleep", "300"))
 	r := New("/proc")
 	ctx := context.Background()
 	deadline := time.Now().Add(10 * time.Second)

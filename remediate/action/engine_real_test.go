@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -44,12 +43,12 @@ func TestRealEngineAuditAndEnforce(t *testing.T) {
 	dir := t.TempDir()
 	lock := filepath.Join(dir, "xtables.lock")
 	holder := exec.Command("flock", lock, "sleep", "300")
-	startGroup(t, holder)
+	netnstest.StartGroup(t, holder)
 	pr := procs.New("/proc")
 	waitLocks(t, pr, lock, func(fl procs.FileLocks) bool { return len(fl.Holders) == 2 })
 	restore := netnstest.Cmd(ns, "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n", "iptables-legacy-restore", "-w")
 	restore.Env = append(os.Environ(), "XTABLES_LOCKFILE="+lock)
-	startGroup(t, restore)
+	netnstest.StartGroup(t, restore)
 	restorePID := int32(restore.Process.Pid)
 	// The engine acts on every finding: scope what it sees to the processes
 	// this test started, so it never kills another test's (or anyone's)
@@ -129,20 +128,6 @@ func TestRealEngineAuditAndEnforce(t *testing.T) {
 	if _, err := pr.Get(ctx, restorePID); err == nil {
 		t.Error("enforce mode: restore still running")
 	}
-}
-
-func startGroup(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", cmd.Args, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	})
 }
 
 func waitLocks(t *testing.T, pr procs.Interface, lock string, cond func(procs.FileLocks) bool) {

@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,22 +18,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
-
-// startBg starts cmd in its own process group and stops the group (by the
-// PID the test started) when the test ends, also on failure.
-func startBg(t *testing.T, cmd *exec.Cmd) {
-	t.Helper()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %v: %v", cmd.Args, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-done
-	})
-}
 
 func eventually(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
@@ -71,7 +54,7 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 	lock := filepath.Join(t.TempDir(), "xtables.lock")
 
 	holder := exec.Command("flock", lock, "sleep", "300")
-	startBg(t, holder)
+	netnstest.StartGroup(t, holder)
 	pr := procs.New("/proc")
 	eventually(t, "flock to hold the lock", 10*time.Second, func() bool {
 		fl, err := pr.FileLocks(ctx, lock)
@@ -80,7 +63,7 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 
 	restore := netnstest.Cmd(ns, "*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n", "iptables-legacy-restore", "-w")
 	restore.Env = append(os.Environ(), "XTABLES_LOCKFILE="+lock)
-	startBg(t, restore)
+	netnstest.StartGroup(t, restore)
 	restorePID := int32(restore.Process.Pid) // ip netns exec execs in place
 
 	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
@@ -177,14 +160,14 @@ func TestRealKillLockHolder(t *testing.T) {
 	netnstest.NeedCommands(t, "flock")
 	ctx := context.Background()
 	lock := filepath.Join(t.TempDir(), "xtables.lock")
-	startBg(t, exec.Command("flock", lock, "sleep", "300"))
+	netnstest.StartGroup(t, exec.Command("flock", lock, "sleep", "300"))
 	pr := procs.New("/proc")
 	eventually(t, "flock to hold the lock", 10*time.Second, func() bool {
 		fl, err := pr.FileLocks(ctx, lock)
 		return err == nil && len(fl.Holders) == 2
 	})
 	waiter := exec.Command("flock", lock, "true")
-	startBg(t, waiter)
+	netnstest.StartGroup(t, waiter)
 
 	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
 	contention := detector(t, "XtablesLockContention", n, func(p any) {
