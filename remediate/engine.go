@@ -585,9 +585,6 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
 		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
 		releaseAll(ctx, held)
-		if ts.Phase == PhaseEscalated {
-			c.escalate(r, f, rr.actType.Name, ts, log)
-		}
 	} else {
 		c.st.History[hi].Outcome = string(OutcomeExecuted)
 		out.Outcome = string(OutcomeExecuted)
@@ -595,6 +592,10 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Find
 		c.e.held[key] = append(c.e.held[key], held...)
 	}
 	c.e.journal(out, c.rep)
+	if ts.Phase == PhaseEscalated {
+		// After the outcome that caused it, so the journal reads in order.
+		c.escalate(r, f, rr.actType.Name, ts, log)
+	}
 }
 
 // plan runs Action.Plan with the action timeout and panic recovery.
