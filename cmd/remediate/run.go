@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -307,7 +307,6 @@ func runJournal(args []string, stdout, stderr io.Writer) int {
 }
 
 func jsonLine(r journal.Record) (string, error) {
-	var b strings.Builder
-	err := jsonEncoder(&b).Encode(r)
-	return strings.TrimRight(b.String(), "\n"), err
+	b, err := json.Marshal(r)
+	return string(b), err
 }

@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -144,5 +142,3 @@ func (w *wiring) Close() {
 		w.closers[i]()
 	}
 }
-
-func jsonEncoder(w io.Writer) *json.Encoder { return json.NewEncoder(w) }

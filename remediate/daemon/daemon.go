@@ -79,7 +79,13 @@ func New(cfg Config) *Daemon {
 	if cfg.Rand == nil {
 		cfg.Rand = rand.Float64
 	}
-	return &Daemon{cfg: cfg}
+	d := &Daemon{cfg: cfg}
+	// Fingerprint the policy now, just after it was loaded, so a change
+	// made between New and Run is still seen as a change.
+	if cfg.PolicyPath != "" {
+		d.policySum, d.policyVer = d.fingerprint()
+	}
+	return d
 }
 
 // Run loops until ctx is done. The cycle in progress when ctx is cancelled
@@ -90,7 +96,6 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.started = d.cfg.Clock.Now()
 	d.mu.Unlock()
-	d.policySum, d.policyVer = d.fingerprint()
 
 	var srv *http.Server
 	if d.cfg.Addr != "" {
@@ -135,9 +140,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		case <-d.cfg.Reload:
 			d.reload(ctx, "SIGHUP")
 		case <-poll.C():
-			if sum, ver := d.fingerprint(); ver != d.policyVer {
+			// Cheap stat every poll; the content is read and hashed only
+			// when the file looks different (a touch without a change does
+			// not reload).
+			if ver := d.version(); ver != d.policyVer {
 				d.policyVer = ver
-				if sum != d.policySum {
+				if d.contentSum() != d.policySum {
 					d.reload(ctx, "policy file changed")
 				}
 			}
@@ -209,20 +217,27 @@ func (d *Daemon) reload(ctx context.Context, why string) {
 	d.cfg.Log.Info("policy reloaded", zap.String("trigger", why), zap.String("mode", string(p.Mode)), zap.Int("rules", len(p.Rules)))
 }
 
-// fingerprint returns the policy file's content hash and a cheap version
-// string (inode, size, mtime of the resolved file). The kubelet updates a
-// ConfigMap volume by swapping a symlink, which changes the inode.
-func (d *Daemon) fingerprint() ([32]byte, string) {
+// fingerprint returns the policy file's content hash and its version.
+func (d *Daemon) fingerprint() ([32]byte, string) { return d.contentSum(), d.version() }
+
+// version is a cheap identity of the resolved policy file: inode, size and
+// mtime. The kubelet updates a ConfigMap volume by swapping a symlink, which
+// changes the inode.
+func (d *Daemon) version() string {
 	fi, err := os.Stat(d.cfg.PolicyPath)
 	if err != nil {
-		return [32]byte{}, "missing: " + err.Error()
+		return "missing: " + err.Error()
 	}
-	ver := fmt.Sprintf("%d/%d/%d", inode(fi), fi.Size(), fi.ModTime().UnixNano())
+	return fmt.Sprintf("%d/%d/%d", inode(fi), fi.Size(), fi.ModTime().UnixNano())
+}
+
+// contentSum hashes the policy file (zero if unreadable).
+func (d *Daemon) contentSum() [32]byte {
 	data, err := os.ReadFile(d.cfg.PolicyPath)
 	if err != nil {
-		return [32]byte{}, ver
+		return [32]byte{}
 	}
-	return sha256.Sum256(data), ver
+	return sha256.Sum256(data)
 }
 
 // Handler serves /metrics, /healthz and /readyz.
