@@ -14,9 +14,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -37,8 +39,11 @@ type Options struct {
 	ForceDryRun bool
 	// Once makes every rule's `for` count as met (remediate --once).
 	Once bool
-	// Guardrails are checked after the built-in ones and before the
-	// dry-run guardrail (cluster-wide budget, API freshness, ...).
+	// Cluster holds the cluster guardrails (opt-out, API freshness, storm
+	// guard, budget); guardrails.Chain puts them in order.
+	Cluster guardrails.Cluster
+	// Guardrails are extra guardrails, checked after the storm guard and
+	// before the budget (guardrails.Cluster.Extra).
 	Guardrails []Guardrail
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
@@ -199,7 +204,7 @@ func build(p *policy.Policy, n *node.Node) ([]*ruleRuntime, error) {
 
 // detResult is one detector's outcome in a cycle.
 type detResult struct {
-	findings []detect.Finding
+	findings []finding.Finding
 	err      error
 	skip     string
 }
@@ -260,7 +265,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 }
 
 func maxWindow(p *policy.Policy) time.Duration {
-	w := nodeRateWindow
+	w := guardrails.NodeRateWindow
 	for _, r := range p.Rules {
 		w = max(w, r.RateLimit.Per.Duration, r.Cooldown.Duration)
 	}
@@ -306,7 +311,7 @@ func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Du
 	}()
 	select {
 	case r := <-ch:
-		if reason, ok := detect.IsSkip(r.err); ok {
+		if reason, ok := finding.IsSkip(r.err); ok {
 			return detResult{skip: reason}
 		}
 		return r
@@ -336,15 +341,15 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 		if c.e.opts.Metrics != nil {
 			c.e.opts.Metrics.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type).Inc()
 		}
-		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: detect.Finding{
-			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: detect.Warning,
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: finding.Finding{
+			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: finding.Warning,
 			Message:  fmt.Sprintf("detector %s failed: %v", r.Detector.Type, res.err),
 			Evidence: map[string]any{"detectorType": r.Detector.Type, "error": res.err.Error()},
 		}})
 		return
 	}
 
-	present := map[string]detect.Finding{}
+	present := map[string]finding.Finding{}
 	var order []string
 	for _, f := range res.findings {
 		if f.Detector == "" {
@@ -381,13 +386,13 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 	for _, target := range order {
 		f, isPresent := present[target]
 		if !isPresent {
-			f = detect.Finding{Detector: r.Detector.Type, Target: target}
+			f = finding.Finding{Detector: r.Detector.Type, Target: target}
 		}
 		c.target(ctx, rr, f, isPresent, timing, log)
 	}
 }
 
-func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, present bool, tm Timing, log *zap.Logger) {
+func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f finding.Finding, present bool, tm Timing, log *zap.Logger) {
 	r := rr.rule
 	key := r.Name + "|" + f.Target
 	prev := c.st.Targets[key]
@@ -433,7 +438,7 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, p
 			dec.Reason = fmt.Sprintf("verifying: re-check at %s", next.VerifyAt.UTC().Format(time.RFC3339))
 		case PhaseEscalated:
 			dec.Outcome = OutcomeBlocked
-			dec.Guardrail = GuardEscalation
+			dec.Guardrail = guardrails.GuardEscalation
 			dec.Reason = fmt.Sprintf("escalated after %d failed attempts (last: %s); acting again only after the finding clears", next.Attempts, next.LastError)
 		default:
 			dec.Reason = "no action due in phase " + string(next.Phase)
@@ -462,144 +467,194 @@ func (c *cycle) count(rule, act string, o Outcome) {
 	}
 }
 
-func (c *cycle) escalate(r *policy.Rule, f detect.Finding, actName string, ts TargetState, log *zap.Logger) {
+func (c *cycle) escalate(r *policy.Rule, f finding.Finding, actName string, ts TargetState, log *zap.Logger) {
 	log.Error("target escalated: attempts exhausted, no more actions until the finding clears",
 		zap.String("target", f.Target), zap.Int("attempts", ts.Attempts), zap.String("lastError", ts.LastError))
 	c.e.journal(journal.Record{Kind: journal.KindEscalated, Rule: r.Name, Target: f.Target, Action: actName,
 		Summary: fmt.Sprintf("escalated after %d failed attempts", ts.Attempts), Error: ts.LastError}, c.rep)
 }
 
-// guardrails returns the chain for this cycle, in order.
-func (c *cycle) guardrails(why string) []Guardrail {
-	g := []Guardrail{
-		escalationGuard{c.st},
-		cooldownGuard{c.st},
-		ruleRateGuard{c.st},
-		nodeRateGuard{c.st, c.pol.Guardrails.MaxActionsPerHour},
-		maxTargetsGuard{c.pol.Guardrails.MaxTargetsPerCycle, c.acted},
-	}
-	g = append(g, c.e.opts.Guardrails...)
-	return append(g, dryRunGuard{why})
+// attempt is one decide-and-act pass on a (rule, target), handed from step
+// to step: plan → admit → commit → execute → settle. A step that ends the
+// attempt has written the decision and released what it held.
+type attempt struct {
+	rr   *ruleRuntime
+	f    finding.Finding
+	key  string
+	tm   Timing
+	dec  *Decision
+	log  *zap.Logger
+	now  time.Time
+	req  *guardrails.Request
+	plan action.Plan
+	held []heldGuard
+	hi   int    // index of the attempt's record in the history (commit)
+	id   string // journal id shared by intent and outcome (commit)
 }
 
-func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Finding, key string, tm Timing, dec *Decision, log *zap.Logger) {
-	r := rr.rule
-	now := c.e.opts.Clock.Now()
-	why := dryRunReason(c.pol, r, c.e.opts.ForceDryRun)
-	req := &Request{Rule: r, ActionType: rr.actType.Name, Disruptive: rr.actType.Disruptive, Finding: f, DryRun: why != "", Now: now}
-
-	// Plan first: an action that cannot apply is skipped before any
-	// guardrail takes a resource.
-	plan, err := c.plan(ctx, rr, f)
-	if err != nil {
-		if reason, ok := detect.IsSkip(err); ok {
-			dec.Outcome, dec.Reason = OutcomeSkipped, reason
-		} else {
-			dec.Outcome, dec.Reason = OutcomeSkipped, "cannot plan action: "+err.Error()
-		}
+func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f finding.Finding, key string, tm Timing, dec *Decision, log *zap.Logger) {
+	a := &attempt{rr: rr, f: f, key: key, tm: tm, dec: dec, log: log, now: c.e.opts.Clock.Now()}
+	if !c.plan(ctx, a) || !c.admit(ctx, a) || !c.commit(ctx, a) {
 		return
 	}
+	res, err := c.execute(ctx, a)
+	c.settle(ctx, a, res, err)
+}
 
-	var held []heldGuard
-	for _, g := range c.guardrails(why) {
-		err := g.Check(ctx, req)
+// plan asks the action what it would do. It comes first: an action that
+// cannot apply is skipped before any guardrail takes a resource.
+func (c *cycle) plan(ctx context.Context, a *attempt) bool {
+	r, at := a.rr.rule, a.rr.actType
+	why := guardrails.DryRunReason(c.pol, r, c.e.opts.ForceDryRun)
+	a.req = &guardrails.Request{Rule: r, ActionType: at.Name, Disruptive: at.Disruptive, Finding: a.f, DryRun: why != "", Now: a.now}
+	p, err := c.runPlan(ctx, a.rr, a.f)
+	if err != nil {
+		reason, ok := finding.IsSkip(err)
+		if !ok {
+			reason = "cannot plan action: " + err.Error()
+		}
+		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, reason
+		return false
+	}
+	a.plan = p
+	return true
+}
+
+// chain is the cycle's guardrail chain for a request.
+func (c *cycle) chain(req *guardrails.Request) []guardrails.Guardrail {
+	cl := c.e.opts.Cluster
+	cl.Extra = append(append([]guardrails.Guardrail(nil), cl.Extra...), c.e.opts.Guardrails...)
+	n := guardrails.Node{Ledger: c.st, MaxActionsPerHour: c.pol.Guardrails.MaxActionsPerHour,
+		MaxTargetsPerCycle: c.pol.Guardrails.MaxTargetsPerCycle, Acted: c.acted}
+	return guardrails.Chain(n, cl, guardrails.DryRunReason(c.pol, req.Rule, c.e.opts.ForceDryRun))
+}
+
+// admit runs the guardrail chain in order; the first that blocks decides
+// (dry-run, the last, turns the attempt into a report). Resources taken by
+// holders are kept in a.held.
+func (c *cycle) admit(ctx context.Context, a *attempt) bool {
+	for _, g := range c.chain(a.req) {
+		err := g.Check(ctx, a.req)
 		if err == nil {
-			if h, ok := g.(Holder); ok && !req.DryRun {
-				held = append(held, heldGuard{h, *req})
+			if h, ok := g.(guardrails.Holder); ok && !a.req.DryRun {
+				a.held = append(a.held, heldGuard{h, *a.req})
 			}
 			continue
 		}
-		b := AsBlocked(g.Name(), err)
-		releaseAll(ctx, held)
-		if b.Guardrail == GuardDryRun {
-			*c.acted++
-			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
-			ts, stored := c.st.Targets[key]
-			if !ts.DryRunReported || c.e.opts.Once {
-				if stored && !c.e.opts.Once {
-					ts.DryRunReported = true
-					c.st.Targets[key] = ts
-				}
-				c.e.journal(journal.Record{Kind: journal.KindDryRun, Rule: r.Name, Target: f.Target, Action: rr.actType.Name,
-					Outcome: string(OutcomeDryRun), Summary: "would " + plan.Summary, Details: plan.Details}, c.rep)
-			}
-			return
+		b := guardrails.AsBlocked(g.Name(), err)
+		releaseAll(ctx, a.held)
+		if b.Guardrail == guardrails.GuardDryRun {
+			c.dryRun(a, b)
+			return false
 		}
-		dec.Outcome, dec.Reason, dec.Guardrail = OutcomeBlocked, b.Error(), b.Guardrail
+		a.dec.Outcome, a.dec.Reason, a.dec.Guardrail = OutcomeBlocked, b.Error(), b.Guardrail
 		if m := c.e.opts.Metrics; m != nil {
-			m.GuardrailBlocks.WithLabelValues(b.Guardrail, r.Name).Inc()
+			m.GuardrailBlocks.WithLabelValues(b.Guardrail, a.rr.rule.Name).Inc()
 		}
-		return
+		return false
 	}
+	return true
+}
 
-	// Stopping (SIGTERM): finish the cycle, start nothing new.
-	if err := ctx.Err(); err != nil {
-		releaseAll(ctx, held)
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
-		return
-	}
-
-	// Acting. The attempt counts against every limit before it runs, and
-	// that is on disk before the action can do anything.
+// dryRun reports what would be done and journals it once per episode.
+func (c *cycle) dryRun(a *attempt, b *guardrails.Blocked) {
 	*c.acted++
-	c.st.History = append(c.st.History, ActionRecord{Time: now, Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Outcome: "pending"})
-	hi := len(c.st.History) - 1
+	a.dec.Outcome, a.dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, a.plan.Summary)
+	ts, stored := c.st.Targets[a.key]
+	if ts.DryRunReported && !c.e.opts.Once {
+		return
+	}
+	if stored && !c.e.opts.Once {
+		ts.DryRunReported = true
+		c.st.Targets[a.key] = ts
+	}
+	c.e.journal(journal.Record{Kind: journal.KindDryRun, Rule: a.rr.rule.Name, Target: a.f.Target, Action: a.rr.actType.Name,
+		Outcome: string(OutcomeDryRun), Summary: "would " + a.plan.Summary, Details: a.plan.Details}, c.rep)
+}
+
+// commit makes the attempt count against every limit before it runs, and
+// puts that on disk, then appends the journal intent. It refuses to go on
+// when stopping (SIGTERM: finish the cycle, start nothing new) or when
+// either write fails.
+func (c *cycle) commit(ctx context.Context, a *attempt) bool {
+	r, name := a.rr.rule, a.rr.actType.Name
+	if err := ctx.Err(); err != nil {
+		releaseAll(ctx, a.held)
+		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
+		return false
+	}
+	*c.acted++
+	c.st.History = append(c.st.History, ActionRecord{Time: a.now, Rule: r.Name, Target: a.f.Target, Action: name, Outcome: "pending"})
+	a.hi = len(c.st.History) - 1
 	if err := c.e.store.Save(c.st); err != nil {
-		releaseAll(ctx, held)
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
-		return
+		releaseAll(ctx, a.held)
+		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
+		return false
 	}
-	id := fmt.Sprintf("%d-%s", now.UnixNano(), shortHash(key))
-	if err := c.e.opts.Journal.Append(journal.Record{Time: now, ID: id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
-		Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Summary: plan.Summary, Details: plan.Details}); err != nil {
-		releaseAll(ctx, held)
-		c.st.History[hi].Outcome = "not-run"
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
-		return
+	a.id = fmt.Sprintf("%d-%s", a.now.UnixNano(), shortHash(a.key))
+	if err := c.e.opts.Journal.Append(journal.Record{Time: a.now, ID: a.id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
+		Rule: r.Name, Target: a.f.Target, Action: name, Summary: a.plan.Summary, Details: a.plan.Details}); err != nil {
+		releaseAll(ctx, a.held)
+		c.st.History[a.hi].Outcome = "not-run"
+		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
+		return false
 	}
-	log.Info("executing action", zap.String("target", f.Target), zap.String("action", rr.actType.Name), zap.String("plan", plan.Summary))
-	res, err := c.execute(ctx, rr, f)
-	done := c.e.opts.Clock.Now()
+	return true
+}
+
+// execute runs the action (guarded: deadline, panic recovery) and times it.
+func (c *cycle) execute(ctx context.Context, a *attempt) (action.Result, error) {
+	name := a.rr.actType.Name
+	a.log.Info("executing action", zap.String("target", a.f.Target), zap.String("action", name), zap.String("plan", a.plan.Summary))
+	res, err := c.runExecute(ctx, a.rr, a.f)
 	if m := c.e.opts.Metrics; m != nil {
-		m.ActionDuration.WithLabelValues(rr.actType.Name).Observe(done.Sub(now).Seconds())
+		m.ActionDuration.WithLabelValues(name).Observe(c.e.opts.Clock.Since(a.now).Seconds())
 	}
-	out := journal.Record{Time: done, ID: id, Kind: journal.KindOutcome, Node: c.e.opts.Node.Name, Rule: r.Name,
-		Target: f.Target, Action: rr.actType.Name, Summary: res.Summary, Details: res.Details}
-	if reason, skipped := detect.IsSkip(err); skipped {
-		// The action re-checked its target and refused (gone, changed,
-		// someone else's): nothing was changed, so it is neither a failed
-		// attempt nor a use of the rate budget.
-		c.st.History[hi].Outcome = string(OutcomeSkipped)
+	return res, err
+}
+
+// settle records the outcome: in the history, the target's state machine,
+// the decision and the journal. A refusal at execution (the target is
+// gone, changed, someone else's) changed nothing: it is neither a failed
+// attempt nor a use of the rate budget. What was held is kept only for a
+// target that now verifies.
+func (c *cycle) settle(ctx context.Context, a *attempt, res action.Result, err error) {
+	r, name := a.rr.rule, a.rr.actType.Name
+	done := c.e.opts.Clock.Now()
+	out := journal.Record{Time: done, ID: a.id, Kind: journal.KindOutcome, Node: c.e.opts.Node.Name, Rule: r.Name,
+		Target: a.f.Target, Action: name, Summary: res.Summary, Details: res.Details}
+	if reason, skipped := finding.IsSkip(err); skipped {
+		c.st.History[a.hi].Outcome = string(OutcomeSkipped)
 		out.Outcome, out.Summary = string(OutcomeSkipped), reason
-		dec.Outcome, dec.Reason = OutcomeSkipped, "refused at execution: "+reason
-		releaseAll(ctx, held)
+		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "refused at execution: "+reason
+		releaseAll(ctx, a.held)
 		c.e.journal(out, c.rep)
 		return
 	}
-	ts := Record(c.st.Targets[key], ActOutcome{Err: err}, done, tm)
-	c.st.Targets[key] = ts
-	dec.Phase = ts.Phase
+	ts := Record(c.st.Targets[a.key], ActOutcome{Err: err}, done, a.tm)
+	c.st.Targets[a.key] = ts
+	a.dec.Phase = ts.Phase
 	if err != nil {
-		c.st.History[hi].Outcome = string(OutcomeFailed)
+		c.st.History[a.hi].Outcome = string(OutcomeFailed)
 		out.Outcome, out.Error = string(OutcomeFailed), err.Error()
-		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
-		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
-		releaseAll(ctx, held)
+		a.dec.Outcome, a.dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, a.tm.MaxAttempts)
+		a.log.Warn("action failed", zap.String("target", a.f.Target), zap.Error(err))
+		releaseAll(ctx, a.held)
 	} else {
-		c.st.History[hi].Outcome = string(OutcomeExecuted)
+		c.st.History[a.hi].Outcome = string(OutcomeExecuted)
 		out.Outcome = string(OutcomeExecuted)
-		dec.Outcome, dec.Reason = OutcomeExecuted, res.Summary
-		c.e.held[key] = append(c.e.held[key], held...)
+		a.dec.Outcome, a.dec.Reason = OutcomeExecuted, res.Summary
+		c.e.held[a.key] = append(c.e.held[a.key], a.held...)
 	}
 	c.e.journal(out, c.rep)
 	if ts.Phase == PhaseEscalated {
 		// After the outcome that caused it, so the journal reads in order.
-		c.escalate(r, f, rr.actType.Name, ts, log)
+		c.escalate(r, a.f, name, ts, a.log)
 	}
 }
 
-// plan runs Action.Plan with the action timeout and panic recovery.
-func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
+// runPlan runs Action.Plan with the action timeout and panic recovery.
+func (c *cycle) runPlan(ctx context.Context, rr *ruleRuntime, f finding.Finding) (action.Plan, error) {
 	p, err := guarded(c, ctx, rr, "plan", func(ctx context.Context) (action.Plan, error) { return rr.act.Plan(ctx, f) })
 	if err == nil && p.Summary == "" {
 		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
@@ -607,8 +662,8 @@ func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (ac
 	return p, err
 }
 
-// execute runs Action.Execute with the action timeout and panic recovery.
-func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
+// runExecute runs Action.Execute with the action timeout and panic recovery.
+func (c *cycle) runExecute(ctx context.Context, rr *ruleRuntime, f finding.Finding) (action.Result, error) {
 	return guarded(c, ctx, rr, "execute", func(ctx context.Context) (action.Result, error) { return rr.act.Execute(ctx, f) })
 }
 
@@ -663,8 +718,8 @@ func guarded[T any](c *cycle, ctx context.Context, rr *ruleRuntime, what string,
 	// A panic, or a failure once our deadline fired (abandoned, or the
 	// action gave up on it), is a fault of the daemon's, not of the node.
 	if r.panicked || (r.err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
-		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
-			Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: finding.Finding{
+			Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: finding.Warning,
 			Message: r.err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
 		}})
 	}
