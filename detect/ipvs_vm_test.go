@@ -5,7 +5,6 @@ package detect
 import (
 	"context"
 	"net/netip"
-	"os/exec"
 	"reflect"
 	"sort"
 	"strings"
@@ -24,8 +23,8 @@ import (
 // the cluster view from the fake.
 
 var (
-	vmDNS4 = netip.MustParseAddr("10.96.0.10")
-	vmAPI4 = netip.MustParseAddr("10.96.0.1")
+	vmDNS4 = vm.VIPDNS
+	vmAPI4 = vm.VIPAPI
 )
 
 type vmWorld struct {
@@ -39,10 +38,8 @@ type vmWorld struct {
 // programmed in IPVS and in the view, and default/kubernetes.
 func newVMWorld(t *testing.T) *vmWorld {
 	vm.Require(t)
-	w := &vmWorld{lab: vm.NewLab(t, vmDNS4, vmAPI4), view: clustertest.New(time.Now())}
-	w.client = w.lab.AddHost("client")
-	w.b1 = w.lab.AddHost("b1")
-	w.b2 = w.lab.AddHost("b2")
+	w := &vmWorld{lab: vm.SharedLab(t), view: clustertest.New(time.Now())}
+	w.client, w.b1, w.b2 = w.lab.Hosts["client"], w.lab.Hosts["b1"], w.lab.Hosts["b2"]
 	vm.Serve(t, w.b1, 5353)
 	vm.Serve(t, w.b2, 5353)
 	real := ipvs.New(ipvs.Options{ProcRoot: "/proc"})
@@ -168,8 +165,8 @@ func TestVMIPVSUDPDeadBackend(t *testing.T) {
 	w := newVMWorld(t)
 	vip := netip.AddrPortFrom(vmDNS4, 53)
 	onB1 := false
-	for port := 41000; port < 41004 && !onB1; port++ {
-		name, err := vm.NewUDPClient(t, w.client, port, vip).Query(3 * time.Second)
+	for i := 0; i < 4 && !onB1; i++ {
+		name, err := vm.NewUDPClient(t, w.client, vm.ClientPort(), vip).Query(3 * time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,9 +211,13 @@ func TestVMIPVSUDPTimeoutHigh(t *testing.T) {
 // every IPVS detector skips with the reason, on a kernel that has IPVS.
 func TestVMIPVSModeCheck(t *testing.T) {
 	w := newVMWorld(t)
-	if err := exec.Command("ip", "link", "del", "kube-ipvs0").Run(); err != nil {
-		t.Fatal(err)
-	}
+	// Rename it away (the shared lab keeps its addresses) and back.
+	vm.Sh(t, "ip", "link", "set", "kube-ipvs0", "down")
+	vm.Sh(t, "ip", "link", "set", "kube-ipvs0", "name", "kipvs-away")
+	t.Cleanup(func() {
+		vm.Sh(t, "ip", "link", "set", "kipvs-away", "name", "kube-ipvs0")
+		vm.Sh(t, "ip", "link", "set", "kube-ipvs0", "up")
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for _, typ := range []string{"IPVSStaleRealServer", "IPVSStaleVirtualServer", "IPVSMissingVirtualServer", "IPVSUDPDeadBackend", "IPVSUDPTimeoutHigh"} {

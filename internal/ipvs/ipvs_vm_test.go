@@ -189,10 +189,9 @@ func TestVMAdapterTimeouts(t *testing.T) {
 func TestVMConnTable(t *testing.T) {
 	vm.Require(t)
 	ctx := vmCtx(t)
-	vip4, vip6 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::10")
-	lab := vm.NewLab(t, vip4, vip6)
-	client := lab.AddHost("client")
-	b1 := lab.AddHost("b1")
+	vip4, vip6 := vm.VIPDNS, vm.VIPDNS6
+	lab := vm.SharedLab(t)
+	client, b1 := lab.Hosts["client"], lab.Hosts["b1"]
 	vm.Serve(t, b1, 5353)
 	a := newVMAdapter(t)
 
@@ -208,7 +207,8 @@ func TestVMConnTable(t *testing.T) {
 		dst := netip.AddrPortFrom(v.dst, 5353)
 		vm.IPVSService(t, UDP, vipUDP, dst)
 		vm.IPVSService(t, TCP, vipTCP, dst)
-		u := vm.NewUDPClient(t, client, 40053, vipUDP)
+		port := vm.ClientPort()
+		u := vm.NewUDPClient(t, client, port, vipUDP)
 		if got, err := u.Query(3 * time.Second); err != nil || got != "b1" {
 			t.Fatalf("UDP query to %s: %q, %v", vipUDP, got, err)
 		}
@@ -218,7 +218,7 @@ func TestVMConnTable(t *testing.T) {
 		}
 		tcpSrc := netip.MustParseAddrPort(c.LocalAddr().String())
 		flows = append(flows,
-			flow{UDP, netip.AddrPortFrom(v.src, 40053), vipUDP, dst},
+			flow{UDP, netip.AddrPortFrom(v.src, uint16(port)), vipUDP, dst},
 			flow{TCP, netip.AddrPortFrom(tcpSrc.Addr().Unmap(), tcpSrc.Port()), vipTCP, dst})
 	}
 

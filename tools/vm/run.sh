@@ -10,6 +10,7 @@
 #   VM_RUN      -test.run pattern inside the guest (default ^TestVM)
 #   VM_TIMEOUT  seconds the guest may run before it is killed (default 300)
 #   VM_MEM      guest memory in MiB (default 1536)
+#   VM_CGO      CGO_ENABLED for the test binaries (default: go env CGO_ENABLED)
 #   VM_KEEP=1   keep the work directory (initramfs, logs) for debugging
 #   REMEDIATE_E2E_REQUIRED=1  a missing prerequisite fails instead of skipping
 #
@@ -26,6 +27,13 @@ VM_RUN=${VM_RUN:-^TestVM}
 VM_TIMEOUT=${VM_TIMEOUT:-300}
 VM_MEM=${VM_MEM:-1536}
 GO=${GO:-go}
+# VM_CGO=0 builds static test binaries. The default is the host's setting:
+# `make test` has just compiled every package that way, so the VM's test
+# binaries are a link step from the build cache, while CGO_ENABLED=0 (a
+# different cache key for net, os/user and all that imports them, i.e.
+# client-go) recompiles the dependency tree: minutes on 2 cores. A cgo
+# binary is dynamic; its libc is copied into the guest like ipvsadm's.
+VM_CGO=${VM_CGO:-$($GO env CGO_ENABLED)}
 META=linux-image-cloud-amd64
 # Modules the tests need (their dependencies are added from modules.dep).
 MODULES="ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack nf_conntrack_netlink nf_tables nft_ct veth dummy"
@@ -116,8 +124,8 @@ for p in "${pkgs[@]}"; do
 	name=$(echo "${p#./}" | tr / _)
 	dir=$R/tests/$name
 	mkdir -p "$dir"
-	log "building $p (CGO_ENABLED=0 go test -c)"
-	CGO_ENABLED=0 $GO test -c -ldflags='-s -w' -o "$dir/pkg.test" "$p"
+	log "building $p (CGO_ENABLED=$VM_CGO go test -c)"
+	CGO_ENABLED=$VM_CGO $GO test -c -ldflags='-s -w' -o "$dir/pkg.test" "$p"
 	if [ ! -f "$dir/pkg.test" ]; then
 		log "$p has no tests"
 		rm -rf "$dir"
@@ -130,17 +138,20 @@ log "test binaries built in $(($(date +%s) - t0))s"
 
 # --- busybox, host programs and their libraries, modules
 cp "$BUSYBOX" "$R/bin/busybox"
-copy_with_libs() {
-	local f=$1
-	mkdir -p "$R$(dirname "$f")"
-	cp -L "$f" "$R$f"
-	ldd "$f" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
+copy_libs() {
+	ldd "$1" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
 		[ -e "$R$lib" ] && continue
 		mkdir -p "$R$(dirname "$lib")"
 		cp -L "$lib" "$R$lib"
 	done
 }
+copy_with_libs() {
+	mkdir -p "$R$(dirname "$1")"
+	cp -L "$1" "$R$1"
+	copy_libs "$1"
+}
 for c in $PROGRAMS; do copy_with_libs "$(command -v "$c")"; done
+for n in "${names[@]}"; do copy_libs "$R/tests/$n/pkg.test"; done # VM_CGO=1: libc
 cp /etc/protocols /etc/services "$R/etc/" 2>/dev/null || true
 echo "root:x:0:0:root:/:/bin/sh" >"$R/etc/passwd"
 
@@ -207,7 +218,7 @@ qemu-system-x86_64 "${accel[@]}" -M q35 -bios "$QBOOT" -m "$VM_MEM" -smp "$(npro
 	-kernel "$VMLINUZ" -initrd "$WORK/initrd.cpio" \
 	-append "console=ttyS0 quiet panic=-1" \
 	-serial mon:stdio -serial "file:$WORK/result" \
-	</dev/null > >(tr -d '\r' | tee "$WORK/console.log") 2>&1 &
+	</dev/null > >(sed -u 's/\r$//' | tee "$WORK/console.log") 2>&1 & # sed -u: stream, do not buffer
 QPID=$!
 deadline=$((tb + VM_TIMEOUT + 60))
 while kill -0 "$QPID" 2>/dev/null; do

@@ -25,6 +25,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -111,19 +112,57 @@ type Host struct {
 // ("the node"), the service addresses live on kube-ipvs0, and each Host
 // is a client or a backend pod.
 type Lab struct {
-	t     testing.TB
-	n     int
-	Hosts map[string]*Host
+	t       testing.TB
+	cleanup func(func())
+	n       int
+	Hosts   map[string]*Host
+}
+
+var (
+	sharedMu  sync.Mutex
+	sharedLab *Lab
+)
+
+// Shared VIPs on the shared lab's kube-ipvs0.
+var (
+	VIPDNS  = netip.MustParseAddr("10.96.0.10")
+	VIPAPI  = netip.MustParseAddr("10.96.0.1")
+	VIPDNS6 = netip.MustParseAddr("fd00:96::10")
+)
+
+// SharedLab returns the test binary's lab: kube-ipvs0 with VIPDNS, VIPAPI
+// and VIPDNS6, and the hosts "client" (10.0.1.2), "b1" (10.0.2.2) and "b2"
+// (10.0.3.2). Namespaces cost seconds each under TCG, so it is built once
+// per test binary and never deleted (the VM is powered off after the
+// tests); tests must leave its interfaces as they found them.
+func SharedLab(t testing.TB) *Lab {
+	t.Helper()
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedLab == nil {
+		l := newLab(t, func(func()) {}, VIPDNS, VIPAPI, VIPDNS6)
+		for _, h := range []string{"client", "b1", "b2"} {
+			l.AddHost(h)
+		}
+		l.t = nil // AddHost after creation would report to a finished test
+		sharedLab = l
+	}
+	return sharedLab
 }
 
 // NewLab creates kube-ipvs0 with vips (IPv4 /32, IPv6 /128) and turns on
 // forwarding; everything is deleted when t ends.
 func NewLab(t testing.TB, vips ...netip.Addr) *Lab {
 	t.Helper()
-	l := &Lab{t: t, Hosts: map[string]*Host{}}
+	return newLab(t, t.Cleanup, vips...)
+}
+
+func newLab(t testing.TB, cleanup func(func()), vips ...netip.Addr) *Lab {
+	t.Helper()
+	l := &Lab{t: t, cleanup: cleanup, Hosts: map[string]*Host{}}
 	_ = exec.Command("ip", "link", "del", "kube-ipvs0").Run()
 	Sh(t, "ip", "link", "add", "kube-ipvs0", "type", "dummy")
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", "kube-ipvs0").Run() })
+	cleanup(func() { _ = exec.Command("ip", "link", "del", "kube-ipvs0").Run() })
 	for _, v := range vips {
 		bits := 32
 		if v.Is6() {
@@ -137,7 +176,7 @@ func NewLab(t testing.TB, vips ...netip.Addr) *Lab {
 	return l
 }
 
-// AddHost creates namespace name with 10.0.<i>.2/24 and fd00:<i>::2/64,
+// AddHost creates namespace "vm-<name>" with 10.0.<i>.2/24 and fd00:<i>::2/64,
 // the root side being .1 / ::1, default routes through the root namespace.
 func (l *Lab) AddHost(name string) *Host {
 	t := l.t
@@ -147,7 +186,7 @@ func (l *Lab) AddHost(name string) *Host {
 	ns := "vm-" + name
 	_ = exec.Command("ip", "netns", "del", ns).Run()
 	Sh(t, "ip", "netns", "add", ns)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	l.cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 	host, peer := "veth-"+name, "eth0"
 	Sh(t, "ip", "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns)
 	h := &Host{NS: ns, Name: name,
@@ -271,6 +310,14 @@ func (s *Server) UDPHits() int {
 	defer s.mu.Unlock()
 	return s.hits
 }
+
+var nextPort atomic.Int32
+
+// ClientPort returns a client source port not used before by this test
+// binary: IPVS keeps a connection entry per client address and port for
+// minutes, even after its virtual server is deleted, and a reused port
+// would be pinned by an earlier test's entry.
+func ClientPort() int { return 40000 + int(nextPort.Add(1)) }
 
 // UDPClient is a UDP socket in a client namespace bound to a fixed source
 // port, so IPVS sees one flow across queries (as a resolver that reuses
