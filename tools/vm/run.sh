@@ -17,6 +17,9 @@
 # Exit status: the guest's (0 = every test binary passed), 1 when the VM
 # could not be prepared or booted, did not report, ran out of time, or a
 # TestVM test skipped inside it.
+# The body is one function, read whole before it runs: editing this file
+# while a run is under way cannot derail that run.
+main() {
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -83,18 +86,23 @@ KVER=${kpkg#linux-image-}
 KDIR=$VM_CACHE/kernel/$kpkg
 if [ ! -f "$KDIR/.complete" ]; then
 	log "downloading $kpkg into $KDIR"
-	rm -rf "$KDIR" "$KDIR.tmp"
-	mkdir -p "$KDIR.tmp/deb"
+	mkdir -p "$VM_CACHE/kernel"
+	dl=$(mktemp -d "$VM_CACHE/kernel/.download.XXXXXX") # private: concurrent runs do not collide
+	mkdir -p "$dl/deb"
 	# apt-get download writes into the current directory; as root it
 	# warns that _apt cannot write there, which is harmless.
-	(cd "$KDIR.tmp/deb" && apt-get download -q "$kpkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) ||
+	if ! (cd "$dl/deb" && apt-get download -q "$kpkg" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2) ||
+		! ls "$dl"/deb/*.deb >/dev/null 2>&1; then
+		rm -rf "$dl"
 		skip_or_fail "apt-get download $kpkg failed"
-	dpkg-deb -x "$KDIR.tmp"/deb/*.deb "$KDIR.tmp/root"
+	fi
+	dpkg-deb -x "$dl"/deb/*.deb "$dl/root"
 	# The package ships no modules.dep; never install it on the host.
-	busybox depmod -b "$KDIR.tmp/root" "$KVER"
-	mv "$KDIR.tmp/root" "$KDIR"
-	rm -rf "$KDIR.tmp"
-	touch "$KDIR/.complete"
+	busybox depmod -b "$dl/root" "$KVER"
+	touch "$dl/root/.complete"
+	rm -rf "$KDIR"
+	mv "$dl/root" "$KDIR" 2>/dev/null || true # another run may have won the race
+	rm -rf "$dl"
 fi
 VMLINUZ=$KDIR/boot/vmlinuz-$KVER
 MODDIR=$KDIR/lib/modules/$KVER
@@ -248,3 +256,5 @@ if ! grep -qE '^--- PASS: TestVM' "$WORK/console.log" && [ "$rc" = 0 ]; then
 fi
 log "guest exit $rc"
 exit "$rc"
+}
+main "$@"
