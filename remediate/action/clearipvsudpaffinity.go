@@ -7,7 +7,8 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/sysctl"
@@ -72,21 +73,22 @@ func (p *ClearIPVSUDPAffinityParams) Validate() []policy.FieldError {
 	return IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow}.validate()
 }
 
+// SetDefaults sets the defaults of ClearIPVSUDPAffinity (registry.Defaulter).
+func (p *ClearIPVSUDPAffinityParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = ClearIPVSUDPAffinityParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow, SetExpireNodestConn: true}
+}
+
 func init() {
-	Register(Type{
-		Name:       ClearIPVSUDPAffinityName,
-		Doc:        "free UDP clients pinned by IPVS to a dead backend (from IPVSUDPDeadBackend): delete it from its virtual servers and set net.ipv4.vs.expire_nodest_conn=1, so each pinned entry expires on its next packet",
-		Disruptive: true,
-		NewParams: func() any {
-			b := defaultIPVSDeleteBounds()
-			return &ClearIPVSUDPAffinityParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow, SetExpireNodestConn: true}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := *params.(*ClearIPVSUDPAffinityParams)
-			return &clearIPVSUDPAffinity{p: p, n: n, sys: sysctl.New(n.ProcRoot),
-				lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
-		},
-	})
+	Define(ClearIPVSUDPAffinityName,
+		"free UDP clients pinned by IPVS to a dead backend (from IPVSUDPDeadBackend): delete it from its virtual servers and set net.ipv4.vs.expire_nodest_conn=1, so each pinned entry expires on its next packet",
+		newClearIPVSUDPAffinity, Disruptive(), ActsOnDetectors("IPVSUDPDeadBackend"))
+}
+
+func newClearIPVSUDPAffinity(pp *ClearIPVSUDPAffinityParams, n *node.Node) (Action, error) {
+	p := *pp
+	return &clearIPVSUDPAffinity{p: p, n: n, sys: sysctl.New(n.ProcRoot),
+		lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
 }
 
 type clearIPVSUDPAffinity struct {
@@ -109,25 +111,21 @@ type affinityPlan struct {
 	backendKind string
 }
 
-func (a *clearIPVSUDPAffinity) check(ctx context.Context, f detect.Finding) (*affinityPlan, error) {
+func (a *clearIPVSUDPAffinity) check(ctx context.Context, f finding.Finding) (*affinityPlan, error) {
 	if a.n.IPVS == nil {
-		return nil, detect.Skip("%s", a.n.Why("ipvs"))
+		return nil, finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	ipS, err := ipvsEvString(f.Evidence, EvidenceBackendIP)
+	ref, err := conntrack.DecodeBackendRef(f.Evidence)
 	if err != nil {
 		return nil, fmt.Errorf("finding %s: %w", f.Target, err)
 	}
-	ip, err := netip.ParseAddr(ipS)
-	if err != nil {
-		return nil, fmt.Errorf("finding %s: evidence backendIP: %w", f.Target, err)
+	if ref.Protocol != "" && ref.Protocol != ipvs.UDP {
+		return nil, finding.Skip("finding %s is about %s, not UDP: not touching it", f.Target, ref.Protocol)
 	}
-	port, err := ipvsEvPort(f.Evidence, EvidenceBackendPort)
-	if err != nil {
-		return nil, fmt.Errorf("finding %s: %w", f.Target, err)
+	if ref.Backend.Port == 0 {
+		return nil, fmt.Errorf("finding %s: evidence names no backend port: this action needs the exact backend", f.Target)
 	}
-	if p, ok := f.Evidence[EvidenceProtocol]; ok && !strings.EqualFold(fmt.Sprint(p), ipvs.UDP) {
-		return nil, detect.Skip("finding %s is about %v, not UDP: not touching it", f.Target, p)
-	}
+	ip, port := ref.Backend.IP, ref.Backend.Port
 	pl := &affinityPlan{backend: netip.AddrPortFrom(ip.Unmap(), port), weights: map[string]int{}}
 	if err := ipvsViewGate(a.n); err != nil {
 		return nil, err
@@ -154,7 +152,7 @@ func (a *clearIPVSUDPAffinity) check(ctx context.Context, f detect.Finding) (*af
 		return nil, ipvsSkipOrErr("reading the IPVS connection table", err)
 	}
 	if pl.pinned == 0 {
-		return nil, detect.Skip("no UDP IPVS entries of a Service are pinned to %s any more", pl.backend)
+		return nil, finding.Skip("no UDP IPVS entries of a Service are pinned to %s any more", pl.backend)
 	}
 	keys := make([]string, 0, len(vss))
 	for k := range vss {
@@ -165,12 +163,12 @@ func (a *clearIPVSUDPAffinity) check(ctx context.Context, f detect.Finding) (*af
 		vs := vss[k]
 		fe, _ := desired.Lookup(vs)
 		if len(fe.SP.Endpoints) == 0 {
-			return nil, detect.Skip("the view has no endpoints at all for %s port %q: not trusting it to call %s dead",
+			return nil, finding.Skip("the view has no endpoints at all for %s port %q: not trusting it to call %s dead",
 				fe.SP.ServiceName(), fe.SP.Port.Name, pl.backend)
 		}
 		class := fe.SP.Classify(pl.backend)
 		if !ipvs.Dead(class) {
-			return nil, detect.Skip("%s is %s of %s now: not dead, keeping its clients", pl.backend, class, fe.SP.ServiceName())
+			return nil, finding.Skip("%s is %s of %s now: not dead, keeping its clients", pl.backend, class, fe.SP.ServiceName())
 		}
 		pl.backendKind = class
 		services[fe.SP.ServiceName()] = true
@@ -200,14 +198,14 @@ func (a *clearIPVSUDPAffinity) check(ctx context.Context, f detect.Finding) (*af
 	}
 	if pl.nodest == "0" {
 		if !a.p.SetExpireNodestConn {
-			return nil, detect.Skip("net.ipv4.vs.expire_nodest_conn is 0 and setExpireNodestConn is false: deleting the real server alone frees no client (measured), leaving it")
+			return nil, finding.Skip("net.ipv4.vs.expire_nodest_conn is 0 and setExpireNodestConn is false: deleting the real server alone frees no client (measured), leaving it")
 		}
 		pl.setNodest = true
 	} else if pl.nodest != "1" {
-		return nil, detect.Skip("net.ipv4.vs.expire_nodest_conn is %q, not 0 or 1: not touching it", pl.nodest)
+		return nil, finding.Skip("net.ipv4.vs.expire_nodest_conn is %q, not 0 or 1: not touching it", pl.nodest)
 	}
 	if len(pl.deletes) == 0 && !pl.setNodest {
-		return nil, detect.Skip("%s is no real server any more and expire_nodest_conn is 1: its %d entries expire on their next packet",
+		return nil, finding.Skip("%s is no real server any more and expire_nodest_conn is 1: its %d entries expire on their next packet",
 			pl.backend, pl.pinned)
 	}
 	return pl, nil
@@ -259,7 +257,7 @@ func (pl *affinityPlan) details(deleted []string) map[string]any {
 }
 
 // Plan implements Action.
-func (a *clearIPVSUDPAffinity) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+func (a *clearIPVSUDPAffinity) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
 	pl, err := a.check(ctx, f)
 	if err != nil {
 		return Plan{}, err
@@ -276,7 +274,7 @@ func (a *clearIPVSUDPAffinity) Plan(ctx context.Context, f detect.Finding) (Plan
 // still programmed it changes nothing for the pinned entries (measured),
 // and once it is deleted no entry can be left pinned by the order of the
 // two steps.
-func (a *clearIPVSUDPAffinity) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *clearIPVSUDPAffinity) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	pl, err := a.check(ctx, f)
 	if err != nil {
 		return Result{}, err
