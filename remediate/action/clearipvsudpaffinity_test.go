@@ -151,6 +151,14 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 	} else if _, skip := detect.IsSkip(err); skip {
 		t.Fatalf("malformed finding must fail: %v", err)
 	}
+	// A backend without a port would name every port of the pod: refused
+	// as an error (the detector always gives the port).
+	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, detect.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "protocol": "UDP"}}); err == nil || !strings.Contains(err.Error(), "no backend port") {
+		t.Fatalf("no port: %v", err)
+	}
+	if !hasRS(t, w, dnsUDPVS, "10.244.0.12") || nodestValue(t, w) != "0" {
+		t.Fatal("a refused finding changed something")
+	}
 	// maxPerCycle: one real server per window across findings.
 	w = affinityWorld(t, "1")
 	a := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil)

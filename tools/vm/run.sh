@@ -8,7 +8,8 @@
 # Environment:
 #   VM_CACHE    kernel cache (default _output/vm, git-ignored)
 #   VM_RUN      -test.run pattern inside the guest (default ^TestVM)
-#   VM_TIMEOUT  seconds the guest may run before it is killed (default 300)
+#   VM_TIMEOUT  seconds the guest may run (each test binary and, plus 60 s
+#               for boot, the whole VM) before it is killed (default 480)
 #   VM_MEM      guest memory in MiB (default 1536)
 #   VM_CGO      CGO_ENABLED for the test binaries (default: go env CGO_ENABLED)
 #   VM_KEEP=1   keep the work directory (initramfs, logs) for debugging
@@ -27,7 +28,7 @@ ROOT=$PWD
 VM_PKGS_DEFAULT="./internal/ipvs ./detect ./remediate/action"
 VM_CACHE=${VM_CACHE:-$ROOT/_output/vm}
 VM_RUN=${VM_RUN:-^TestVM}
-VM_TIMEOUT=${VM_TIMEOUT:-300}
+VM_TIMEOUT=${VM_TIMEOUT:-480}
 VM_MEM=${VM_MEM:-1536}
 GO=${GO:-go}
 # VM_CGO=0 builds static test binaries. The default is the host's setting:
