@@ -222,14 +222,24 @@ func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
 	idx := map[key]int{}
 	var out []cluster.Endpoint
 	for _, s := range slices {
+		var changed time.Time
+		if s.changed != 0 {
+			changed = time.Unix(s.changed, 0)
+		}
 		for _, ep := range s.endpoints {
 			for _, p := range s.ports {
 				e := cluster.Endpoint{Address: ep.address, Port: p.Port, Protocol: p.Protocol, PortName: p.Name, NodeName: ep.node,
-					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0}
+					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0,
+					Hinted: ep.flags&epHinted != 0, Secondary: ep.flags&epSecondary != 0, SliceChanged: changed}
 				k := key{ep.address, p.Name, p.Protocol, p.Port}
 				if i, dup := idx[k]; dup {
+					if e.SliceChanged.After(out[i].SliceChanged) {
+						out[i].SliceChanged = e.SliceChanged
+					}
 					if rank(e) > rank(out[i]) {
+						sc := out[i].SliceChanged
 						out[i] = e
+						out[i].SliceChanged = sc
 					}
 					continue
 				}
@@ -256,6 +266,9 @@ func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
 
 func rank(e cluster.Endpoint) int {
 	r := 0
+	if !e.Secondary {
+		r += 8 // kube-proxy uses addresses[0]
+	}
 	if e.Ready {
 		r += 4
 	}
