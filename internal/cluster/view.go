@@ -97,3 +97,13 @@ type View interface {
 	// Freshness reports the view's sync state.
 	Freshness() Freshness
 }
+
+// SliceTimes is implemented by views that know when a Service's
+// EndpointSlices last changed per their own metadata (API server clock),
+// including slices that no longer hold any endpoint (a Service scaled to
+// zero), which Endpoint.SliceChanged cannot carry.
+type SliceTimes interface {
+	// EndpointsChanged returns the newest change time of the Service's
+	// slices, zero when it has none or the time is unknown.
+	EndpointsChanged(namespace, name string) time.Time
+}

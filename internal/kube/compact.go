@@ -158,7 +158,8 @@ func toCompactService(s *corev1.Service) *compactService {
 		out.ExternalIPs = append([]string(nil), s.Spec.ExternalIPs...)
 	}
 	for _, in := range s.Status.LoadBalancer.Ingress {
-		if in.IP != "" {
+		// kube-proxy programs only VIP-mode ingress IPs (proxyutil.IsVIPMode).
+		if in.IP != "" && (in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP) {
 			out.LoadBalancerIPs = append(out.LoadBalancerIPs, in.IP)
 		}
 	}

@@ -44,7 +44,10 @@ type View struct {
 	snapIsValid bool
 }
 
-var _ cluster.View = (*View)(nil)
+var (
+	_ cluster.View       = (*View)(nil)
+	_ cluster.SliceTimes = (*View)(nil)
+)
 
 // KubeProxyLabelSelector is the selector kube-proxy's informers use
 // (cmd/kube-proxy/app/server.go): objects of an alternative service proxy
@@ -202,6 +205,25 @@ func (v *View) Endpoints(namespace, name string) []cluster.Endpoint {
 		}
 	}
 	return mergeCompact(slices)
+}
+
+// EndpointsChanged implements cluster.SliceTimes: the newest change time
+// (managedFields, creationTimestamp) of the Service's slices.
+func (v *View) EndpointsChanged(namespace, name string) time.Time {
+	objs, err := v.eps.GetIndexer().ByIndex(serviceIndex, namespace+"/"+name)
+	if err != nil {
+		return time.Time{}
+	}
+	var newest int64
+	for _, o := range objs {
+		if s, ok := o.(*compactSlice); ok && s.changed > newest {
+			newest = s.changed
+		}
+	}
+	if newest == 0 {
+		return time.Time{}
+	}
+	return time.Unix(newest, 0)
 }
 
 // MergeSlices flattens EndpointSlices into Endpoints, sorted by address,
