@@ -115,5 +115,4 @@ func TestCompareSubsetAndNoVerdicts(t *testing.T) {
 	}
 }
 
-
 func mustAP(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
