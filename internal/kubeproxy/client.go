@@ -58,10 +58,14 @@ type Client struct {
 	mets   cache[*Scrape]
 	health cache[*Healthz]
 	mode   cache[Mode]
+	config cache[*Configz]
 	seq    uint64 // guarded by mets.sem
 }
 
-var _ Interface = (*Client)(nil)
+var (
+	_ Interface    = (*Client)(nil)
+	_ ConfigReader = (*Client)(nil)
+)
 
 // New returns a Client; it checks the URLs but does not contact kube-proxy.
 func New(opts Options) (*Client, error) {
@@ -105,6 +109,7 @@ func New(opts Options) (*Client, error) {
 	c.mets.init()
 	c.health.init()
 	c.mode.init()
+	c.config.init()
 	return c, nil
 }
 
