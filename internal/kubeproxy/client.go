@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -59,7 +60,9 @@ type Client struct {
 	health cache[*Healthz]
 	mode   cache[Mode]
 	config cache[*Configz]
-	seq    uint64 // guarded by mets.sem
+	// discovered is the syncPeriod /configz last reported (ns; 0 none).
+	discovered atomic.Int64
+	seq        uint64 // guarded by mets.sem
 }
 
 var (
@@ -113,8 +116,17 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
-// SyncPeriod implements Interface.
-func (c *Client) SyncPeriod() time.Duration { return c.opts.SyncPeriod }
+// SyncPeriod implements Interface: the syncPeriod kube-proxy's /configz
+// last reported (see Configz), else the configured one.
+func (c *Client) SyncPeriod() time.Duration {
+	if d := c.discovered.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return c.opts.SyncPeriod
+}
+
+// ConfiguredSyncPeriod is the syncPeriod from Options (the policy's).
+func (c *Client) ConfiguredSyncPeriod() time.Duration { return c.opts.SyncPeriod }
 
 // Metrics implements Interface.
 func (c *Client) Metrics(ctx context.Context) (*Scrape, error) {

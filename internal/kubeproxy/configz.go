@@ -20,9 +20,12 @@ type Configz struct {
 }
 
 // ConfigReader is implemented by adapters that can read kube-proxy's
-// /configz (served next to /metrics).
+// /configz (served next to /metrics). Once Configz succeeded, SyncPeriod
+// returns the discovered value, so every threshold relative to syncPeriod
+// uses it; ConfiguredSyncPeriod still returns the policy's.
 type ConfigReader interface {
 	Configz(ctx context.Context) (*Configz, error)
+	ConfiguredSyncPeriod() time.Duration
 }
 
 // ParseConfigz reads /configz: {"kubeproxy.config.k8s.io": {...}} holding
@@ -130,6 +133,7 @@ func (c *Client) Configz(ctx context.Context) (*Configz, error) {
 		if err != nil {
 			return nil, &Error{Kind: KindBadResponse, URL: u, Err: err}
 		}
+		c.discovered.Store(int64(cz.SyncPeriod))
 		return cz, nil
 	})
 }

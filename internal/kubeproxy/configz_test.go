@@ -43,13 +43,19 @@ func TestClientConfigz(t *testing.T) {
 		_, _ = w.Write([]byte(`{"kubeproxy.config.k8s.io":{"Mode":"iptables","SyncPeriod":"10s"}}`))
 	}))
 	defer srv.Close()
-	c, err := New(Options{MetricsURL: srv.URL + "/metrics"})
+	c, err := New(Options{MetricsURL: srv.URL + "/metrics", SyncPeriod: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if c.SyncPeriod() != 30*time.Second {
+		t.Fatalf("before /configz: %v", c.SyncPeriod())
 	}
 	cz, err := c.Configz(context.Background())
 	if err != nil || cz.SyncPeriod != 10*time.Second {
 		t.Fatalf("%+v %v", cz, err)
+	}
+	if c.SyncPeriod() != 10*time.Second || c.ConfiguredSyncPeriod() != 30*time.Second {
+		t.Fatalf("after /configz: %v (configured %v)", c.SyncPeriod(), c.ConfiguredSyncPeriod())
 	}
 }
 

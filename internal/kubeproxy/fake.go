@@ -45,6 +45,9 @@ func (f *Fake) SetConfigz(c *Configz, err error) {
 	f.configz, f.configzErr = c, err
 }
 
+// ConfiguredSyncPeriod implements ConfigReader.
+func (f *Fake) ConfiguredSyncPeriod() time.Duration { return f.syncPeriod }
+
 // Configz implements ConfigReader.
 func (f *Fake) Configz(ctx context.Context) (*Configz, error) {
 	f.mu.Lock()
