@@ -140,7 +140,7 @@ type observationSlot struct {
 
 // observationMaxAge is how long a comparison is shared: well under any
 // detection interval.
-const observationMaxAge = 5 * time.Second
+const observationMaxAge = time.Second
 
 func observe(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*driftObservation, error) {
 	k := observationKey{n, fmt.Sprintf("%v/%s/%s/%s", p.Families, p.ProxyMode, p.Backend, p.SaveTimeout)}

@@ -64,7 +64,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// lock. A missing save command makes the detector skip that backend.
 	// Shared: the detectors of one cycle (IPTablesRules, DataplaneDrift)
 	// get one save per family and backend, not one each.
-	n.IPTables = iptables.NewShared(iptables.New(iptables.Config{}), 5*time.Second)
+	n.IPTables = iptables.NewShared(iptables.New(iptables.Config{}), 2*time.Second)
 	// IPVS: the adapter does not touch the kernel until first use; on a
 	// kernel without ip_vs every IPVS detector and action skips with
 	// "IPVS unavailable: ..." (checked at each use, so a module loaded

@@ -28,6 +28,10 @@ type KubeProxyOptions struct {
 	// ReadyTimeout bounds the wait for the first successful sync (default
 	// 60 s).
 	ReadyTimeout time.Duration
+	// APIServerURL is the server in kube-proxy's kubeconfig (default
+	// APIServerURL); point it at a proxy inside the namespace to control
+	// kube-proxy's API connection.
+	APIServerURL string
 }
 
 // KubeProxy is a running kube-proxy in iptables mode (iptables-legacy, so
@@ -108,7 +112,11 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) *KubeProxy {
 	}
 	mustWrite(t, kp.XtablesLock, "")
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	mustWrite(t, kubeconfig, Kubeconfig(KubeProxyToken))
+	kc := Kubeconfig(KubeProxyToken)
+	if opts.APIServerURL != "" {
+		kc = strings.Replace(kc, "server: "+APIServerURL, "server: "+opts.APIServerURL, 1)
+	}
+	mustWrite(t, kubeconfig, kc)
 	mustWrite(t, kp.ConfigPath, fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %s}

@@ -162,3 +162,44 @@ func skipOrFail(t testing.TB, msg string) {
 	}
 	t.Skip(msg)
 }
+
+// Listen opens a listening socket inside the namespace (it stays there
+// whichever thread later accepts on it).
+func (ns *NetNS) Listen(network, addr string) (net.Listener, error) {
+	type result struct {
+		l   net.Listener
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("open own netns: %w", err)}
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open("/run/netns/" + ns.Name)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("open netns %s: %w", ns.Name, err)}
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("setns %s: %w", ns.Name, err)}
+			return
+		}
+		l, lerr := net.Listen(network, addr)
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+			ch <- result{l: l, err: lerr} // stay locked: the thread dies with the goroutine
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{l: l, err: lerr}
+	}()
+	r := <-ch
+	return r.l, r.err
+}
