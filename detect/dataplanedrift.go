@@ -454,21 +454,7 @@ func driftEvidence(pd portDrift, obs *driftObservation, grace time.Duration, now
 			ev["serviceCreated"] = rfc3339(pd.port.Created)
 			ev["serviceAgeSeconds"] = now.Sub(pd.port.Created).Round(time.Second).Seconds()
 		}
-		var eps []string
-		for _, e := range pd.port.Endpoints {
-			st := "not-ready"
-			switch {
-			case e.Ready:
-				st = "ready"
-			case e.Serving && e.Terminating:
-				st = "serving-terminating"
-			}
-			eps = append(eps, fmt.Sprintf("%s:%d %s", e.Address, e.Port, st))
-			if len(eps) == 20 {
-				break
-			}
-		}
-		ev["endpoints"] = eps
+		ev["endpointCount"] = pd.port.Endpoints
 	} else {
 		ev["firstSeenProgrammedWithoutService"] = rfc3339(pd.changed)
 	}

@@ -47,24 +47,19 @@ type Diff struct {
 // endpoints is a virtual server without real servers), so a desired
 // reject or drop matches a programmed entry forwarding to nobody.
 func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
-	type at struct {
-		port *ServicePort
-		e    *Entry
-	}
-	byKey := make(map[EntryKey]at, len(got.Ports)*2)
-	for _, sp := range got.Ports {
-		for i := range sp.Entries {
-			byKey[sp.Entries[i].Key] = at{sp, &sp.Entries[i]}
-		}
-	}
 	var out []Diff
-	wanted := make(map[EntryKey]bool, len(byKey))
-	for _, dp := range want.Ports {
+	// Entries are matched by key within the same Service port; an entry
+	// key found under another port name (a renamed port) is stale there
+	// and missing here.
+	for name, dp := range want.Ports {
+		gp := got.Ports[name]
 		for _, we := range dp.Entries {
-			wanted[we.Key] = true
-			g, ok := byKey[we.Key]
+			var ge *Entry
+			if gp != nil {
+				ge = gp.Entry(we.Key)
+			}
 			d := Diff{Port: dp.Name, Kind: we.Kind, Key: we.Key, Want: we.Verdict}
-			if !ok {
+			if ge == nil {
 				if we.Verdict != Forward && noVerdicts {
 					continue
 				}
@@ -72,14 +67,14 @@ func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 				out = append(out, d)
 				continue
 			}
-			d.Got = g.e.Verdict
-			gv := g.e.Verdict
-			if noVerdicts && gv == Forward && len(g.e.Backends) == 0 && we.Verdict != Forward {
+			d.Got = ge.Verdict
+			gv := ge.Verdict
+			if noVerdicts && gv == Forward && len(ge.Backends) == 0 && we.Verdict != Forward {
 				gv = we.Verdict
 			}
 			switch {
 			case we.Verdict == Forward && gv == Forward:
-				d.Missing, d.Stale = minus(we.Backends, g.e.Backends), minus(g.e.Backends, we.Backends)
+				d.Missing, d.Stale = minus(we.Backends, ge.Backends), minus(ge.Backends, we.Backends)
 				if dp.Subset && len(d.Missing) < len(we.Backends) {
 					d.Missing = nil // a topology subset: some desired backend is there
 				}
@@ -91,8 +86,8 @@ func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 				default:
 					continue
 				}
-			case we.Verdict != Forward && gv == Forward && len(g.e.Backends) > 0:
-				d.Problem, d.Stale = StaleBackends, g.e.Backends
+			case we.Verdict != Forward && gv == Forward && len(ge.Backends) > 0:
+				d.Problem, d.Stale = StaleBackends, ge.Backends
 			case we.Verdict != gv:
 				d.Problem = WrongVerdict
 			default:
@@ -101,9 +96,10 @@ func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 			out = append(out, d)
 		}
 	}
-	for _, sp := range got.Ports {
+	for name, sp := range got.Ports {
+		dp := want.Ports[name]
 		for _, e := range sp.Entries {
-			if wanted[e.Key] {
+			if dp != nil && dp.Entry(e.Key) != nil {
 				continue
 			}
 			out = append(out, Diff{Port: sp.Name, Kind: e.Kind, Key: e.Key, Problem: StaleEntry, Got: e.Verdict, Stale: e.Backends})

@@ -20,9 +20,9 @@ type DesiredPort struct {
 	// Changed is the newest API change time of the Service and of its
 	// EndpointSlices (see cluster.Service.Changed); zero when unknown.
 	Changed time.Time
-	// Endpoints are the port's endpoints of this family as kube-proxy
-	// reads them (addresses[0] only), for evidence.
-	Endpoints []cluster.Endpoint
+	// Endpoints counts the port's endpoints of this family as kube-proxy
+	// reads them (addresses[0], deduplicated), any condition.
+	Endpoints int
 }
 
 // Desired is the desired state of one family.
@@ -54,9 +54,10 @@ type Desired struct {
 //     usable endpoint rejects, one with endpoints but none local under a
 //     Local policy drops.
 func Desire(v cluster.View, f Family, nodeName string) *Desired {
-	d := &Desired{Family: f, Ports: map[PortName]*DesiredPort{}}
+	svcs := v.Services()
+	d := &Desired{Family: f, Ports: make(map[PortName]*DesiredPort, len(svcs))}
 	st, _ := v.(cluster.SliceTimes)
-	for _, s := range v.Services() {
+	for _, s := range svcs {
 		if s.ProxyName != "" || s.Type == "ExternalName" {
 			continue
 		}
@@ -73,11 +74,9 @@ func Desire(v cluster.View, f Family, nodeName string) *Desired {
 		}
 		for _, p := range s.Ports {
 			dp := desirePort(s, p, vip, eps, f, nodeName)
-			dp.Created, dp.Changed = s.Created, changed
-			for _, e := range dp.Endpoints {
-				if e.SliceChanged.After(dp.Changed) {
-					dp.Changed = e.SliceChanged
-				}
+			dp.Created = s.Created
+			if changed.After(dp.Changed) {
+				dp.Changed = changed
 			}
 			d.Ports[dp.Name] = dp
 		}
@@ -107,14 +106,30 @@ func addrsOfFamily(addrs []string, f Family) []netip.Addr {
 type endpoint struct {
 	ap    netip.AddrPort
 	local bool
-	e     cluster.Endpoint
+	e     *cluster.Endpoint
 }
 
 func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []cluster.Endpoint, f Family, nodeName string) *DesiredPort {
 	dp := &DesiredPort{ServicePort: ServicePort{Name: PortName{Namespace: s.Namespace, Name: s.Name, Port: p.Name}, Protocol: p.Protocol}}
-	var eps []endpoint
-	seen := map[netip.AddrPort]int{}
-	for _, e := range all {
+	eps := make([]endpoint, 0, len(all))
+	var seen map[netip.AddrPort]int
+	if len(all) > 32 {
+		seen = make(map[netip.AddrPort]int, len(all))
+	}
+	find := func(ap netip.AddrPort) (int, bool) {
+		if seen != nil {
+			i, ok := seen[ap]
+			return i, ok
+		}
+		for i := range eps {
+			if eps[i].ap == ap {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	for i := range all {
+		e := &all[i]
 		if e.Secondary || e.PortName != p.Name || (e.Protocol != "" && e.Protocol != p.Protocol) || e.Port <= 0 || e.Port > 65535 {
 			continue
 		}
@@ -124,17 +139,22 @@ func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []
 		}
 		ap := netip.AddrPortFrom(a.Unmap(), uint16(e.Port))
 		local := nodeName != "" && e.NodeName == nodeName
-		if i, dup := seen[ap]; dup {
+		if i, dup := find(ap); dup {
 			// kube-proxy keeps the first, or a local duplicate.
 			if local {
 				eps[i] = endpoint{ap, local, e}
 			}
 			continue
 		}
-		seen[ap] = len(eps)
+		if seen != nil {
+			seen[ap] = len(eps)
+		}
 		eps = append(eps, endpoint{ap, local, e})
-		dp.Endpoints = append(dp.Endpoints, e)
+		if e.SliceChanged.After(dp.Changed) {
+			dp.Changed = e.SliceChanged
+		}
 	}
+	dp.Endpoints = len(eps)
 	externalIPs := addrsOfFamily(s.ExternalIPs, f)
 	lbIPs := addrsOfFamily(s.LoadBalancerIPs, f)
 	externallyAccessible := p.NodePort != 0 || len(externalIPs) > 0 || len(lbIPs) > 0
@@ -186,6 +206,7 @@ func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []
 		}
 	}
 
+	clusterEPs, localEPs = unionSorted(nil, clusterEPs), unionSorted(nil, localEPs)
 	entry := func(kind Kind, addr netip.Addr, port uint16, policyLocal bool) {
 		e := Entry{Kind: kind, Key: EntryKey{Addr: addr, Protocol: p.Protocol, Port: port}}
 		switch {

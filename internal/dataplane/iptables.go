@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -28,11 +29,16 @@ import (
 // has not programmed this family in iptables mode). Rules it does not
 // understand are skipped with a note; nothing is invented.
 func FromIPTables(rs *iptables.Ruleset, f Family, source string) *State {
-	st := NewState(f, source)
 	if rs == nil {
-		return st
+		return NewState(f, source)
 	}
-	c := &iptConv{nat: rs.Table("nat"), st: st, memo: map[string][]netip.AddrPort{}}
+	nat := rs.Table("nat")
+	chains := 0
+	if nat != nil {
+		chains = len(nat.Chains)
+	}
+	st := newState(f, source, len(rulesOf(nat, "KUBE-SERVICES")))
+	c := &iptConv{nat: nat, st: st, memo: make(map[string][]netip.AddrPort, chains/4)}
 	if c.nat.Chain("KUBE-SERVICES") == nil {
 		return st
 	}
@@ -130,9 +136,9 @@ type iptConv struct {
 	memo map[string][]netip.AddrPort
 }
 
-// backends resolves a KUBE-SVC/SVL/EXT/FW/SEP chain to the DNAT
-// destinations it reaches. fwd is false when the chain forwards nothing
-// from outside (a KUBE-EXT-* chain without its final policy jump).
+// backends resolves a KUBE-SVC/SVL/EXT/FW chain to the DNAT destinations
+// it reaches. fwd is false when the chain forwards nothing from outside (a
+// KUBE-EXT-* chain without its final policy jump).
 func (c *iptConv) backends(chain string, depth int) (out []netip.AddrPort, fwd bool) {
 	if bes, ok := c.memo[chain]; ok {
 		return bes, bes != nil
@@ -143,20 +149,13 @@ func (c *iptConv) backends(chain string, depth int) (out []netip.AddrPort, fwd b
 	}
 	fwd = true
 	switch {
-	case strings.HasPrefix(chain, "KUBE-SEP-"):
-		for _, r := range ch.Rules {
-			if r.Target != "DNAT" {
-				continue
-			}
-			if ap, err := netip.ParseAddrPort(argValue(r.Args, "--to-destination")); err == nil {
-				out = append(out, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
-			}
-		}
 	case strings.HasPrefix(chain, "KUBE-SVC-"), strings.HasPrefix(chain, "KUBE-SVL-"):
+		out = make([]netip.AddrPort, 0, len(ch.Rules))
 		for _, r := range ch.Rules {
 			if strings.HasPrefix(r.Target, "KUBE-SEP-") {
-				b, _ := c.backends(r.Target, depth+1)
-				out = append(out, b...)
+				if ap, ok := c.sepDest(r.Target); ok {
+					out = append(out, ap)
+				}
 			}
 		}
 	case strings.HasPrefix(chain, "KUBE-EXT-"):
@@ -167,6 +166,7 @@ func (c *iptConv) backends(chain string, depth int) (out []netip.AddrPort, fwd b
 		for _, r := range ch.Rules {
 			if (strings.HasPrefix(r.Target, "KUBE-SVC-") || strings.HasPrefix(r.Target, "KUBE-SVL-")) && len(r.Conditions()) == 0 {
 				out, _ = c.backends(r.Target, depth+1)
+				out = slices.Clone(out)
 				fwd = true
 			}
 		}
@@ -182,7 +182,10 @@ func (c *iptConv) backends(chain string, depth int) (out []netip.AddrPort, fwd b
 	default:
 		return nil, false
 	}
-	out = unionSorted(nil, out)
+	if len(out) > 1 {
+		slices.SortFunc(out, netip.AddrPort.Compare)
+		out = slices.Compact(out)
+	}
 	if fwd && out == nil {
 		out = []netip.AddrPort{}
 	}
@@ -191,6 +194,23 @@ func (c *iptConv) backends(chain string, depth int) (out []netip.AddrPort, fwd b
 	}
 	c.memo[chain] = out
 	return out, fwd
+}
+
+// sepDest is the DNAT destination of a KUBE-SEP-* chain.
+func (c *iptConv) sepDest(chain string) (netip.AddrPort, bool) {
+	ch := c.nat.Chain(chain)
+	if ch == nil {
+		return netip.AddrPort{}, false
+	}
+	for _, r := range ch.Rules {
+		if r.Target != "DNAT" {
+			continue
+		}
+		if ap, err := netip.ParseAddrPort(argValue(r.Args, "--to-destination")); err == nil {
+			return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
+		}
+	}
+	return netip.AddrPort{}, false
 }
 
 // ruleKey reads -d, -p and --dport of a rule. withAddr requires a single

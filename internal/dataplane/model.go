@@ -20,6 +20,7 @@ package dataplane
 
 import (
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -161,7 +162,11 @@ type State struct {
 
 // NewState returns an empty state.
 func NewState(f Family, source string) *State {
-	return &State{Family: f, Source: source, Ports: map[PortName]*ServicePort{}, Unattributed: map[EntryKey]Entry{}}
+	return newState(f, source, 0)
+}
+
+func newState(f Family, source string, ports int) *State {
+	return &State{Family: f, Source: source, Ports: make(map[PortName]*ServicePort, ports), Unattributed: map[EntryKey]Entry{}}
 }
 
 // port returns the ServicePort for n, adding it.
@@ -189,7 +194,9 @@ func (sp *ServicePort) add(e Entry) {
 		old.Backends = unionSorted(old.Backends, e.Backends)
 		return
 	}
-	e.Backends = unionSorted(nil, e.Backends)
+	if !sortedUnique(e.Backends) {
+		e.Backends = unionSorted(nil, e.Backends)
+	}
 	sp.Entries = append(sp.Entries, e)
 }
 
@@ -222,28 +229,26 @@ func lessKey(a, b EntryKey) bool {
 	return a.Port < b.Port
 }
 
-// unionSorted returns the sorted, deduplicated union of a and b.
+// sortedUnique reports whether s is strictly increasing. Such a slice is
+// kept as it is (shared, never modified afterwards).
+func sortedUnique(s []netip.AddrPort) bool {
+	for i := 1; i < len(s); i++ {
+		if s[i-1].Compare(s[i]) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// unionSorted returns the sorted, deduplicated union of a and b in a new
+// slice (nil when both are empty).
 func unionSorted(a, b []netip.AddrPort) []netip.AddrPort {
-	if len(b) == 0 && sort.SliceIsSorted(a, func(i, j int) bool { return a[i].Compare(a[j]) < 0 }) {
-		return dedupSorted(a)
+	if len(a)+len(b) == 0 {
+		return nil
 	}
 	out := make([]netip.AddrPort, 0, len(a)+len(b))
 	out = append(out, a...)
 	out = append(out, b...)
-	sort.Slice(out, func(i, j int) bool { return out[i].Compare(out[j]) < 0 })
-	return dedupSorted(out)
-}
-
-func dedupSorted(s []netip.AddrPort) []netip.AddrPort {
-	if len(s) < 2 {
-		return s
-	}
-	w := 1
-	for i := 1; i < len(s); i++ {
-		if s[i] != s[w-1] {
-			s[w] = s[i]
-			w++
-		}
-	}
-	return s[:w]
+	slices.SortFunc(out, netip.AddrPort.Compare)
+	return slices.Compact(out)
 }
