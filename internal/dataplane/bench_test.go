@@ -112,4 +112,6 @@ func (s *staticView) Services() []cluster.Service { return s.svcs }
 func (s *staticView) Endpoints(ns, name string) []cluster.Endpoint {
 	return s.eps[[2]string{ns, name}]
 }
-func (s *staticView) Freshness() cluster.Freshness { return cluster.Freshness{Synced: true, Connected: true} }
+func (s *staticView) Freshness() cluster.Freshness {
+	return cluster.Freshness{Synced: true, Connected: true}
+}
