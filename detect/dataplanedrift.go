@@ -83,7 +83,7 @@ func newDriftParams() any {
 func init() {
 	Register(Type{
 		Name:      "DataplaneDrift",
-		Doc:       "a Service port whose programmed entries or backends (iptables rules) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
+		Doc:       "a Service port whose programmed entries or backends (iptables rules, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
 		NewParams: newDriftParams,
 		New: func(params any, n *node.Node) (Detector, error) {
 			return &dataplaneDrift{p: *params.(*DataplaneDriftParams), n: n, firstSeen: map[string]time.Time{}}, nil
@@ -189,8 +189,10 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 	obs.syncPeriod, obs.syncPeriodSource = discoverSyncPeriod(ctx, n, obs)
 	switch obs.mode {
 	case "iptables":
-	case "nftables", "ipvs":
-		return nil, Skip("kube-proxy runs in %s mode; DataplaneDrift compares iptables mode only so far", obs.mode)
+	case "ipvs":
+		return observeIPVS(ctx, n, p, obs)
+	case "nftables":
+		return nil, Skip("kube-proxy runs in nftables mode; DataplaneDrift compares iptables and IPVS modes so far")
 	default:
 		return nil, Skip("kube-proxy runs in %q mode", obs.mode)
 	}
@@ -215,6 +217,41 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
 			diffs: dataplane.Compare(got, want, false), desired: want})
+	}
+	if len(obs.families) == 0 {
+		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
+	}
+	return obs, nil
+}
+
+// observeIPVS compares the IPVS virtual and real servers with the desired
+// state (one netlink dump of the services, one per virtual server for its
+// destinations, each bounded by ctx).
+func observeIPVS(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs *driftObservation) (*driftObservation, error) {
+	if n.IPVS == nil {
+		return nil, Skip("%s", n.Why("ipvs"))
+	}
+	vss, err := n.IPVS.VirtualServers(ctx)
+	if err != nil {
+		return nil, ipvsErr("listing IPVS virtual servers", err)
+	}
+	svcs := make([]dataplane.IPVSService, 0, len(vss))
+	for _, vs := range vss {
+		rss, err := n.IPVS.RealServers(ctx, vs)
+		if err != nil {
+			return nil, ipvsErr("listing IPVS real servers of "+vs.Key(), err)
+		}
+		svcs = append(svcs, dataplane.IPVSService{VS: vs, Reals: rss})
+	}
+	for _, fs := range p.Families {
+		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
+		got := dataplane.FromIPVS(svcs, want)
+		if len(got.Ports) == 0 && len(got.Unattributed) == 0 {
+			obs.notes = append(obs.notes, fs+": no IPVS virtual server of this family")
+			continue
+		}
+		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: "ipvs",
+			diffs: dataplane.Compare(got, want, true), desired: want})
 	}
 	if len(obs.families) == 0 {
 		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))

@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -258,3 +260,35 @@ func TestDataplaneDriftSkips(t *testing.T) {
 }
 
 var osReadFile = os.ReadFile
+
+// IPVS mode: a serving endpoint missing as a real server (a new pod never
+// programmed) is drift; a draining real server (weight 0) is not.
+func TestDataplaneDriftIPVSMissingRealServer(t *testing.T) {
+	w := newDriftWorld(t)
+	w.kp.SetMode(kubeproxy.ModeIPVS, nil)
+	fk := ipvs.NewFake()
+	w.n.IPVS = fk
+	vs := ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.91.18"), Protocol: "TCP", Port: 80}
+	dns := ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.91.18"), Protocol: "UDP", Port: 53}
+	api := ipvs.VirtualServer{Address: netip.MustParseAddr("10.96.0.1"), Protocol: "TCP", Port: 443}
+	for _, v := range []ipvs.VirtualServer{vs, dns, api} {
+		if err := fk.AddVirtualServer(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add := func(v ipvs.VirtualServer, a string, port uint16, weight int) {
+		if err := fk.AddRealServer(v, ipvs.RealServer{Address: netip.MustParseAddr(a), Port: port, Weight: weight}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(api, "10.200.0.1", 6443, 1)
+	add(dns, "10.244.0.5", 53, 1)
+	add(dns, "10.244.0.6", 53, 1)
+	add(vs, "10.244.0.5", 8080, 1)
+	add(vs, "10.244.0.99", 8080, 0) // draining
+	d, _ := newDriftDetectors(t, w)
+	fs := w.detect(t, d)
+	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/default/web:http" || !strings.Contains(fs[0].Message, "missing-backends [10.244.0.6:8080]") {
+		t.Fatalf("ipvs: %s %+v", driftTargets(fs), fs)
+	}
+}
