@@ -12,6 +12,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/dataplane"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -83,7 +84,7 @@ func newDriftParams() any {
 func init() {
 	Register(Type{
 		Name:      "DataplaneDrift",
-		Doc:       "a Service port whose programmed entries or backends (iptables rules, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
+		Doc:       "a Service port whose programmed entries or backends (iptables rules, kube-proxy's nftables table, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
 		NewParams: newDriftParams,
 		New: func(params any, n *node.Node) (Detector, error) {
 			return &dataplaneDrift{p: *params.(*DataplaneDriftParams), n: n, firstSeen: map[string]time.Time{}}, nil
@@ -192,7 +193,7 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 	case "ipvs":
 		return observeIPVS(ctx, n, p, obs)
 	case "nftables":
-		return nil, Skip("kube-proxy runs in nftables mode; DataplaneDrift compares iptables and IPVS modes so far")
+		return observeNFTables(ctx, n, p, obs)
 	default:
 		return nil, Skip("kube-proxy runs in %q mode", obs.mode)
 	}
@@ -214,6 +215,38 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 			continue
 		}
 		got := dataplane.FromIPTables(snap.Rules, dataplane.Family(fs), "iptables-"+string(snap.Backend))
+		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
+		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
+			diffs: dataplane.Compare(got, want, false), desired: want})
+	}
+	if len(obs.families) == 0 {
+		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
+	}
+	return obs, nil
+}
+
+// observeNFTables compares kube-proxy's nftables table of each family
+// (listed read-only, shared with the nftables detectors of the cycle).
+func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs *driftObservation) (*driftObservation, error) {
+	if n.NFTables == nil {
+		return nil, Skip("%s", n.Why("nftables"))
+	}
+	for _, fs := range p.Families {
+		fam := nftables.FamilyIP
+		if fs == "IPv6" {
+			fam = nftables.FamilyIP6
+		}
+		snap, err := n.NFTables.ListTable(ctx, fam, nftables.KubeProxyTableName)
+		switch {
+		case errors.Is(err, nftables.ErrNoTable):
+			obs.notes = append(obs.notes, fmt.Sprintf("%s: no table %s %s: kube-proxy does not program this family", fs, fam, nftables.KubeProxyTableName))
+			continue
+		case errors.Is(err, nftables.ErrUnavailable):
+			return nil, Skip("%v", err)
+		case err != nil:
+			return nil, fmt.Errorf("listing kube-proxy's nftables table for the drift comparison: %w", err)
+		}
+		got := dataplane.FromNFTables(snap.Ruleset.Table(fam, nftables.KubeProxyTableName), dataplane.Family(fs))
 		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
 			diffs: dataplane.Compare(got, want, false), desired: want})

@@ -16,6 +16,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -290,5 +291,43 @@ func TestDataplaneDriftIPVSMissingRealServer(t *testing.T) {
 	fs := w.detect(t, d)
 	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/default/web:http" || !strings.Contains(fs[0].Message, "missing-backends [10.244.0.6:8080]") {
 		t.Fatalf("ipvs: %s %+v", driftTargets(fs), fs)
+	}
+}
+
+// nftables mode, from the real kube-proxy v1.34.4 capture: in sync with the
+// captured cluster, then a Service the table lacks is reported.
+func TestDataplaneDriftNFTables(t *testing.T) {
+	w := newDriftWorld(t)
+	w.kp.SetMode(kubeproxy.ModeNFTables, nil)
+	fk := nftables.NewFake()
+	if err := fk.SetRuleset(readFile(t, "../internal/nftables/testdata/kube-proxy-v1.34.4-ruleset.json")); err != nil {
+		t.Fatal(err)
+	}
+	w.n.NFTables = fk
+	t0 := w.t0
+	ready := func(a string, port int32, name, proto string) cluster.Endpoint {
+		return cluster.Endpoint{Address: a, Port: port, Protocol: proto, PortName: name, NodeName: "node1", Ready: true, Serving: true}
+	}
+	w.view.DeleteService("default", "web")
+	w.view.SetService(cluster.Service{Namespace: "nft-capture", Name: "web", ClusterIPs: []string{"10.96.172.238"}, Created: t0, Changed: t0,
+		Ports: []cluster.ServicePort{{Name: "http", Protocol: "TCP", Port: 80}, {Name: "dns", Protocol: "UDP", Port: 53}}},
+		ready("10.244.0.5", 8080, "http", "TCP"), ready("10.244.0.6", 8080, "http", "TCP"),
+		ready("10.244.0.5", 53, "dns", "UDP"), ready("10.244.0.6", 53, "dns", "UDP"))
+	w.view.SetService(cluster.Service{Namespace: "nft-capture", Name: "np", ClusterIPs: []string{"10.96.241.69"}, Type: "NodePort", Created: t0, Changed: t0,
+		Ports: []cluster.ServicePort{{Name: "http", Protocol: "TCP", Port: 80, NodePort: 32095}}}, ready("10.244.0.7", 8080, "http", "TCP"))
+	w.view.SetService(cluster.Service{Namespace: "nft-capture", Name: "empty", ClusterIPs: []string{"10.96.219.213"}, Created: t0, Changed: t0,
+		Ports: []cluster.ServicePort{{Name: "http", Protocol: "TCP", Port: 80}}})
+	d, k := newDriftDetectors(t, w)
+	if fs := append(w.detect(t, d), w.detect(t, k)...); len(fs) != 0 {
+		t.Fatalf("in sync with the capture: %s %+v", driftTargets(fs), fs)
+	}
+	w.view.SetService(cluster.Service{Namespace: "nft-capture", Name: "late", ClusterIPs: []string{"10.96.7.7"}, Created: t0, Changed: t0,
+		Ports: []cluster.ServicePort{{Name: "http", Protocol: "TCP", Port: 80}}}, ready("10.244.0.9", 8080, "http", "TCP"))
+	fs := w.detect(t, d)
+	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/nft-capture/late:http" || fs[0].Evidence["source"] != "nftables" {
+		t.Fatalf("nftables: %s %+v", driftTargets(fs), fs)
+	}
+	if fs := w.detect(t, k); len(fs) != 1 {
+		t.Fatalf("deaf in nftables mode: %s", driftTargets(fs))
 	}
 }
