@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"sort"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 )
@@ -41,9 +43,9 @@ type apiProxy struct {
 	conns []net.Conn
 }
 
-func startAPIProxy(t *testing.T, cp *controlplane.ControlPlane) *apiProxy {
+func startAPIProxy(t *testing.T, cp *controlplane.ControlPlane, addr string) *apiProxy {
 	t.Helper()
-	l, err := cp.NetNS.Listen("tcp", "127.0.0.1:16443")
+	l, err := cp.NetNS.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +148,7 @@ func TestE2EDataplaneDrift(t *testing.T) {
 	cp := controlplane.Start(t, controlplane.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	proxy := startAPIProxy(t, cp)
+	proxy := startAPIProxy(t, cp, "127.0.0.1:16443")
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod, APIServerURL: "https://127.0.0.1:16443"})
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -330,47 +332,99 @@ func TestE2EDataplaneDrift(t *testing.T) {
 		waitProgrammed(backend, false)
 	})
 
-	t.Run("kube-proxy deaf", func(t *testing.T) {
+	// deaf makes kube-proxy's API connection silently dead, creates a
+	// Service and expects both findings naming it within grace + 2
+	// intervals, by the running detectors and by fresh ones (--once).
+	deaf := func(t *testing.T, proxy *apiProxy, n *node.Node, name string, programmed func() string) {
+		dets := []Detector{newDetector(t, "DataplaneDrift", n, params), newDetector(t, "KubeProxyNotHearingAPI", n, params)}
 		proxy.Kill()
 		time.Sleep(2 * time.Second)
 		created := time.Now()
-		createService(ctx, t, cp, testNS, "after-deaf", 2)
-		target := "dataplane/IPv4/" + testNS + "/after-deaf:http"
-		var drift, deaf time.Duration
-		for drift == 0 || deaf == 0 {
+		createService(ctx, t, cp, testNS, name, 2)
+		target := "dataplane/IPv4/" + testNS + "/" + name + ":http"
+		var drift, deafAfter time.Duration
+		for drift == 0 || deafAfter == 0 {
 			fs := cycle(dets)
 			if f, ok := fs["DataplaneDrift "+target]; ok && drift == 0 {
 				drift = time.Since(created)
 				t.Logf("drift after %v: %s", drift.Round(time.Millisecond), f.Message)
 			}
-			if f, ok := fs["KubeProxyNotHearingAPI kube-proxy/api-updates"]; ok && deaf == 0 {
-				if !strings.Contains(f.Message, testNS+"/after-deaf:http") {
+			if f, ok := fs["KubeProxyNotHearingAPI kube-proxy/api-updates"]; ok && deafAfter == 0 {
+				if !strings.Contains(f.Message, testNS+"/"+name+":http") {
 					t.Fatalf("deaf finding does not name the Service: %s", f.Message)
 				}
-				deaf = time.Since(created)
-				t.Logf("deaf after %v: %s (evidence %v)", deaf.Round(time.Millisecond), f.Message, f.Evidence)
+				deafAfter = time.Since(created)
+				t.Logf("deaf after %v: %s (evidence %v)", deafAfter.Round(time.Millisecond), f.Message, f.Evidence)
 			}
 			if time.Since(created) > grace+2*interval+3*time.Second {
 				t.Fatalf("after %v: %s", time.Since(created).Round(time.Second), keys(fs))
 			}
 			time.Sleep(interval)
 		}
-		if strings.Contains(save(), testNS+"/after-deaf") {
+		if strings.Contains(programmed(), testNS+"/"+name) {
 			t.Fatal("kube-proxy programmed the Service: it was not deaf")
 		}
-		for _, d := range []time.Duration{drift, deaf} {
+		for _, d := range []time.Duration{drift, deafAfter} {
 			if d < grace-time.Second {
 				t.Errorf("reported %v after creation, inside the grace %v", d, grace)
 			}
 		}
 		// As --once: detectors built now, no memory, report it at once.
-		fs := cycle(newDets())
+		fs := cycle([]Detector{newDetector(t, "DataplaneDrift", n, params), newDetector(t, "KubeProxyNotHearingAPI", n, params)})
 		if _, ok := fs["DataplaneDrift "+target]; !ok {
 			t.Errorf("fresh detectors (--once): %s", keys(fs))
 		}
 		if _, ok := fs["KubeProxyNotHearingAPI kube-proxy/api-updates"]; !ok {
 			t.Errorf("fresh detectors (--once): %s", keys(fs))
 		}
+	}
+
+	t.Run("kube-proxy deaf", func(t *testing.T) {
+		deaf(t, proxy, n, "after-deaf", save)
+	})
+
+	// nftables mode: the iptables kube-proxy stopped, one in nftables mode
+	// (another Node name, its own API proxy) on the same control plane.
+	t.Run("nftables mode", func(t *testing.T) {
+		if _, err := exec.LookPath("nft"); err != nil {
+			t.Skip("needs nft (Debian package nftables)")
+		}
+		kp.Stop(t)
+		proxy2 := startAPIProxy(t, cp, "127.0.0.1:16444")
+		kp2 := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node2", Mode: "nftables", SyncPeriod: syncPeriod, APIServerURL: "https://127.0.0.1:16444"})
+		kpc2, err := kubeproxy.New(kubeproxy.Options{
+			MetricsURL: kp2.MetricsURL, HealthzURL: kp2.HealthzURL, ProxyModeURL: kp2.ProxyModeURL,
+			SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: 500 * time.Millisecond,
+			Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nft := nftables.New(nftables.Config{Prefix: []string{"ip", "netns", "exec", cp.NetNS.Name}, CacheTTL: 500 * time.Millisecond})
+		n2 := &node.Node{Name: kp2.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: kpc2, Cluster: view, NFTables: nft}
+		list := func() string {
+			out, err := cp.NetNS.Command("nft", "list", "table", "ip", "kube-proxy").CombinedOutput()
+			if err != nil {
+				t.Fatalf("nft list: %v: %s", err, out)
+			}
+			return string(out)
+		}
+		createService(ctx, t, cp, testNS, "nft-stable", 2)
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(list(), testNS+"/nft-stable/tcp/http") {
+			if time.Now().After(deadline) {
+				t.Fatal("nft-stable not programmed")
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		dets2 := []Detector{newDetector(t, "DataplaneDrift", n2, params), newDetector(t, "KubeProxyNotHearingAPI", n2, params)}
+		for i := 0; i < 3; i++ {
+			if fs := cycle(dets2); len(fs) != 0 {
+				t.Fatalf("healthy nftables mode: %s", keys(fs))
+			}
+			time.Sleep(interval)
+		}
+		deaf(t, proxy2, n2, "after-deaf-nft", list)
 	})
 }
 
