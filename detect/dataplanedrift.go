@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/dataplane"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -76,28 +77,24 @@ func (p *DataplaneDriftParams) Validate() []policy.FieldError {
 	return errs
 }
 
-func newDriftParams() any {
-	return &DataplaneDriftParams{Families: []string{"IPv4", "IPv6"}, ProxyMode: "auto", Backend: "auto",
+// SetDefaults sets the defaults of DataplaneDrift and
+// KubeProxyNotHearingAPI (registry.Defaulter).
+func (p *DataplaneDriftParams) SetDefaults() {
+	*p = DataplaneDriftParams{Families: []string{"IPv4", "IPv6"}, ProxyMode: "auto", Backend: "auto",
 		GraceSyncPeriods: 3, MaxPortsPerFinding: 10, SaveTimeout: policy.D(8 * time.Second)}
 }
 
 func init() {
-	Register(Type{
-		Name:      "DataplaneDrift",
-		Doc:       "a Service port whose programmed entries or backends (iptables rules, kube-proxy's nftables table, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
-		NewParams: newDriftParams,
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &dataplaneDrift{p: *params.(*DataplaneDriftParams), n: n, firstSeen: map[string]time.Time{}}, nil
-		},
-	})
-	Register(Type{
-		Name:      "KubeProxyNotHearingAPI",
-		Doc:       "drift older than the grace while kube-proxy has nothing queued: kube-proxy is not receiving API updates (a silently dead watch connection); evidence from its own metrics",
-		NewParams: newDriftParams,
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyDeaf{p: *params.(*DataplaneDriftParams), n: n}, nil
-		},
-	})
+	Define("DataplaneDrift",
+		"a Service port whose programmed entries or backends (iptables rules, kube-proxy's nftables table, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
+		func(p *DataplaneDriftParams, n *node.Node) (Detector, error) {
+			return &dataplaneDrift{p: *p, n: n, firstSeen: map[string]time.Time{}}, nil
+		}, Targets(finding.KindDataplanePort, finding.KindKubeProxy))
+	Define("KubeProxyNotHearingAPI",
+		"drift older than the grace while kube-proxy has nothing queued: kube-proxy is not receiving API updates (a silently dead watch connection); evidence from its own metrics",
+		func(p *DataplaneDriftParams, n *node.Node) (Detector, error) {
+			return &kubeProxyDeaf{p: *p, n: n}, nil
+		}, Targets(finding.KindKubeProxy))
 }
 
 // driftObservation is one comparison of programmed and desired state.

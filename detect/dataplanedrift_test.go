@@ -96,7 +96,8 @@ func (w *driftWorld) detect(t *testing.T, d Detector) []Finding {
 
 func newDriftDetectors(t *testing.T, w *driftWorld) (Detector, Detector) {
 	t.Helper()
-	p := newDriftParams().(*DataplaneDriftParams)
+	p := &DataplaneDriftParams{}
+	p.SetDefaults()
 	p.Families = []string{"IPv4"}
 	if errs := p.Validate(); len(errs) > 0 {
 		t.Fatal(errs)
