@@ -111,6 +111,14 @@ type driftObservation struct {
 	notes                               []string
 }
 
+// done returns the observation, or a Skip when no family could be compared.
+func (obs *driftObservation) done() (*driftObservation, error) {
+	if len(obs.families) == 0 {
+		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
+	}
+	return obs, nil
+}
+
 type familyDrift struct {
 	family  dataplane.Family
 	source  string
@@ -216,10 +224,7 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
 			diffs: dataplane.Compare(got, want, false), desired: want})
 	}
-	if len(obs.families) == 0 {
-		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
-	}
-	return obs, nil
+	return obs.done()
 }
 
 // observeNFTables compares kube-proxy's nftables table of each family
@@ -248,10 +253,7 @@ func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, 
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
 			diffs: dataplane.Compare(got, want, false), desired: want})
 	}
-	if len(obs.families) == 0 {
-		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
-	}
-	return obs, nil
+	return obs.done()
 }
 
 // observeIPVS compares the IPVS virtual and real servers with the desired
@@ -283,10 +285,7 @@ func observeIPVS(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs 
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: "ipvs",
 			diffs: dataplane.Compare(got, want, true), desired: want})
 	}
-	if len(obs.families) == 0 {
-		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
-	}
-	return obs, nil
+	return obs.done()
 }
 
 // discoverSyncPeriod returns kube-proxy's syncPeriod from /configz when it

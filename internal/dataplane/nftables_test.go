@@ -38,3 +38,27 @@ func TestFromNFTablesRealCapture(t *testing.T) {
 		t.Fatal("nil table")
 	}
 }
+
+func FuzzFromNFTables(f *testing.F) {
+	b, err := os.ReadFile("../nftables/testdata/kube-proxy-v1.34.4-ruleset.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b)
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		rs, err := nftables.ParseBytes(doc)
+		if err != nil {
+			return
+		}
+		for _, fam := range []nftables.Family{nftables.FamilyIP, nftables.FamilyIP6} {
+			st := FromNFTables(rs.Table(fam, nftables.KubeProxyTableName), IPv4)
+			for _, sp := range st.Ports {
+				for _, e := range sp.Entries {
+					if e.Verdict != Forward && len(e.Backends) > 0 {
+						t.Fatalf("non-forward entry with backends: %+v", e)
+					}
+				}
+			}
+		}
+	})
+}
