@@ -107,3 +107,18 @@ type SliceTimes interface {
 	// slices, zero when it has none or the time is unknown.
 	EndpointsChanged(namespace, name string) time.Time
 }
+
+// UsableForCluster is kube-proxy's rule for the endpoints of Cluster
+// traffic policy (pkg/proxy/topology.go CategorizeEndpoints): the ready
+// ones when any endpoint is ready (anyReady), else the serving terminating
+// ones, so traffic keeps flowing during a rollout's last pod. Only an
+// endpoint's first address counts (Secondary ones never do).
+func UsableForCluster(e Endpoint, anyReady bool) bool {
+	if e.Secondary {
+		return false
+	}
+	if anyReady {
+		return e.Ready
+	}
+	return e.Serving && e.Terminating
+}

@@ -168,18 +168,15 @@ func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []
 		for _, e := range eps {
 			if e.e.Ready {
 				anyReady = true
-				clusterEPs = append(clusterEPs, e.ap)
 				if !e.e.Hinted {
 					allHinted = false
 				}
 			}
 		}
 		dp.Subset = anyReady && allHinted
-		if len(clusterEPs) == 0 {
-			for _, e := range eps {
-				if e.e.Serving && e.e.Terminating {
-					clusterEPs = append(clusterEPs, e.ap)
-				}
+		for _, e := range eps {
+			if cluster.UsableForCluster(*e.e, anyReady) {
+				clusterEPs = append(clusterEPs, e.ap)
 			}
 		}
 		hasAny = len(clusterEPs) > 0
