@@ -48,6 +48,7 @@ type Diff struct {
 // reject or drop matches a programmed entry forwarding to nobody.
 func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 	var out []Diff
+	matched := 0 // programmed entries that a desired entry matched
 	// Entries are matched by key within the same Service port; an entry
 	// key found under another port name (a renamed port) is stale there
 	// and missing here.
@@ -67,6 +68,7 @@ func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 				out = append(out, d)
 				continue
 			}
+			matched++
 			d.Got = ge.Verdict
 			gv := ge.Verdict
 			if noVerdicts && gv == Forward && len(ge.Backends) == 0 && we.Verdict != Forward {
@@ -96,7 +98,14 @@ func Compare(got *State, want *Desired, noVerdicts bool) []Diff {
 			out = append(out, d)
 		}
 	}
+	programmed := 0
+	for _, sp := range got.Ports {
+		programmed += len(sp.Entries)
+	}
 	for name, sp := range got.Ports {
+		if matched == programmed {
+			break // every programmed entry is a desired one: nothing stale
+		}
 		dp := want.Ports[name]
 		for _, e := range sp.Entries {
 			if dp != nil && dp.Entry(e.Key) != nil {
