@@ -76,6 +76,9 @@ const (
 	KindKubeProxy Kind = "kube-proxy"
 	// KindIPTablesRules: the iptables rule sets of one family and backend.
 	KindIPTablesRules Kind = "iptables-rules"
+	// KindDataplanePort: one Service port of one family as programmed on
+	// the node ("dataplane/IPv4/ns/name:port").
+	KindDataplanePort Kind = "dataplane-service-port"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

@@ -14,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -63,7 +64,18 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// iptables: rule sets read with iptables-{legacy,nft}-save in this
 	// network namespace (hostNetwork: true), never through the xtables
 	// lock. A missing save command makes the detector skip that backend.
-	n.IPTables = iptables.New(iptables.Config{})
+	// Shared: the detectors of one cycle (IPTablesRules, DataplaneDrift)
+	// get one save per family and backend, not one each.
+	n.IPTables = iptables.NewShared(iptables.New(iptables.Config{}), 2*time.Second)
+	// nftables: the ruleset listed read-only with `nft -j list ruleset`
+	// in this network namespace, bounded in time and size, one listing
+	// shared by the nftables detectors of a cycle. Without nft they skip
+	// ("nft unavailable").
+	nftTTL := nftables.DefaultCacheTTL
+	if half := p.Interval.Duration / 2; half > 0 && half < nftTTL {
+		nftTTL = half
+	}
+	n.NFTables = nftables.New(nftables.Config{CacheTTL: nftTTL})
 	// IPVS: the adapter does not touch the kernel until first use; on a
 	// kernel without ip_vs every IPVS detector and action skips with
 	// "IPVS unavailable: ..." (checked at each use, so a module loaded

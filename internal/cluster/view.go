@@ -26,6 +26,24 @@ type Service struct {
 	ExternalIPs     []string      `json:"externalIPs,omitempty"`
 	LoadBalancerIPs []string      `json:"loadBalancerIPs,omitempty"`
 	Ports           []ServicePort `json:"ports"`
+	// Type is spec.type ("ClusterIP" when empty). kube-proxy skips
+	// ExternalName Services.
+	Type string `json:"type,omitempty"`
+	// ExternalPolicyLocal is spec.externalTrafficPolicy Local on a Service
+	// reachable from outside (NodePort, LoadBalancer or external IPs), as
+	// k8s.io/kubernetes/pkg/api/v1/service.ExternalPolicyLocal.
+	ExternalPolicyLocal bool `json:"externalPolicyLocal,omitempty"`
+	// InternalPolicyLocal is spec.internalTrafficPolicy Local.
+	InternalPolicyLocal bool `json:"internalPolicyLocal,omitempty"`
+	// ProxyName is the service.kubernetes.io/service-proxy-name label: a
+	// Service with one belongs to another proxy and kube-proxy ignores it.
+	ProxyName string `json:"proxyName,omitempty"`
+	// Created is metadata.creationTimestamp (API server clock).
+	Created time.Time `json:"created,omitempty"`
+	// Changed is when the Service last changed as far as its own metadata
+	// says: the newest managedFields time, at least Created (API server
+	// clock). Zero when unknown.
+	Changed time.Time `json:"changed,omitempty"`
 }
 
 // Endpoint is one address:port of a Service's EndpointSlices, flattened.
@@ -41,6 +59,18 @@ type Endpoint struct {
 	Ready       bool `json:"ready"`
 	Serving     bool `json:"serving"`
 	Terminating bool `json:"terminating"`
+	// Hinted is true when the endpoint carries topology hints (forZones or
+	// forNodes): kube-proxy may then program only a subset of the ready
+	// endpoints on this node.
+	Hinted bool `json:"hinted,omitempty"`
+	// Secondary is true for the second and later addresses of one slice
+	// endpoint: kube-proxy uses only addresses[0] (pkg/proxy
+	// endpointslicecache.go).
+	Secondary bool `json:"secondary,omitempty"`
+	// SliceChanged is when the EndpointSlice holding this endpoint last
+	// changed per its own metadata (newest managedFields time, at least its
+	// creationTimestamp; API server clock). Zero when unknown.
+	SliceChanged time.Time `json:"sliceChanged,omitempty"`
 }
 
 // Freshness says how much the view can be trusted.
@@ -66,4 +96,29 @@ type View interface {
 	Endpoints(namespace, name string) []Endpoint
 	// Freshness reports the view's sync state.
 	Freshness() Freshness
+}
+
+// SliceTimes is implemented by views that know when a Service's
+// EndpointSlices last changed per their own metadata (API server clock),
+// including slices that no longer hold any endpoint (a Service scaled to
+// zero), which Endpoint.SliceChanged cannot carry.
+type SliceTimes interface {
+	// EndpointsChanged returns the newest change time of the Service's
+	// slices, zero when it has none or the time is unknown.
+	EndpointsChanged(namespace, name string) time.Time
+}
+
+// UsableForCluster is kube-proxy's rule for the endpoints of Cluster
+// traffic policy (pkg/proxy/topology.go CategorizeEndpoints): the ready
+// ones when any endpoint is ready (anyReady), else the serving terminating
+// ones, so traffic keeps flowing during a rollout's last pod. Only an
+// endpoint's first address counts (Secondary ones never do).
+func UsableForCluster(e Endpoint, anyReady bool) bool {
+	if e.Secondary {
+		return false
+	}
+	if anyReady {
+		return e.Ready
+	}
+	return e.Serving && e.Terminating
 }

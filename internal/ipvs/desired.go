@@ -129,13 +129,13 @@ func expectedEndpoints(eps []cluster.Endpoint) map[netip.AddrPort]cluster.Endpoi
 	out := map[netip.AddrPort]cluster.Endpoint{}
 	anyReady := false
 	for _, e := range eps {
-		if e.Ready {
+		if e.Ready && !e.Secondary {
 			anyReady = true
 			break
 		}
 	}
 	for _, e := range eps {
-		if (anyReady && e.Ready) || (!anyReady && e.Serving && e.Terminating) {
+		if cluster.UsableForCluster(e, anyReady) {
 			if ap, ok := endpointAddrPort(e); ok {
 				out[ap] = e
 			}

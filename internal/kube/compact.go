@@ -2,6 +2,7 @@ package kube
 
 import (
 	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -47,6 +48,8 @@ const (
 	epReady uint8 = 1 << iota
 	epServing
 	epTerminating
+	epHinted
+	epSecondary
 )
 
 type compactEndpoint struct {
@@ -58,6 +61,7 @@ type compactEndpoint struct {
 type compactSlice struct {
 	objMeta
 	service   string
+	changed   int64 // unix seconds of changedAt(ObjectMeta); 0 unknown
 	endpoints []compactEndpoint
 	ports     []cluster.ServicePort // NodePort unused
 }
@@ -114,9 +118,33 @@ func meta(m *metav1.ObjectMeta) objMeta {
 	return objMeta{namespace: intern(m.Namespace), name: m.Name, resourceVersion: m.ResourceVersion}
 }
 
+// changedAt is when an object last changed according to its own metadata:
+// the newest managedFields time (set by the API server when a manager adds,
+// changes or removes a field), at least the creation time. Both are API
+// server clock and have second resolution.
+func changedAt(m *metav1.ObjectMeta) time.Time {
+	t := m.CreationTimestamp.Time
+	for _, f := range m.ManagedFields {
+		if f.Time != nil && f.Time.After(t) {
+			t = f.Time.Time
+		}
+	}
+	return t
+}
+
+// externallyAccessible is k8s.io/kubernetes/pkg/api/v1/service.ExternallyAccessible.
+func externallyAccessible(s *corev1.Service) bool {
+	return s.Spec.Type == corev1.ServiceTypeLoadBalancer || s.Spec.Type == corev1.ServiceTypeNodePort ||
+		(s.Spec.Type == corev1.ServiceTypeClusterIP && len(s.Spec.ExternalIPs) > 0)
+}
+
 func toCompactService(s *corev1.Service) *compactService {
 	c := &compactService{objMeta: meta(&s.ObjectMeta)}
-	out := cluster.Service{Namespace: c.namespace, Name: s.Name}
+	out := cluster.Service{Namespace: c.namespace, Name: s.Name, Type: intern(string(s.Spec.Type)),
+		ProxyName: s.Labels["service.kubernetes.io/service-proxy-name"],
+		Created:   s.CreationTimestamp.Time, Changed: changedAt(&s.ObjectMeta)}
+	out.ExternalPolicyLocal = externallyAccessible(s) && s.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+	out.InternalPolicyLocal = s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
 	ips := s.Spec.ClusterIPs
 	if len(ips) == 0 && s.Spec.ClusterIP != "" {
 		ips = []string{s.Spec.ClusterIP}
@@ -130,7 +158,8 @@ func toCompactService(s *corev1.Service) *compactService {
 		out.ExternalIPs = append([]string(nil), s.Spec.ExternalIPs...)
 	}
 	for _, in := range s.Status.LoadBalancer.Ingress {
-		if in.IP != "" {
+		// kube-proxy programs only VIP-mode ingress IPs (proxyutil.IsVIPMode).
+		if in.IP != "" && (in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP) {
 			out.LoadBalancerIPs = append(out.LoadBalancerIPs, in.IP)
 		}
 	}
@@ -148,6 +177,9 @@ func toCompactService(s *corev1.Service) *compactService {
 
 func toCompactSlice(s *discoveryv1.EndpointSlice) *compactSlice {
 	c := &compactSlice{objMeta: meta(&s.ObjectMeta), service: s.Labels[discoveryv1.LabelServiceName]}
+	if t := changedAt(&s.ObjectMeta); !t.IsZero() {
+		c.changed = t.Unix()
+	}
 	for _, p := range s.Ports {
 		if p.Port == nil {
 			continue // "all ports": not used by Services
@@ -168,13 +200,10 @@ func toCompactSlice(s *discoveryv1.EndpointSlice) *compactSlice {
 	}
 	c.endpoints = make([]compactEndpoint, 0, n)
 	for _, e := range s.Endpoints {
-		// Conditions as discovery/v1 defines them: nil ready means ready,
-		// nil serving means "as ready".
+		// Conditions as kube-proxy reads them (pkg/proxy
+		// endpointslicecache.go): nil ready and nil serving mean true.
 		ready := e.Conditions.Ready == nil || *e.Conditions.Ready
-		serving := ready
-		if e.Conditions.Serving != nil {
-			serving = *e.Conditions.Serving
-		}
+		serving := e.Conditions.Serving == nil || *e.Conditions.Serving
 		var f uint8
 		if ready {
 			f |= epReady
@@ -189,8 +218,15 @@ func toCompactSlice(s *discoveryv1.EndpointSlice) *compactSlice {
 		if e.NodeName != nil {
 			node = intern(*e.NodeName)
 		}
-		for _, a := range e.Addresses {
-			c.endpoints = append(c.endpoints, compactEndpoint{address: a, node: node, flags: f})
+		if e.Hints != nil && (len(e.Hints.ForZones) > 0 || len(e.Hints.ForNodes) > 0) {
+			f |= epHinted
+		}
+		for i, a := range e.Addresses {
+			ff := f
+			if i > 0 {
+				ff |= epSecondary
+			}
+			c.endpoints = append(c.endpoints, compactEndpoint{address: a, node: node, flags: ff})
 		}
 	}
 	return c

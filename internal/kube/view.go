@@ -44,7 +44,10 @@ type View struct {
 	snapIsValid bool
 }
 
-var _ cluster.View = (*View)(nil)
+var (
+	_ cluster.View       = (*View)(nil)
+	_ cluster.SliceTimes = (*View)(nil)
+)
 
 // KubeProxyLabelSelector is the selector kube-proxy's informers use
 // (cmd/kube-proxy/app/server.go): objects of an alternative service proxy
@@ -204,6 +207,25 @@ func (v *View) Endpoints(namespace, name string) []cluster.Endpoint {
 	return mergeCompact(slices)
 }
 
+// EndpointsChanged implements cluster.SliceTimes: the newest change time
+// (managedFields, creationTimestamp) of the Service's slices.
+func (v *View) EndpointsChanged(namespace, name string) time.Time {
+	objs, err := v.eps.GetIndexer().ByIndex(serviceIndex, namespace+"/"+name)
+	if err != nil {
+		return time.Time{}
+	}
+	var newest int64
+	for _, o := range objs {
+		if s, ok := o.(*compactSlice); ok && s.changed > newest {
+			newest = s.changed
+		}
+	}
+	if newest == 0 {
+		return time.Time{}
+	}
+	return time.Unix(newest, 0)
+}
+
 // MergeSlices flattens EndpointSlices into Endpoints, sorted by address,
 // port name and port, deduplicated.
 func MergeSlices(slices []*discoveryv1.EndpointSlice) []cluster.Endpoint {
@@ -222,14 +244,24 @@ func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
 	idx := map[key]int{}
 	var out []cluster.Endpoint
 	for _, s := range slices {
+		var changed time.Time
+		if s.changed != 0 {
+			changed = time.Unix(s.changed, 0)
+		}
 		for _, ep := range s.endpoints {
 			for _, p := range s.ports {
 				e := cluster.Endpoint{Address: ep.address, Port: p.Port, Protocol: p.Protocol, PortName: p.Name, NodeName: ep.node,
-					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0}
+					Ready: ep.flags&epReady != 0, Serving: ep.flags&epServing != 0, Terminating: ep.flags&epTerminating != 0,
+					Hinted: ep.flags&epHinted != 0, Secondary: ep.flags&epSecondary != 0, SliceChanged: changed}
 				k := key{ep.address, p.Name, p.Protocol, p.Port}
 				if i, dup := idx[k]; dup {
+					if e.SliceChanged.After(out[i].SliceChanged) {
+						out[i].SliceChanged = e.SliceChanged
+					}
 					if rank(e) > rank(out[i]) {
+						sc := out[i].SliceChanged
 						out[i] = e
+						out[i].SliceChanged = sc
 					}
 					continue
 				}
@@ -256,6 +288,9 @@ func mergeCompact(slices []*compactSlice) []cluster.Endpoint {
 
 func rank(e cluster.Endpoint) int {
 	r := 0
+	if !e.Secondary {
+		r += 8 // kube-proxy uses addresses[0]
+	}
 	if e.Ready {
 		r += 4
 	}

@@ -48,13 +48,64 @@ func testSlice(name string, addrs ...string) *discoveryv1.EndpointSlice {
 	return s
 }
 
+// The fields kube-proxy's semantics and the drift detector's grace need:
+// traffic policies as pkg/api/v1/service defines them, the proxy-name
+// label, and the change time from managedFields.
+func TestTransformPoliciesAndTimes(t *testing.T) {
+	created := metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	later := metav1.NewTime(created.Add(90 * time.Second))
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	for _, tc := range []struct {
+		name         string
+		typ          corev1.ServiceType
+		externalIPs  []string
+		etp          corev1.ServiceExternalTrafficPolicy
+		wantExtLocal bool
+		itp          *corev1.ServiceInternalTrafficPolicy
+		wantIntLocal bool
+	}{
+		{"nodeport etp local", corev1.ServiceTypeNodePort, nil, corev1.ServiceExternalTrafficPolicyLocal, true, nil, false},
+		{"lb etp local", corev1.ServiceTypeLoadBalancer, nil, corev1.ServiceExternalTrafficPolicyLocal, true, nil, false},
+		{"clusterip with external IPs etp local", corev1.ServiceTypeClusterIP, []string{"192.0.2.1"}, corev1.ServiceExternalTrafficPolicyLocal, true, nil, false},
+		{"clusterip etp local ignored", corev1.ServiceTypeClusterIP, nil, corev1.ServiceExternalTrafficPolicyLocal, false, nil, false},
+		{"etp cluster", corev1.ServiceTypeNodePort, nil, corev1.ServiceExternalTrafficPolicyCluster, false, nil, false},
+		{"itp local", corev1.ServiceTypeClusterIP, nil, "", false, &local, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testService()
+			s.Spec.Type, s.Spec.ExternalIPs, s.Spec.ExternalTrafficPolicy, s.Spec.InternalTrafficPolicy = tc.typ, tc.externalIPs, tc.etp, tc.itp
+			s.CreationTimestamp = created
+			s.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "a", Time: &created}, {Manager: "b", Time: &later}, {Manager: "c"}}
+			s.Labels["service.kubernetes.io/service-proxy-name"] = "other"
+			c := toCompactService(s).svc
+			if c.ExternalPolicyLocal != tc.wantExtLocal || c.InternalPolicyLocal != tc.wantIntLocal {
+				t.Errorf("ext %v int %v", c.ExternalPolicyLocal, c.InternalPolicyLocal)
+			}
+			if !c.Created.Equal(created.Time) || !c.Changed.Equal(later.Time) || c.ProxyName != "other" || c.Type != string(tc.typ) {
+				t.Errorf("created %v changed %v proxy %q type %q", c.Created, c.Changed, c.ProxyName, c.Type)
+			}
+		})
+	}
+	sl := testSlice("a", "10.0.0.1")
+	sl.CreationTimestamp = created
+	sl.ManagedFields[0].Time = &later
+	sl.Endpoints[0].Addresses = append(sl.Endpoints[0].Addresses, "10.0.0.2")
+	sl.Endpoints[0].Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}}
+	sl.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: ptr.To(false), Terminating: ptr.To(true)} // serving nil: true, as kube-proxy reads it
+	eps := MergeSlices([]*discoveryv1.EndpointSlice{sl})
+	if len(eps) != 2 || eps[0].Secondary || !eps[1].Secondary || !eps[0].Hinted || !eps[0].SliceChanged.Equal(later.Time) ||
+		eps[0].Ready || !eps[0].Serving || !eps[0].Terminating {
+		t.Errorf("endpoints %+v", eps)
+	}
+}
+
 func TestTransformCompacts(t *testing.T) {
 	o, err := Transform(testService())
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := o.(*compactService)
-	want := cluster.Service{Namespace: "kube-system", Name: "dns", ClusterIPs: []string{"10.96.0.10"},
+	want := cluster.Service{Namespace: "kube-system", Name: "dns", ClusterIPs: []string{"10.96.0.10"}, Type: "ClusterIP",
 		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53, NodePort: 30053}}}
 	if diff := cmp.Diff(want, s.svc); diff != "" {
 		t.Errorf("service (-want +got):\n%s", diff)

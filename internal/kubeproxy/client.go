@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/utils/clock"
@@ -58,10 +59,16 @@ type Client struct {
 	mets   cache[*Scrape]
 	health cache[*Healthz]
 	mode   cache[Mode]
-	seq    uint64 // guarded by mets.sem
+	config cache[*Configz]
+	// discovered is the syncPeriod /configz last reported (ns; 0 none).
+	discovered atomic.Int64
+	seq        uint64 // guarded by mets.sem
 }
 
-var _ Interface = (*Client)(nil)
+var (
+	_ Interface    = (*Client)(nil)
+	_ ConfigReader = (*Client)(nil)
+)
 
 // New returns a Client; it checks the URLs but does not contact kube-proxy.
 func New(opts Options) (*Client, error) {
@@ -105,11 +112,21 @@ func New(opts Options) (*Client, error) {
 	c.mets.init()
 	c.health.init()
 	c.mode.init()
+	c.config.init()
 	return c, nil
 }
 
-// SyncPeriod implements Interface.
-func (c *Client) SyncPeriod() time.Duration { return c.opts.SyncPeriod }
+// SyncPeriod implements Interface: the syncPeriod kube-proxy's /configz
+// last reported (see Configz), else the configured one.
+func (c *Client) SyncPeriod() time.Duration {
+	if d := c.discovered.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return c.opts.SyncPeriod
+}
+
+// ConfiguredSyncPeriod is the syncPeriod from Options (the policy's).
+func (c *Client) ConfiguredSyncPeriod() time.Duration { return c.opts.SyncPeriod }
 
 // Metrics implements Interface.
 func (c *Client) Metrics(ctx context.Context) (*Scrape, error) {

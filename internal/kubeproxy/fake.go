@@ -25,13 +25,38 @@ type Fake struct {
 	healthErr      error
 	mode           Mode
 	modeErr        error
+	configz        *Configz
+	configzErr     error
 	seq            uint64
 	MetricsCalls   int
 	HealthzCalls   int
 	ProxyModeCalls int
 }
 
-var _ Interface = (*Fake)(nil)
+var (
+	_ Interface    = (*Fake)(nil)
+	_ ConfigReader = (*Fake)(nil)
+)
+
+// SetConfigz sets what Configz returns (nil and nil: unreachable).
+func (f *Fake) SetConfigz(c *Configz, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.configz, f.configzErr = c, err
+}
+
+// ConfiguredSyncPeriod implements ConfigReader.
+func (f *Fake) ConfiguredSyncPeriod() time.Duration { return f.syncPeriod }
+
+// Configz implements ConfigReader.
+func (f *Fake) Configz(ctx context.Context) (*Configz, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.configz == nil && f.configzErr == nil {
+		return nil, &Error{Kind: KindUnreachable, URL: "http://127.0.0.1:10249/configz", Err: errNotSet}
+	}
+	return f.configz, f.configzErr
+}
 
 // NewFake returns a Fake in iptables mode with the given syncPeriod and no
 // metrics or health answers yet (reads fail as unreachable until set).

@@ -13,8 +13,10 @@ import (
 	"github.com/remediate-dev/remediate/finding"
 )
 
-// Metric names read from kube-proxy (all kubeproxy_-prefixed).
+// Metric names read from kube-proxy (kubeproxy_-prefixed, and client-go's
+// request counter).
 const (
+	metricRESTRequests    = "rest_client_requests_total"
 	metricLastSync        = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 	metricLastQueued      = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
 	metricSyncDuration    = "kubeproxy_sync_proxy_rules_duration_seconds"
@@ -165,6 +167,34 @@ type Metrics struct {
 	// (no ip_family label in any version).
 	EndpointChangesPending *float64
 	ServiceChangesPending  *float64
+	// RESTRequests is client-go's rest_client_requests_total summed over
+	// host and method, by HTTP code ("<error>" for requests that got no
+	// response: transport errors, timeouts). kube-proxy's list and watch
+	// calls to the API server are among them; a kube-proxy whose count
+	// stops moving, or moves only in errors, is not hearing the API.
+	// Nil when kube-proxy exports no such series.
+	RESTRequests map[string]float64
+}
+
+// RESTErrors sums RESTRequests whose code is an error: "<error>", 429 and
+// 5xx.
+func (m *Metrics) RESTErrors() float64 {
+	var n float64
+	for code, v := range m.RESTRequests {
+		if code == "<error>" || code == "429" || strings.HasPrefix(code, "5") {
+			n += v
+		}
+	}
+	return n
+}
+
+// RESTTotal sums RESTRequests over every code.
+func (m *Metrics) RESTTotal() float64 {
+	var n float64
+	for _, v := range m.RESTRequests {
+		n += v
+	}
+	return n
 }
 
 // FamilyNames returns the families present, sorted.
@@ -213,6 +243,16 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 		return fm, true
 	}
 	for name, mf := range fams {
+		if name == metricRESTRequests {
+			for _, s := range mf.GetMetric() {
+				code, _ := label(s, "code")
+				if m.RESTRequests == nil {
+					m.RESTRequests = map[string]float64{}
+				}
+				m.RESTRequests[code] += value(mf.GetType(), s)
+			}
+			continue
+		}
 		if !strings.HasPrefix(name, "kubeproxy_") {
 			continue
 		}

@@ -294,3 +294,32 @@ func FuzzParseHealthz(f *testing.F) {
 		_ = h.UnhealthyFamilies()
 	})
 }
+
+// client-go's request counter, summed by code (the real v1.34.4 capture has
+// 200 and 201 only).
+func TestParseMetricsRESTRequests(t *testing.T) {
+	b, err := os.ReadFile("testdata/metrics-v1.34-healthy.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := ParseMetrics(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.RESTRequests["200"] < 1 || m.RESTErrors() != 0 || m.RESTTotal() < m.RESTRequests["200"] {
+		t.Errorf("capture: %v errors %v", m.RESTRequests, m.RESTErrors())
+	}
+	m, err = ParseMetrics(strings.NewReader(`# TYPE rest_client_requests_total counter
+rest_client_requests_total{code="200",host="a",method="GET"} 5
+rest_client_requests_total{code="200",host="b",method="GET"} 2
+rest_client_requests_total{code="<error>",host="a",method="GET"} 3
+rest_client_requests_total{code="503",host="a",method="GET"} 1
+rest_client_requests_total{code="404",host="a",method="GET"} 4
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.RESTRequests["200"] != 7 || m.RESTErrors() != 4 || m.RESTTotal() != 15 {
+		t.Errorf("synthetic: %v errors %v total %v", m.RESTRequests, m.RESTErrors(), m.RESTTotal())
+	}
+}

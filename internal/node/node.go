@@ -18,6 +18,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -48,6 +49,10 @@ type Node struct {
 	// IPTables reads the iptables rule sets with *-save, never taking the
 	// xtables lock (subsystem "iptables").
 	IPTables iptables.Interface
+	// NFTables lists the nftables ruleset read-only with `nft -j list`
+	// (subsystem "nftables"): kube-proxy's nftables-mode table and the
+	// tables that can shadow it.
+	NFTables nftables.Interface
 	// Conntrack is the nf_conntrack table and its tunables (subsystem
 	// "conntrack").
 	Conntrack conntrack.Interface

@@ -18,9 +18,30 @@ type Fake struct {
 	services  map[string]cluster.Service
 	endpoints map[string][]cluster.Endpoint
 	fresh     cluster.Freshness
+	changed   map[string]time.Time
 }
 
-var _ cluster.View = (*Fake)(nil)
+var (
+	_ cluster.View       = (*Fake)(nil)
+	_ cluster.SliceTimes = (*Fake)(nil)
+)
+
+// SetEndpointsChanged sets what EndpointsChanged returns for a Service.
+func (f *Fake) SetEndpointsChanged(namespace, name string, t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.changed == nil {
+		f.changed = map[string]time.Time{}
+	}
+	f.changed[key(namespace, name)] = t
+}
+
+// EndpointsChanged implements cluster.SliceTimes.
+func (f *Fake) EndpointsChanged(namespace, name string) time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changed[key(namespace, name)]
+}
 
 // New returns an empty view that is synced, connected and fresh as of now.
 func New(now time.Time) *Fake {

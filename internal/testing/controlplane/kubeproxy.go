@@ -28,14 +28,26 @@ type KubeProxyOptions struct {
 	// ReadyTimeout bounds the wait for the first successful sync (default
 	// 60 s).
 	ReadyTimeout time.Duration
+	// APIServerURL is the server in kube-proxy's kubeconfig (default
+	// APIServerURL); point it at a proxy inside the namespace to control
+	// kube-proxy's API connection.
+	APIServerURL string
+	// Mode is kube-proxy's proxy mode: "iptables" (default) or
+	// "nftables" (needs the nft command, Debian package nftables; it then
+	// owns `table ip kube-proxy` and `table ip6 kube-proxy` in the
+	// namespace).
+	Mode string
 }
 
 // KubeProxy is a running kube-proxy in iptables mode (iptables-legacy, so
-// that it honours the xtables lock) inside the control plane's namespace.
+// that it honours the xtables lock) or nftables mode inside the control
+// plane's namespace.
 type KubeProxy struct {
 	*Process
 	// NodeName is its hostnameOverride.
 	NodeName string
+	// Mode is its proxy mode (iptables or nftables).
+	Mode string
 	// SyncPeriod is its configured iptables.syncPeriod.
 	SyncPeriod time.Duration
 	// MetricsURL, HealthzURL and ProxyModeURL are its endpoints on the
@@ -77,12 +89,24 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) *KubeProxy {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 60 * time.Second
 	}
+	switch opts.Mode {
+	case "":
+		opts.Mode = "iptables"
+	case "iptables":
+	case "nftables":
+		if _, err := exec.LookPath("nft"); err != nil {
+			skipOrFail(t, "kube-proxy's nftables mode needs the nft command (Debian package nftables)")
+		}
+	default:
+		t.Fatalf("StartKubeProxy: unsupported mode %q", opts.Mode)
+	}
 	dir := filepath.Join(cp.Dir, "kube-proxy-"+opts.NodeName)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	kp := &KubeProxy{
 		NodeName:     opts.NodeName,
+		Mode:         opts.Mode,
 		SyncPeriod:   opts.SyncPeriod,
 		MetricsURL:   "http://127.0.0.1:10249/metrics",
 		HealthzURL:   "http://127.0.0.1:10256/healthz",
@@ -108,17 +132,22 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) *KubeProxy {
 	}
 	mustWrite(t, kp.XtablesLock, "")
 	kubeconfig := filepath.Join(dir, "kubeconfig")
-	mustWrite(t, kubeconfig, Kubeconfig(KubeProxyToken))
+	kc := Kubeconfig(KubeProxyToken)
+	if opts.APIServerURL != "" {
+		kc = strings.Replace(kc, "server: "+APIServerURL, "server: "+opts.APIServerURL, 1)
+	}
+	mustWrite(t, kubeconfig, kc)
 	mustWrite(t, kp.ConfigPath, fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
 clientConnection: {kubeconfig: %s}
 hostnameOverride: %s
-mode: iptables
+mode: %s
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0}
 iptables: {syncPeriod: %s, minSyncPeriod: %s}
-`, kubeconfig, opts.NodeName, opts.SyncPeriod, opts.MinSyncPeriod))
+nftables: {syncPeriod: %s, minSyncPeriod: %s}
+`, kubeconfig, opts.NodeName, opts.Mode, opts.SyncPeriod, opts.MinSyncPeriod, opts.SyncPeriod, opts.MinSyncPeriod))
 
 	cp.ensureNode(opts.NodeName)
 

@@ -86,49 +86,52 @@ func (ns *NetNS) CommandContext(ctx context.Context, name string, args ...string
 // fails, the thread is left locked and dies with its goroutine instead of
 // running other goroutines in the wrong namespace.
 func (ns *NetNS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+	var c net.Conn
+	err := ns.in(func() error {
+		var d net.Dialer
+		var err error
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// in runs fn on a goroutine locked to its OS thread while that thread is in
+// the namespace (see DialContext). Sockets fn creates stay in the namespace.
+func (ns *NetNS) in(fn func() error) error {
+	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		orig, err := os.Open(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()))
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("open own netns: %w", err)}
+			ch <- fmt.Errorf("open own netns: %w", err)
 			return
 		}
 		defer orig.Close()
 		target, err := os.Open("/run/netns/" + ns.Name)
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("open netns %s: %w", ns.Name, err)}
+			ch <- fmt.Errorf("open netns %s: %w", ns.Name, err)
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("setns %s: %w", ns.Name, err)}
+			ch <- fmt.Errorf("setns %s: %w", ns.Name, err)
 			return
 		}
-		var d net.Dialer
-		c, derr := d.DialContext(ctx, network, addr)
+		ferr := fn()
 		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 			// Stay locked: the runtime ends this thread when the goroutine
 			// returns.
-			if c != nil {
-				ch <- result{c: c}
-				return
-			}
-			ch <- result{err: derr}
+			ch <- ferr
 			return
 		}
 		runtime.UnlockOSThread()
-		ch <- result{c: c, err: derr}
+		ch <- ferr
 	}()
-	r := <-ch
-	return r.c, r.err
+	return <-ch
 }
 
 // HTTPClient returns an HTTP client whose connections are made inside the
@@ -161,4 +164,16 @@ func skipOrFail(t testing.TB, msg string) {
 		t.Fatalf("REMEDIATE_E2E_REQUIRED is set but: %s", msg)
 	}
 	t.Skip(msg)
+}
+
+// Listen opens a listening socket inside the namespace (it stays there
+// whichever thread later accepts on it).
+func (ns *NetNS) Listen(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := ns.in(func() error {
+		var err error
+		l, err = net.Listen(network, addr)
+		return err
+	})
+	return l, err
 }

@@ -1,0 +1,232 @@
+package dataplane
+
+import (
+	"net/netip"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+)
+
+// DesiredPort is what kube-proxy should have programmed for one Service
+// port in one family, and how old the inputs are.
+type DesiredPort struct {
+	ServicePort
+	// Subset is true when kube-proxy may use topology hints for this port:
+	// a Forward entry's programmed backends are then any non-empty subset
+	// of Backends, not necessarily all of them.
+	Subset bool
+	// Created is the Service's creationTimestamp.
+	Created time.Time
+	// Changed is the newest API change time of the Service and of its
+	// EndpointSlices (see cluster.Service.Changed); zero when unknown.
+	Changed time.Time
+	// Endpoints counts the port's endpoints of this family as kube-proxy
+	// reads them (addresses[0], deduplicated), any condition.
+	Endpoints int
+}
+
+// Desired is the desired state of one family.
+type Desired struct {
+	Family Family
+	Ports  map[PortName]*DesiredPort
+}
+
+// Desire computes, from the cluster view, the entries kube-proxy v1.34
+// programs on node nodeName for family f, following its source:
+//
+//   - Services of another proxy (service.kubernetes.io/service-proxy-name),
+//     without a ClusterIP of the family (headless), or of type ExternalName
+//     are skipped (pkg/proxy/util ShouldSkipService; the label is also
+//     kube-proxy's informer selector);
+//   - only addresses[0] of each endpoint counts, of the family's addresses,
+//     and an endpoint port must match the Service port's name and protocol
+//     (pkg/proxy/endpointslicecache.go);
+//   - endpoints are categorized as pkg/proxy/topology.go CategorizeEndpoints
+//     does: Cluster endpoints are the ready ones, else the serving
+//     terminating ones; Local endpoints are the local ready ones, else the
+//     local serving terminating ones; with topology hints on every ready
+//     endpoint the Cluster set may be a subset (Subset);
+//   - per entry (pkg/proxy/iptables/proxier.go syncProxyRules): the
+//     ClusterIP forwards to the Local endpoints with internal traffic
+//     policy Local, else to the Cluster ones; external IPs, load-balancer
+//     IPs and the NodePort forward to the Local endpoints with external
+//     traffic policy Local, else to the Cluster ones; a port without any
+//     usable endpoint rejects, one with endpoints but none local under a
+//     Local policy drops.
+func Desire(v cluster.View, f Family, nodeName string) *Desired {
+	svcs := v.Services()
+	d := &Desired{Family: f, Ports: make(map[PortName]*DesiredPort, len(svcs))}
+	st, _ := v.(cluster.SliceTimes)
+	for _, s := range svcs {
+		if s.ProxyName != "" || s.Type == "ExternalName" {
+			continue
+		}
+		vip, ok := addrOfFamily(s.ClusterIPs, f)
+		if !ok {
+			continue
+		}
+		eps := v.Endpoints(s.Namespace, s.Name)
+		changed := s.Changed
+		if st != nil {
+			if t := st.EndpointsChanged(s.Namespace, s.Name); t.After(changed) {
+				changed = t
+			}
+		}
+		for _, p := range s.Ports {
+			dp := desirePort(s, p, vip, eps, f, nodeName)
+			dp.Created = s.Created
+			if changed.After(dp.Changed) {
+				dp.Changed = changed
+			}
+			d.Ports[dp.Name] = dp
+		}
+	}
+	return d
+}
+
+func addrOfFamily(addrs []string, f Family) (netip.Addr, bool) {
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && FamilyOf(ip) == f {
+			return ip.Unmap(), true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func addrsOfFamily(addrs []string, f Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && FamilyOf(ip) == f {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out
+}
+
+type endpoint struct {
+	ap    netip.AddrPort
+	local bool
+	e     *cluster.Endpoint
+}
+
+func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []cluster.Endpoint, f Family, nodeName string) *DesiredPort {
+	dp := &DesiredPort{ServicePort: ServicePort{Name: PortName{Namespace: s.Namespace, Name: s.Name, Port: p.Name}, Protocol: p.Protocol}}
+	eps := make([]endpoint, 0, len(all))
+	var seen map[netip.AddrPort]int
+	if len(all) > 32 {
+		seen = make(map[netip.AddrPort]int, len(all))
+	}
+	find := func(ap netip.AddrPort) (int, bool) {
+		if seen != nil {
+			i, ok := seen[ap]
+			return i, ok
+		}
+		for i := range eps {
+			if eps[i].ap == ap {
+				return i, true
+			}
+		}
+		return 0, false
+	}
+	for i := range all {
+		e := &all[i]
+		if e.Secondary || e.PortName != p.Name || (e.Protocol != "" && e.Protocol != p.Protocol) || e.Port <= 0 || e.Port > 65535 {
+			continue
+		}
+		a, err := netip.ParseAddr(e.Address)
+		if err != nil || FamilyOf(a) != f {
+			continue
+		}
+		ap := netip.AddrPortFrom(a.Unmap(), uint16(e.Port))
+		local := nodeName != "" && e.NodeName == nodeName
+		if i, dup := find(ap); dup {
+			// kube-proxy keeps the first, or a local duplicate.
+			if local {
+				eps[i] = endpoint{ap, local, e}
+			}
+			continue
+		}
+		if seen != nil {
+			seen[ap] = len(eps)
+		}
+		eps = append(eps, endpoint{ap, local, e})
+		if e.SliceChanged.After(dp.Changed) {
+			dp.Changed = e.SliceChanged
+		}
+	}
+	dp.Endpoints = len(eps)
+	externalIPs := addrsOfFamily(s.ExternalIPs, f)
+	lbIPs := addrsOfFamily(s.LoadBalancerIPs, f)
+	externallyAccessible := p.NodePort != 0 || len(externalIPs) > 0 || len(lbIPs) > 0
+	usesCluster := !s.InternalPolicyLocal || externallyAccessible
+	usesLocal := s.InternalPolicyLocal || (s.ExternalPolicyLocal && externallyAccessible)
+
+	var clusterEPs, localEPs []netip.AddrPort
+	hasAny := false
+	if usesCluster {
+		allHinted, anyReady := true, false
+		for _, e := range eps {
+			if e.e.Ready {
+				anyReady = true
+				if !e.e.Hinted {
+					allHinted = false
+				}
+			}
+		}
+		dp.Subset = anyReady && allHinted
+		for _, e := range eps {
+			if cluster.UsableForCluster(*e.e, anyReady) {
+				clusterEPs = append(clusterEPs, e.ap)
+			}
+		}
+		hasAny = len(clusterEPs) > 0
+	}
+	if usesLocal {
+		var localReady, localServingTerm []netip.AddrPort
+		for _, e := range eps {
+			switch {
+			case e.e.Ready:
+				hasAny = true
+				if e.local {
+					localReady = append(localReady, e.ap)
+				}
+			case e.e.Serving && e.e.Terminating:
+				hasAny = true
+				if e.local {
+					localServingTerm = append(localServingTerm, e.ap)
+				}
+			}
+		}
+		localEPs = localReady
+		if len(localEPs) == 0 {
+			localEPs = localServingTerm
+		}
+	}
+
+	clusterEPs, localEPs = unionSorted(nil, clusterEPs), unionSorted(nil, localEPs)
+	entry := func(kind Kind, addr netip.Addr, port uint16, policyLocal bool) {
+		e := Entry{Kind: kind, Key: EntryKey{Addr: addr, Protocol: p.Protocol, Port: port}}
+		switch {
+		case !hasAny:
+			e.Verdict = Reject
+		case policyLocal && len(localEPs) == 0:
+			e.Verdict = Drop
+		case policyLocal:
+			e.Verdict, e.Backends = Forward, localEPs
+		default:
+			e.Verdict, e.Backends = Forward, clusterEPs
+		}
+		dp.add(e)
+	}
+	entry(ClusterIP, vip, uint16(p.Port), s.InternalPolicyLocal)
+	for _, a := range externalIPs {
+		entry(ExternalIP, a, uint16(p.Port), s.ExternalPolicyLocal)
+	}
+	for _, a := range lbIPs {
+		entry(LoadBalancer, a, uint16(p.Port), s.ExternalPolicyLocal)
+	}
+	if p.NodePort != 0 {
+		entry(NodePort, netip.Addr{}, uint16(p.NodePort), s.ExternalPolicyLocal)
+	}
+	return dp
+}

@@ -1,0 +1,139 @@
+package kubeproxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Configz is the part of kube-proxy's /configz the detectors use.
+type Configz struct {
+	// SyncPeriod is kube-proxy's effective syncPeriod.
+	SyncPeriod time.Duration
+	// MinSyncPeriod is its minSyncPeriod (0 when absent).
+	MinSyncPeriod time.Duration
+	// Mode is the configured proxy mode ("" means the platform default).
+	Mode string
+}
+
+// ConfigReader is implemented by adapters that can read kube-proxy's
+// /configz (served next to /metrics). Once Configz succeeded, SyncPeriod
+// returns the discovered value, so every threshold relative to syncPeriod
+// uses it; ConfiguredSyncPeriod still returns the policy's.
+type ConfigReader interface {
+	Configz(ctx context.Context) (*Configz, error)
+	ConfiguredSyncPeriod() time.Duration
+}
+
+// ParseConfigz reads /configz: {"kubeproxy.config.k8s.io": {...}} holding
+// kube-proxy's internal configuration, whose JSON keys are Go field names
+// (1.34: top-level SyncPeriod and MinSyncPeriod; before 1.33 they sat under
+// IPTables, IPVS and NFTables, per mode). Lower-case (versioned) keys are
+// accepted too. A configuration without a positive syncPeriod is an error.
+func ParseConfigz(body []byte) (*Configz, error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil {
+		return nil, fmt.Errorf("configz: %w", err)
+	}
+	raw, ok := top["kubeproxy.config.k8s.io"]
+	if !ok {
+		return nil, fmt.Errorf("configz: no kubeproxy.config.k8s.io section")
+	}
+	type periods struct {
+		SyncPeriod    string `json:"SyncPeriod"`
+		MinSyncPeriod string `json:"MinSyncPeriod"`
+	}
+	type periodsLower struct {
+		SyncPeriod    string `json:"syncPeriod"`
+		MinSyncPeriod string `json:"minSyncPeriod"`
+	}
+	var cfg struct {
+		periods
+		Mode     string  `json:"Mode"`
+		IPTables periods `json:"IPTables"`
+		IPVS     periods `json:"IPVS"`
+		NFTables periods `json:"NFTables"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, fmt.Errorf("configz: %w", err)
+	}
+	var lower struct {
+		periodsLower
+		Mode     string       `json:"mode"`
+		IPTables periodsLower `json:"iptables"`
+		IPVS     periodsLower `json:"ipvs"`
+		NFTables periodsLower `json:"nftables"`
+	}
+	_ = json.Unmarshal(raw, &lower) // best effort: only fills gaps
+	mode := cfg.Mode
+	if mode == "" {
+		mode = lower.Mode
+	}
+	pick := func(cands ...string) string {
+		for _, c := range cands {
+			if c != "" {
+				return c
+			}
+		}
+		return ""
+	}
+	perMode := func(m string) (periods, periodsLower) {
+		switch m {
+		case "ipvs":
+			return cfg.IPVS, lower.IPVS
+		case "nftables":
+			return cfg.NFTables, lower.NFTables
+		default:
+			return cfg.IPTables, lower.IPTables
+		}
+	}
+	pm, pl := perMode(mode)
+	sp := pick(cfg.SyncPeriod, lower.SyncPeriod, pm.SyncPeriod, pl.SyncPeriod)
+	msp := pick(cfg.MinSyncPeriod, lower.MinSyncPeriod, pm.MinSyncPeriod, pl.MinSyncPeriod)
+	out := &Configz{Mode: mode}
+	d, err := time.ParseDuration(sp)
+	if err != nil || d <= 0 {
+		return nil, fmt.Errorf("configz: syncPeriod %q is not a positive duration", sp)
+	}
+	out.SyncPeriod = d
+	if msp != "" {
+		if d, err := time.ParseDuration(msp); err == nil && d >= 0 {
+			out.MinSyncPeriod = d
+		}
+	}
+	return out, nil
+}
+
+// configzURL is /configz on the metrics server.
+func configzURL(metricsURL string) string {
+	u, err := url.Parse(metricsURL)
+	if err != nil {
+		return ""
+	}
+	u.Path, u.RawQuery = "/configz", ""
+	return u.String()
+}
+
+// Configz implements ConfigReader: GET /configz on the metrics address,
+// cached like the other answers.
+func (c *Client) Configz(ctx context.Context) (*Configz, error) {
+	u := configzURL(c.opts.MetricsURL)
+	return c.config.get(ctx, c.clock, c.opts.CacheTTL, func() (*Configz, error) {
+		status, body, err := c.get(ctx, u, "application/json")
+		if err != nil {
+			return nil, err
+		}
+		if status != http.StatusOK {
+			return nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("HTTP %d: %s", status, snippet(body))}
+		}
+		cz, err := ParseConfigz(body)
+		if err != nil {
+			return nil, &Error{Kind: KindBadResponse, URL: u, Err: err}
+		}
+		c.discovered.Store(int64(cz.SyncPeriod))
+		return cz, nil
+	})
+}

@@ -1,0 +1,286 @@
+// Package nftables observes the node's nftables ruleset read-only: it runs
+// `nft -j list ruleset` (or `nft -j list table FAMILY NAME`) under a context
+// deadline, reads at most a bounded amount of its output, and parses the
+// JSON into typed values: tables, chains (with their hook, type, priority
+// and policy when they are base chains), rules (their verdicts, jumps,
+// verdict maps and NAT statements), and sets and maps with their elements.
+//
+// Nothing here changes the ruleset. The adapter never runs `nft` with
+// anything but `list`; kube-proxy's documentation says never to edit its
+// table by hand, and a daemon that does would fight kube-proxy's next sync.
+// Listing takes no lock (nftables has no xtables lock; a listing is one
+// netlink dump that retries if the ruleset changes under it).
+//
+// On top of the generic parse, ParseKubeProxy reads kube-proxy's own table
+// (`table ip kube-proxy` / `table ip6 kube-proxy`, nftables mode) into what
+// it programs: which Service IP, protocol and port goes to which service
+// chain, which endpoint chains a service chain load-balances over, and which
+// backend each endpoint chain DNATs to (see kubeproxy.go).
+//
+// sigs.k8s.io/knftables was considered and not used: its constructor
+// probes the kernel with `nft --check add table` (a dry-run write), each
+// Interface is bound to one table (the shadowing check needs every table),
+// and its List calls return names only, not chains' hooks and priorities.
+package nftables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"k8s.io/utils/clock"
+)
+
+// Family is an nftables address family as nft names it.
+type Family string
+
+// Families.
+const (
+	FamilyIP     Family = "ip"
+	FamilyIP6    Family = "ip6"
+	FamilyInet   Family = "inet"
+	FamilyARP    Family = "arp"
+	FamilyBridge Family = "bridge"
+	FamilyNetdev Family = "netdev"
+)
+
+// CoversIPv4 reports whether a base chain of this family sees IPv4 packets
+// (ip and inet tables do).
+func (f Family) CoversIPv4() bool { return f == FamilyIP || f == FamilyInet }
+
+// CoversIPv6 reports whether a base chain of this family sees IPv6 packets
+// (ip6 and inet tables do).
+func (f Family) CoversIPv6() bool { return f == FamilyIP6 || f == FamilyInet }
+
+// Errors the adapters return (wrapped).
+var (
+	// ErrUnavailable: the nft command is not installed.
+	ErrUnavailable = errors.New("nft unavailable")
+	// ErrNoTable: the table asked for by ListTable does not exist.
+	ErrNoTable = errors.New("no such nftables table")
+	// ErrTooLarge: the listing exceeded the output limit.
+	ErrTooLarge = errors.New("nft output larger than the limit")
+)
+
+// Snapshot is one parsed listing.
+type Snapshot struct {
+	Ruleset *Ruleset
+	// At is when the listing started (the adapter's clock).
+	At time.Time
+	// Duration is how long nft ran.
+	Duration time.Duration
+	// Bytes is the size of nft's output.
+	Bytes int64
+	// Seq increases with every real listing, so a caller seeing the same
+	// Seq twice knows it got a cached copy.
+	Seq uint64
+}
+
+// Interface lists the ruleset. Implementations must be goroutine-safe and
+// never change the ruleset.
+type Interface interface {
+	// ListRuleset lists every table of every family (`nft -j list
+	// ruleset`). A missing nft is ErrUnavailable. The answer may be shared
+	// with other callers of the same cycle (see Config.CacheTTL).
+	ListRuleset(ctx context.Context) (*Snapshot, error)
+	// ListTable lists one table (`nft -j list table FAMILY NAME`); a
+	// table that does not exist is ErrNoTable.
+	ListTable(ctx context.Context, f Family, name string) (*Snapshot, error)
+}
+
+// Defaults of Config.
+const (
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxBytes bounds nft's output. kube-proxy's table in JSON is
+	// roughly 1.5 KiB per service port plus 1 KiB per endpoint: 64 MiB is
+	// tens of thousands of services, and a runaway listing cannot exhaust
+	// the daemon's memory.
+	DefaultMaxBytes = 64 << 20
+	// DefaultCacheTTL lets the detectors of one cycle share one listing.
+	DefaultCacheTTL = 2 * time.Second
+)
+
+// Config configures the real adapter. Zero fields take the defaults.
+type Config struct {
+	// Prefix is prepended to every command, e.g. ["ip", "netns", "exec",
+	// "ns1"] or ["nsenter", "-t", "1", "-n"]. Empty runs in the current
+	// network namespace.
+	Prefix []string
+	// Binary is the nft program (default "nft", looked up in PATH).
+	Binary string
+	// Timeout bounds each nft run when ctx has no earlier deadline.
+	Timeout time.Duration
+	// MaxBytes bounds nft's output; more is ErrTooLarge.
+	MaxBytes int64
+	// CacheTTL is how long a ListRuleset answer (or failure) is reused;
+	// negative turns the cache off.
+	CacheTTL time.Duration
+	// Clock defaults to the real clock.
+	Clock clock.PassiveClock
+}
+
+// Real runs nft.
+type Real struct {
+	cfg Config
+
+	mu     sync.Mutex // held while listing, so concurrent callers share one run
+	seq    uint64
+	cached *Snapshot
+	err    error
+	at     time.Time
+}
+
+var _ Interface = (*Real)(nil)
+
+// New returns the real adapter. It does not run nft.
+func New(cfg Config) *Real {
+	if cfg.Binary == "" {
+		cfg.Binary = "nft"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.CacheTTL == 0 {
+		cfg.CacheTTL = DefaultCacheTTL
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	return &Real{cfg: cfg}
+}
+
+// ListRuleset implements Interface.
+func (r *Real) ListRuleset(ctx context.Context) (*Snapshot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.cfg.Clock.Now()
+	if r.cfg.CacheTTL > 0 && (r.cached != nil || r.err != nil) && now.Sub(r.at) < r.cfg.CacheTTL && now.Sub(r.at) >= 0 {
+		return r.cached, r.err
+	}
+	s, err := r.list(ctx, "ruleset")
+	if err != nil && ctx.Err() != nil {
+		// Our caller's deadline, not nft's failure: do not cache it.
+		return nil, err
+	}
+	r.cached, r.err, r.at = s, err, now
+	return s, err
+}
+
+// ListTable implements Interface. It is not cached.
+func (r *Real) ListTable(ctx context.Context, f Family, name string) (*Snapshot, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.list(ctx, "table", string(f), name)
+}
+
+// list runs `nft -j list ARGS...`; r.mu is held.
+func (r *Real) list(ctx context.Context, args ...string) (*Snapshot, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	if _, err := exec.LookPath(r.cfg.Binary); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, r.cfg.Binary, err)
+	}
+	argv := append(append(append([]string(nil), r.cfg.Prefix...), r.cfg.Binary, "-j", "list"), args...)
+	what := "nft -j list " + strings.Join(args, " ")
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.WaitDelay = time.Second
+	var errb bytes.Buffer
+	cmd.Stderr = &limitedBuffer{buf: &errb, max: 4096}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	start := r.cfg.Clock.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	lr := &limitReader{r: stdout, left: r.cfg.MaxBytes}
+	rs, perr := Parse(lr)
+	// Drain what is left so nft is not blocked on a full pipe: nothing
+	// after a good document; after a parse error, the rest of the output
+	// (bounded by MaxBytes and the timeout), so that nft's own failure and
+	// stderr, when it failed, are what is reported.
+	_, _ = io.Copy(io.Discard, lr)
+	if lr.over {
+		// Over the limit: nft may still be writing; stop it rather than
+		// wait for the timeout.
+		_ = cmd.Process.Kill()
+		_, _ = io.Copy(io.Discard, stdout)
+	}
+	werr := cmd.Wait()
+	d := r.cfg.Clock.Since(start)
+	stderr := strings.TrimSpace(errb.String())
+	switch {
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("%s: timed out after %v: %w", what, d.Round(time.Millisecond), ctx.Err())
+	case errors.Is(perr, ErrTooLarge) || lr.over:
+		return nil, fmt.Errorf("%s: %w (%d bytes)", what, ErrTooLarge, r.cfg.MaxBytes)
+	case werr != nil && len(args) == 3 && noSuchTable(stderr):
+		return nil, fmt.Errorf("%s: %w: %s", what, ErrNoTable, stderr)
+	case werr != nil:
+		return nil, fmt.Errorf("%s: %w: %s", what, werr, stderr)
+	case perr != nil:
+		return nil, fmt.Errorf("parsing %s output: %w", what, perr)
+	}
+	r.seq++
+	return &Snapshot{Ruleset: rs, At: start, Duration: d, Bytes: r.cfg.MaxBytes - lr.left, Seq: r.seq}, nil
+}
+
+// noSuchTable recognises nft's answer for a missing table ("Error: No such
+// file or directory; did you mean table ..." / "Error: Could not process
+// rule: No such file or directory").
+func noSuchTable(stderr string) bool {
+	return strings.Contains(stderr, "No such file or directory")
+}
+
+// limitReader fails with ErrTooLarge once more than left bytes are read.
+type limitReader struct {
+	r    io.Reader
+	left int64
+	over bool
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		// One more byte would be over the limit: probe for it.
+		var one [1]byte
+		n, err := l.r.Read(one[:])
+		if n > 0 {
+			l.over = true
+			return 0, ErrTooLarge
+		}
+		return 0, err
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+// limitedBuffer keeps the first max bytes written (stderr of nft).
+type limitedBuffer struct {
+	buf *bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.buf.Len(); room > 0 {
+		if len(p) > room {
+			b.buf.Write(p[:room])
+		} else {
+			b.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
