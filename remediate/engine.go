@@ -346,7 +346,7 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 
 	present := map[string]detect.Finding{}
 	var order []string
-	for _, f := range res.findings {
+	for _, f := range capTargets(r.Detector.Type, orderTargets(res.findings)) {
 		if f.Detector == "" {
 			f.Detector = r.Detector.Type
 		}
