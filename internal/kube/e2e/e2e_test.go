@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -100,6 +101,24 @@ func TestClusterEndToEnd(t *testing.T) {
 // need its RBAC and admission policy).
 func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
+	applyOverlay(t, cp, "audit", true)
+	applyOverlay(t, cp, "enforce", true)
+	// Enforce for real: the action tests need its RBAC (the audit
+	// overlay's is read-only; testPermissions checks it too).
+	applyOverlay(t, cp, "enforce", false)
+	// Nothing was created by the dry run of the audit overlay.
+	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+	for _, cm := range cms.Items {
+		if strings.HasPrefix(cm.Name, "remediate-policy-audit") {
+			t.Errorf("dry run created %s", cm.Name)
+		}
+	}
+}
+
+// applyOverlay server-side applies every object of an overlay.
+func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, dryRun bool) {
+	t.Helper()
+	ctx := context.Background()
 	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -109,42 +128,30 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apply := func(overlay string, dryRun bool) {
-		m, err := deploy.Render(overlay)
+	m, err := deploy.Render(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range m.Resources() {
+		js, err := r.MarshalJSON()
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range m.Resources() {
-			js, err := r.MarshalJSON()
-			if err != nil {
-				t.Fatal(err)
-			}
-			gvk := r.GetGvk()
-			mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
-			if err != nil {
-				t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
-			}
-			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-			if mapping.Scope.Name() == "namespace" {
-				ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
-			}
-			opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
-			if dryRun {
-				opts.DryRun = []string{metav1.DryRunAll}
-			}
-			if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
-				t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
-			}
+		gvk := r.GetGvk()
+		mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
 		}
-	}
-	apply("audit", true)
-	apply("enforce", true)
-	apply("audit", false)
-	// Nothing was created by the dry runs of the enforce overlay.
-	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
-	for _, cm := range cms.Items {
-		if strings.HasPrefix(cm.Name, "remediate-policy-enforce") {
-			t.Errorf("dry run created %s", cm.Name)
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == "namespace" {
+			ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
+		}
+		opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
+			t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
 		}
 	}
 }
@@ -205,6 +212,28 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 	}
 
+	// The audit overlay's RBAC is read-only: no pod delete, no Node
+	// update, while reporting keeps working.
+	applyOverlay(t, cp, "audit", false)
+	waitFor(t, 30*time.Second, "audit RBAC", func() (bool, string) {
+		return !check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still allowed"
+	})
+	for _, a := range []ra{{"delete", "", "pods", "", "kube-system"}, {"update", "", "nodes", "", ""}} {
+		if check(a) {
+			t.Errorf("audit overlay allows %+v", a)
+		}
+	}
+	for _, a := range []ra{{"patch", "", "nodes", "status", ""}, {"list", "", "pods", "", "kube-system"}, {"create", "events.k8s.io", "events", "", "kube-system"},
+		{"update", "coordination.k8s.io", "leases", "", "kube-system"}, {"watch", "", "nodes", "", ""}} {
+		if !check(a) {
+			t.Errorf("audit overlay refuses %+v, which reporting needs", a)
+		}
+	}
+	applyOverlay(t, cp, "enforce", false)
+	waitFor(t, 30*time.Second, "enforce RBAC back", func() (bool, string) {
+		return check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still refused"
+	})
+
 	// The admission policy: as the daemon on n1, deleting n2's kube-proxy
 	// pod or updating n2 is denied; n1's own are allowed.
 	for _, p := range []*corev1.Pod{kubeProxyPod("kp-n1", "n1"), kubeProxyPod("kp-n2", "n2"), otherPod("dns-n1", "n1")} {
@@ -226,6 +255,8 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 	if _, err := kube.Cordon(ctx, n1, "n2", kube.CordonRecord{Detector: "x"}); err == nil || !strings.Contains(err.Error(), "only update its own Node") {
 		t.Errorf("daemon on n1 cordoned n2: %v", err)
 	}
+	testOwnNodeFields(t, cp, n1)
+	testSubjectInAnotherNamespace(t, cp)
 	if _, err := n1.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("secrets list: %v", err)
 	}
@@ -704,4 +735,86 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Errorf("disruptive rule after reconnect: %+v", d)
 	}
 	eng.Close(ctx)
+}
+
+// testOwnNodeFields: on its own Node the daemon may cordon with its own
+// taint and annotation and set its condition, and nothing else: no label
+// (node-restriction.kubernetes.io/* included), no other taint, annotation
+// or condition (issue 13).
+func testOwnNodeFields(t *testing.T, cp *controlplane.ControlPlane, n1 kubernetes.Interface) {
+	ctx := context.Background()
+	dry := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	edit := func(what string, change func(n *corev1.Node), wantDenied string) {
+		t.Helper()
+		n, err := n1.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(n)
+		_, err = n1.CoreV1().Nodes().Update(ctx, n, dry)
+		switch {
+		case wantDenied == "" && err != nil:
+			t.Errorf("%s: refused: %v", what, err)
+		case wantDenied != "" && (err == nil || !strings.Contains(err.Error(), wantDenied)):
+			t.Errorf("%s: %v, want denied with %q", what, err, wantDenied)
+		}
+	}
+	edit("cordon with remediate's taint and annotation", func(n *corev1.Node) {
+		n.Spec.Unschedulable = true
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "remediate.dev/dataplane-unhealthy", Effect: corev1.TaintEffectNoSchedule})
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[kube.AnnotationCordonedBy] = `{"detector":"x"}`
+	}, "")
+	edit("node-restriction label", func(n *corev1.Node) {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels["node-restriction.kubernetes.io/pool"] = "trusted"
+	}, "may not change a Node's labels")
+	edit("another taint", func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "dedicated", Value: "x", Effect: corev1.TaintEffectNoSchedule})
+	}, "only taints whose key starts with remediate.dev/")
+	edit("another annotation", func(n *corev1.Node) {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	}, "only the remediate.dev/cordoned-by annotation")
+	edit("pod CIDR", func(n *corev1.Node) { n.Spec.PodCIDR = "10.9.0.0/24" }, "only spec.unschedulable and its own taints")
+	patch := func(cond string) error {
+		body := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"False","reason":"Forged","message":"x"}]}}`, cond)
+		_, err := n1.CoreV1().Nodes().Patch(ctx, "n1", types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return err
+	}
+	if err := patch("Ready"); err == nil || !strings.Contains(err.Error(), "only the KubeProxyDataplaneHealthy condition") {
+		t.Errorf("forging Ready: %v", err)
+	}
+	if err := patch("KubeProxyDataplaneHealthy"); err != nil {
+		t.Errorf("setting its condition: %v", err)
+	}
+}
+
+// testSubjectInAnotherNamespace: the deployment moved into another
+// namespace by a kustomize overlay is still confined to its own node (the
+// policy's subject used to name kube-system; issue 18).
+func testSubjectInAnotherNamespace(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "remediate-ops"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "remediate"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "remediate", Namespace: "ops"}}}
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Client.RbacV1().ClusterRoleBindings().Delete(ctx, crb.Name, metav1.DeleteOptions{})
+	cfg := rest.CopyConfig(cp.RestConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:ops:remediate",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ops", "system:authenticated"},
+		Extra:  map[string][]string{nodeKey: {"n1"}}}
+	ops := kubernetes.NewForConfigOrDie(cfg)
+	waitFor(t, 30*time.Second, "ops:remediate confined to n1", func() (bool, string) {
+		_, err := kube.Cordon(ctx, ops, "n2", kube.CordonRecord{Detector: "x"})
+		return err != nil && strings.Contains(err.Error(), "only update its own Node"), fmt.Sprint(err)
+	})
 }
