@@ -5,6 +5,7 @@ import (
 	"sort"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/clip"
 )
 
 // maxTargetsPerDetector is how many findings of one rule a cycle keeps;
@@ -98,4 +99,16 @@ func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
 			len(rest), maxTargetsPerDetector, counts[detect.Critical], counts[detect.Warning], counts[detect.Info]),
 		Evidence: map[string]any{"omitted": len(rest), "limit": maxTargetsPerDetector, "firstOmittedTarget": rest[0].Target},
 	})
+}
+
+// boundFinding clips what a detector copied from outside (a command line, a
+// response body) before it goes into the report, the state, the journal
+// and the Node: the message and every evidence string to clip.Max bytes,
+// evidence lists and maps to 64 elements. Numbers and booleans, which
+// actions read, are kept as they are.
+func boundFinding(f detect.Finding) detect.Finding {
+	f.Target = clip.String(f.Target, 1024)
+	f.Message = clip.String(f.Message, clip.Max)
+	f.Evidence = clip.Values(f.Evidence, clip.Max)
+	return f
 }

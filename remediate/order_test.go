@@ -53,3 +53,23 @@ func TestCapTargets(t *testing.T) {
 		t.Errorf("small = %d", len(small))
 	}
 }
+
+func TestBoundFinding(t *testing.T) {
+	huge := strings.Repeat("A", 2<<20)
+	f := boundFinding(detect.Finding{Target: "process/1@2", Message: "iptables-restore " + huge,
+		Evidence: map[string]any{"cmdline": huge, "pid": int32(7), "holdSeconds": 31.0, "holdsXtablesLock": true,
+			"holders": []map[string]any{{"cmdline": huge}}}})
+	if len(f.Message) > 4200 || !strings.Contains(f.Message, "…[clipped ") {
+		t.Errorf("message %d bytes", len(f.Message))
+	}
+	if s := f.Evidence["cmdline"].(string); len(s) > 4200 {
+		t.Errorf("cmdline %d bytes", len(s))
+	}
+	hs := f.Evidence["holders"].([]any)
+	if s := hs[0].(map[string]any)["cmdline"].(string); len(s) > 4200 {
+		t.Errorf("holder cmdline %d bytes", len(s))
+	}
+	if f.Evidence["pid"] != int32(7) || f.Evidence["holdSeconds"] != 31.0 || f.Evidence["holdsXtablesLock"] != true {
+		t.Errorf("scalars changed: %v", f.Evidence)
+	}
+}

@@ -90,3 +90,63 @@ func Excerpt(b []byte, max int) string {
 	}
 	return s
 }
+
+// Values clips every string in a details map (recursively through maps
+// and slices) to max bytes and keeps at most 64 elements of each slice and
+// 64 keys of each map.
+func Values(d map[string]any, max int) map[string]any {
+	if d == nil {
+		return nil
+	}
+	out := make(map[string]any, min(len(d), 65))
+	for k, v := range d {
+		if len(out) == 64 {
+			out["…"] = fmt.Sprintf("%d more keys", len(d)-64)
+			break
+		}
+		out[String(k, 256)] = value(v, max)
+	}
+	return out
+}
+
+func value(v any, max int) any {
+	switch x := v.(type) {
+	case string:
+		return String(x, max)
+	case []string:
+		n := min(len(x), 64)
+		out := make([]any, 0, n+1)
+		for _, s := range x[:n] {
+			out = append(out, String(s, max))
+		}
+		if len(x) > n {
+			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
+		}
+		return out
+	case []any:
+		n := min(len(x), 64)
+		out := make([]any, 0, n+1)
+		for _, e := range x[:n] {
+			out = append(out, value(e, max))
+		}
+		if len(x) > n {
+			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
+		}
+		return out
+	case []map[string]any:
+		n := min(len(x), 64)
+		out := make([]any, 0, n+1)
+		for _, e := range x[:n] {
+			out = append(out, Values(e, max))
+		}
+		if len(x) > n {
+			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
+		}
+		return out
+	case map[string]any:
+		return Values(x, max)
+	case fmt.Stringer:
+		return String(x.String(), max)
+	}
+	return v
+}

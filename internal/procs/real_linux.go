@@ -199,7 +199,10 @@ func parseCapEff(status []byte) (uint64, bool) {
 	for _, line := range bytes.Split(status, []byte("\n")) {
 		if v, ok := bytes.CutPrefix(line, []byte("CapEff:")); ok {
 			c, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 16, 64)
-			return c, err == nil
+			if err != nil {
+				return 0, false
+			}
+			return c, true
 		}
 	}
 	return 0, false

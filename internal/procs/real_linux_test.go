@@ -230,3 +230,24 @@ func TestRealCheckPIDNamespace(t *testing.T) {
 		t.Errorf("Signal through another namespace's procfs = %v", serr)
 	}
 }
+
+func FuzzParseCapEff(f *testing.F) {
+	f.Add([]byte("Name:\tiptables\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n"))
+	f.Add([]byte("CapEff:\tzz\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, ok := parseCapEff(b)
+		if !ok && c != 0 {
+			t.Fatalf("not ok but %x", c)
+		}
+	})
+}
+
+func TestParseCapEff(t *testing.T) {
+	c, ok := parseCapEff([]byte("Name:\tx\nCapPrm:\t0000000000000000\nCapEff:\t0000000000001000\n"))
+	if !ok || c != CapNetAdmin {
+		t.Errorf("got %x %v", c, ok)
+	}
+	if _, ok := parseCapEff([]byte("Name:\tx\n")); ok {
+		t.Error("no CapEff line parsed as ok")
+	}
+}

@@ -186,7 +186,7 @@ func encode(r Record) ([]byte, error) {
 			return nil, fmt.Errorf("encoding journal record: %w", err)
 		}
 		if len(line)+1 > MaxLine && max < 128 {
-			d, _ := json.Marshal(clipValues(r.Details, 64))
+			d, _ := json.Marshal(clip.Values(r.Details, 64))
 			c.Details = map[string]any{"clipped": clip.String(string(d), 1024)}
 			if line, err = json.Marshal(c); err != nil {
 				return nil, fmt.Errorf("encoding journal record: %w", err)
@@ -205,68 +205,8 @@ func clipRecord(r Record, max int) Record {
 	c.Summary, c.Error = clip.String(r.Summary, max), clip.String(r.Error, max)
 	c.Target, c.Rule = clip.String(r.Target, max), clip.String(r.Rule, max)
 	c.Node, c.Action, c.ID = clip.String(r.Node, 256), clip.String(r.Action, 256), clip.String(r.ID, 256)
-	c.Details = clipValues(r.Details, max)
+	c.Details = clip.Values(r.Details, max)
 	return c
-}
-
-// clipValues clips every string in a details map (recursively through maps
-// and slices) to max bytes and keeps at most 64 elements of each slice and
-// 64 keys of each map.
-func clipValues(d map[string]any, max int) map[string]any {
-	if d == nil {
-		return nil
-	}
-	out := make(map[string]any, min(len(d), 65))
-	for k, v := range d {
-		if len(out) == 64 {
-			out["…"] = fmt.Sprintf("%d more keys", len(d)-64)
-			break
-		}
-		out[clip.String(k, 256)] = clipValue(v, max)
-	}
-	return out
-}
-
-func clipValue(v any, max int) any {
-	switch x := v.(type) {
-	case string:
-		return clip.String(x, max)
-	case []string:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, s := range x[:n] {
-			out = append(out, clip.String(s, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
-	case []any:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, e := range x[:n] {
-			out = append(out, clipValue(e, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
-	case []map[string]any:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, e := range x[:n] {
-			out = append(out, clipValues(e, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
-	case map[string]any:
-		return clipValues(x, max)
-	case fmt.Stringer:
-		return clip.String(x.String(), max)
-	}
-	return v
 }
 
 func syncDir(dir string) error {
