@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -13,12 +14,9 @@ import (
 )
 
 // RestoreNames are the argv[0] basenames of the iptables restore binaries,
-// the default of HungIPTablesRestore's names.
-var RestoreNames = []string{
-	"iptables-restore", "ip6tables-restore",
-	"iptables-legacy-restore", "ip6tables-legacy-restore",
-	"iptables-nft-restore", "ip6tables-nft-restore",
-}
+// the default of HungIPTablesRestore's names (procs.RestoreNames; kept here
+// for compatibility).
+var RestoreNames = procs.RestoreNames
 
 // HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
 type HungIPTablesRestoreParams struct {
@@ -34,6 +32,12 @@ type HungIPTablesRestoreParams struct {
 	// process that only names itself iptables-restore is reported at info
 	// level and never acted on.
 	Programs []string `yaml:"programs"`
+}
+
+// SetDefaults sets the defaults of HungIPTablesRestore (registry.Defaulter).
+func (p *HungIPTablesRestoreParams) SetDefaults() {
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute),
+		Programs: append([]string(nil), procs.NetfilterPrograms...)}
 }
 
 // Validate implements policy.Validator.
@@ -61,26 +65,18 @@ func validateNames(field string, names []string) []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "HungIPTablesRestore",
-		Doc:  "iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
-		NewParams: func() any {
-			return &HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute),
-				Programs: append([]string(nil), procs.NetfilterPrograms...)}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*HungIPTablesRestoreParams)
-			if !ok {
-				return nil, fmt.Errorf("HungIPTablesRestore: params are %T", params)
-			}
-			return &hungRestore{p: *p, n: n}, nil
-		},
-	})
+	Define("HungIPTablesRestore",
+		"iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
+		newHungIPTablesRestore, Targets(finding.KindProcess))
 }
 
 type hungRestore struct {
 	p HungIPTablesRestoreParams
 	n *node.Node
+}
+
+func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
+	return &hungRestore{p: *p, n: n}, nil
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -22,6 +23,11 @@ type IPVSUDPTimeoutHighParams struct {
 	Ceiling policy.Duration `yaml:"ceiling"`
 }
 
+// SetDefaults sets the defaults of IPVSUDPTimeoutHigh (registry.Defaulter).
+func (p *IPVSUDPTimeoutHighParams) SetDefaults() {
+	*p = IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSUDPTimeoutHighParams) Validate() []policy.FieldError {
 	if p.Ceiling.Duration < ipvs.MinUDPTimeout {
@@ -31,16 +37,9 @@ func (p *IPVSUDPTimeoutHighParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSUDPTimeoutHigh",
-		Doc:  "the IPVS UDP timeout is above the policy's ceiling",
-		NewParams: func() any {
-			return &IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsUDPTimeoutHigh{p: *params.(*IPVSUDPTimeoutHighParams), n: n}, nil
-		},
-	})
+	Define("IPVSUDPTimeoutHigh",
+		"the IPVS UDP timeout is above the policy's ceiling",
+		newIPVSUDPTimeoutHigh, Targets(finding.KindIPVSTimeouts))
 }
 
 type ipvsUDPTimeoutHigh struct {
@@ -48,8 +47,12 @@ type ipvsUDPTimeoutHigh struct {
 	n *node.Node
 }
 
+func newIPVSUDPTimeoutHigh(p *IPVSUDPTimeoutHighParams, n *node.Node) (Detector, error) {
+	return &ipvsUDPTimeoutHigh{p: *p, n: n}, nil
+}
+
 // TimeoutsTarget is the finding target for IPVS's global timeouts.
-const TimeoutsTarget = "ipvs/timeouts"
+const TimeoutsTarget = ipvs.TimeoutsTarget
 
 func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, false); err != nil {

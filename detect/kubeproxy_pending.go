@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -18,6 +19,11 @@ type KubeProxyEndpointChangesPendingParams struct {
 	Scrapes int `yaml:"scrapes"`
 }
 
+// SetDefaults sets the defaults of KubeProxyEndpointChangesPending (registry.Defaulter).
+func (p *KubeProxyEndpointChangesPendingParams) SetDefaults() {
+	*p = KubeProxyEndpointChangesPendingParams{Scrapes: 3}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 	if p.Scrapes < 2 || p.Scrapes > 100 {
@@ -27,14 +33,9 @@ func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyEndpointChangesPending",
-		Doc:       "kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
-		NewParams: func() any { return &KubeProxyEndpointChangesPendingParams{Scrapes: 3} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyPending{p: *params.(*KubeProxyEndpointChangesPendingParams), n: n}, nil
-		},
-	})
+	Define("KubeProxyEndpointChangesPending",
+		"kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
+		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy))
 }
 
 type kubeProxyPending struct {
@@ -44,6 +45,10 @@ type kubeProxyPending struct {
 	mu      sync.Mutex
 	lastSeq uint64
 	values  []float64 // last p.Scrapes values, oldest first
+}
+
+func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
+	return &kubeProxyPending{p: *p, n: n}, nil
 }
 
 func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -27,6 +28,11 @@ type KubeProxyRestoreFailuresParams struct {
 	MaxPartialFailures int `yaml:"maxPartialFailures"`
 }
 
+// SetDefaults sets the defaults of KubeProxyRestoreFailures (registry.Defaulter).
+func (p *KubeProxyRestoreFailuresParams) SetDefaults() {
+	*p = KubeProxyRestoreFailuresParams{MaxPartialFailures: 2}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -43,18 +49,17 @@ func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyRestoreFailures",
-		Doc:       "kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
-		NewParams: func() any { return &KubeProxyRestoreFailuresParams{MaxPartialFailures: 2} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyRestoreFailures{p: *params.(*KubeProxyRestoreFailuresParams), n: n,
-				w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
-		},
-	})
+	Define("KubeProxyRestoreFailures",
+		"kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
+		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
 }
 
 type restoreCounts struct{ full, partial float64 }
+
+func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {
+	return &kubeProxyRestoreFailures{p: *p, n: n,
+		w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
+}
 
 type kubeProxyRestoreFailures struct {
 	p KubeProxyRestoreFailuresParams

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -29,6 +30,11 @@ type KubeProxySyncStaleParams struct {
 	RequireQueued bool `yaml:"requireQueued"`
 }
 
+// SetDefaults sets the defaults of KubeProxySyncStale (registry.Defaulter).
+func (p *KubeProxySyncStaleParams) SetDefaults() {
+	*p = KubeProxySyncStaleParams{Factor: 1, RequireQueued: true}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxySyncStaleParams) Validate() []policy.FieldError {
 	if p.Factor < 0.1 || p.Factor > 100 {
@@ -38,15 +44,9 @@ func (p *KubeProxySyncStaleParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxySyncStale",
-		Doc:       "a kube-proxy sync queued after the last successful one has not completed for factor x syncPeriod (per IP family)",
-		NewParams: func() any { return &KubeProxySyncStaleParams{Factor: 1, RequireQueued: true} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxySyncStale{p: *params.(*KubeProxySyncStaleParams), n: n,
-				pending: map[kubeproxy.Family]pendingSync{}}, nil
-		},
-	})
+	Define("KubeProxySyncStale",
+		"a kube-proxy sync queued after the last successful one has not completed for factor x syncPeriod (per IP family)",
+		newKubeProxySyncStale, Targets(finding.KindKubeProxy))
 }
 
 // pendingSync remembers, for the last successful sync seen, the queued
@@ -55,6 +55,11 @@ func init() {
 // change, so it cannot tell how long work has been waiting.
 type pendingSync struct {
 	lastSync, since float64
+}
+
+func newKubeProxySyncStale(p *KubeProxySyncStaleParams, n *node.Node) (Detector, error) {
+	return &kubeProxySyncStale{p: *p, n: n,
+		pending: map[kubeproxy.Family]pendingSync{}}, nil
 }
 
 type kubeProxySyncStale struct {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -134,7 +135,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	metrics := remediate.NewMetrics(reg)
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
-		Guardrails: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
+		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
@@ -261,6 +262,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "DETECTORS:")
 		for _, t := range detect.Types() {
 			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, t.Doc)
+			fmt.Fprintf(stdout, "  %-32s   reports: %s\n", "", remediate.KindList(t.Targets))
 		}
 		fmt.Fprintln(stdout, "ACTIONS:")
 		for _, t := range action.Types() {
@@ -269,6 +271,11 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 				d += " [disruptive: needs a cluster budget slot]"
 			}
 			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, d)
+			fmt.Fprintf(stdout, "  %-32s   acts on: %s\n", "", remediate.ActsOn(t))
+		}
+		fmt.Fprintln(stdout, "PAIRS (action <- detectors whose findings can feed it; `policy check` refuses other pairs):")
+		for _, t := range action.Types() {
+			fmt.Fprintf(stdout, "  %-32s <- %s\n", t.Name, strings.Join(remediate.Feeders(t), ", "))
 		}
 		return exitOK
 	}

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -37,6 +37,17 @@ type KillProcessParams struct {
 	// target must run, with CAP_NET_ADMIN, immediately before every
 	// signal: argv[0] is chosen by the process, its executable is not.
 	Programs []string `yaml:"programs"`
+}
+
+// SetDefaults sets the defaults of KillProcess (registry.Defaulter).
+func (p *KillProcessParams) SetDefaults() {
+	*p = KillProcessParams{
+		Names:       append([]string(nil), procs.RestoreNames...),
+		GracePeriod: policy.D(5 * time.Second),
+		KillWait:    policy.D(5 * time.Second),
+		MinHoldTime: policy.D(30 * time.Second),
+		Programs:    append([]string(nil), procs.NetfilterPrograms...),
+	}
 }
 
 // Validate implements policy.Validator.
@@ -71,26 +82,9 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "KillProcess",
-		Doc:  "SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
-		NewParams: func() any {
-			return &KillProcessParams{
-				Names:       append([]string(nil), detect.RestoreNames...),
-				GracePeriod: policy.D(5 * time.Second),
-				KillWait:    policy.D(5 * time.Second),
-				MinHoldTime: policy.D(30 * time.Second),
-				Programs:    append([]string(nil), procs.NetfilterPrograms...),
-			}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*KillProcessParams)
-			if !ok {
-				return nil, fmt.Errorf("KillProcess: params are %T", params)
-			}
-			return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
-		},
-	})
+	Define("KillProcess",
+		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		newKillProcess, ActsOn(finding.KindProcess))
 }
 
 type killProcess struct {
@@ -99,44 +93,58 @@ type killProcess struct {
 	poll time.Duration
 }
 
-// check resolves the finding's target to the live process and applies
-// every refusal rule. It returns a detect.Skip error when the action must
-// not (or need not) act.
-func (a *killProcess) check(ctx context.Context, f detect.Finding) (procs.Process, error) {
+func newKillProcess(p *KillProcessParams, n *node.Node) (Action, error) {
+	return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
+}
+
+// target decodes the finding's process reference (once per Plan or
+// Execute); a finding about anything else is a skip.
+func (a *killProcess) target(f finding.Finding) (procs.Ref, error) {
 	if a.n.Procs == nil {
-		return procs.Process{}, detect.Skip("%s", a.n.Why("procs"))
+		return procs.Ref{}, finding.Skip("%s", a.n.Why("procs"))
 	}
-	pid, ct, err := procs.ParseTarget(f.Target)
+	ref, err := procs.ParseRef(f.Target)
 	if err != nil {
-		return procs.Process{}, detect.Skip("not a process target: %v", err)
+		return ref, finding.Skip("not a process target: %v", err)
+	}
+	return ref, nil
+}
+
+// check resolves the process reference to the live process and applies
+// every refusal rule. It returns a finding.Skip error when the action must
+// not (or need not) act.
+func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Finding) (procs.Process, error) {
+	if a.n.Procs == nil {
+		return procs.Process{}, finding.Skip("%s", a.n.Why("procs"))
 	}
 	if err := a.n.Procs.CheckPIDNamespace(); err != nil {
-		return procs.Process{}, detect.Skip("refusing to signal: %v", err)
+		return procs.Process{}, finding.Skip("refusing to signal: %v", err)
 	}
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	if pid == 1 {
-		return procs.Process{}, detect.Skip("refusing to signal pid 1")
+		return procs.Process{}, finding.Skip("refusing to signal pid 1")
 	}
 	if pid == a.n.Procs.Self() {
-		return procs.Process{}, detect.Skip("refusing to signal remediate itself (pid %d)", pid)
+		return procs.Process{}, finding.Skip("refusing to signal remediate itself (pid %d)", pid)
 	}
 	if err := a.holdCheck(f); err != nil {
 		return procs.Process{}, err
 	}
 	cur, err := a.n.Procs.Get(ctx, pid)
 	if errors.Is(err, procs.ErrNotFound) {
-		return procs.Process{}, detect.Skip("pid %d is gone", pid)
+		return procs.Process{}, finding.Skip("pid %d is gone", pid)
 	}
 	if err != nil {
 		return procs.Process{}, fmt.Errorf("re-reading pid %d: %w", pid, err)
 	}
 	if cur.CreateTimeMs != ct {
-		return procs.Process{}, detect.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
+		return procs.Process{}, finding.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
 	}
 	if !slices.Contains(a.p.Names, cur.Name()) {
-		return procs.Process{}, detect.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
+		return procs.Process{}, finding.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
 	}
 	if err := procs.Eligible(cur, a.p.Programs); err != nil {
-		return procs.Process{}, detect.Skip("pid %d is not a real iptables/nft process: %v", pid, err)
+		return procs.Process{}, finding.Skip("pid %d is not a real iptables/nft process: %v", pid, err)
 	}
 	if err := a.reach(cur, f); err != nil {
 		return procs.Process{}, err
@@ -147,7 +155,7 @@ func (a *killProcess) check(ctx context.Context, f detect.Finding) (procs.Proces
 // reach refuses a process in another network namespace than the daemon's
 // (the node's) unless the finding says it holds or waits on the node's
 // xtables lock: such a restore is not stalling this node's rules.
-func (a *killProcess) reach(p procs.Process, f detect.Finding) error {
+func (a *killProcess) reach(p procs.Process, f finding.Finding) error {
 	node := a.n.Procs.SelfNetNS()
 	if p.NetNS != "" && p.NetNS == node {
 		return nil
@@ -155,7 +163,7 @@ func (a *killProcess) reach(p procs.Process, f detect.Finding) error {
 	if f.Evidence["holdsXtablesLock"] == true || f.Evidence["waitsOnXtablesLock"] == true {
 		return nil
 	}
-	return detect.Skip("pid %d runs in network namespace %s, not the node's (%s), and does not hold or wait on the node's xtables lock", p.Pid, orUnknown(p.NetNS), orUnknown(node))
+	return finding.Skip("pid %d runs in network namespace %s, not the node's (%s), and does not hold or wait on the node's xtables lock", p.Pid, orUnknown(p.NetNS), orUnknown(node))
 }
 
 func orUnknown(s string) string {
@@ -166,39 +174,26 @@ func orUnknown(s string) string {
 }
 
 // holdCheck applies MinHoldTime to lock-holder findings.
-func (a *killProcess) holdCheck(f detect.Finding) error {
-	v, ok := f.Evidence["holdSeconds"]
-	if !ok {
+func (a *killProcess) holdCheck(f finding.Finding) error {
+	if _, ok := f.Evidence[procs.EvidenceHoldSeconds]; !ok {
 		return nil
 	}
-	hold, ok := number(v)
-	if !ok {
-		return detect.Skip("evidence holdSeconds is %T, not a number", v)
+	hold, err := finding.EvidenceNumber(f.Evidence, procs.EvidenceHoldSeconds)
+	if err != nil {
+		return finding.Skip("%v", err)
 	}
 	if d := time.Duration(hold * float64(time.Second)); d < a.p.MinHoldTime.Duration {
-		return detect.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
+		return finding.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
 	}
 	return nil
 }
 
-func number(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case float32:
-		return float64(x), true
-	case int:
-		return float64(x), true
-	case int32:
-		return float64(x), true
-	case int64:
-		return float64(x), true
+func (a *killProcess) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
+	ref, err := a.target(f)
+	if err != nil {
+		return Plan{}, err
 	}
-	return 0, false
-}
-
-func (a *killProcess) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
-	p, err := a.check(ctx, f)
+	p, err := a.check(ctx, ref, f)
 	if err != nil {
 		return Plan{}, err
 	}
@@ -220,9 +215,13 @@ func details(p procs.Process) map[string]any {
 	}
 }
 
-func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	start := time.Now()
-	pid, ct, _ := procs.ParseTarget(f.Target)
+	ref, err := a.target(f)
+	if err != nil {
+		return Result{}, err
+	}
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	goneNow := func() bool {
 		alive, err := procs.Alive(ctx, a.n.Procs, pid, ct)
 		return err == nil && !alive
@@ -233,13 +232,13 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 		wait time.Duration
 	}{{syscall.SIGTERM, a.p.GracePeriod.Duration}, {syscall.SIGKILL, a.p.KillWait.Duration}} {
 		// Re-check identity and allowlist immediately before each signal.
-		p, err := a.check(ctx, f)
+		p, err := a.check(ctx, ref, f)
 		if err != nil {
 			if len(sent) == 0 {
 				return Result{}, err
 			}
 			if goneNow() {
-				return a.gone(ctx, f, sent, start)
+				return a.gone(ctx, ref, f, sent, start)
 			}
 			// Still there but no longer eligible (exec'd into another
 			// program): a failure, not a skip.
@@ -248,9 +247,9 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 		if err := a.n.Procs.Signal(ctx, p.Pid, p.CreateTimeMs, step.sig); err != nil {
 			if errors.Is(err, procs.ErrNotFound) || errors.Is(err, procs.ErrNotSame) {
 				if len(sent) > 0 {
-					return a.gone(ctx, f, sent, start)
+					return a.gone(ctx, ref, f, sent, start)
 				}
-				return Result{}, detect.Skip("pid %d is gone: %v", p.Pid, err)
+				return Result{}, finding.Skip("pid %d is gone: %v", p.Pid, err)
 			}
 			return Result{}, fmt.Errorf("sending %s to pid %d: %w", signalName(step.sig), p.Pid, err)
 		}
@@ -260,7 +259,7 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", clip.Join(p.Cmdline, " ", clip.Max)))
 		}
 		if a.waitGone(ctx, p, step.wait) {
-			r, err := a.gone(ctx, f, sent, start)
+			r, err := a.gone(ctx, ref, f, sent, start)
 			if err != nil {
 				return r, err
 			}
@@ -283,8 +282,8 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 // worked only if the xtables lock is released too: a process that started
 // before the kill and still holds it (flock's child, when the flock wrapper
 // was killed) makes the attempt a failure, so it is retried and escalates.
-func (a *killProcess) gone(ctx context.Context, f detect.Finding, sent []string, start time.Time) (Result, error) {
-	pid, ct, _ := procs.ParseTarget(f.Target)
+func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding, sent []string, start time.Time) (Result, error) {
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
 		if err := a.lockReleased(ctx, pid, start); err != nil {
 			return Result{}, fmt.Errorf("pid %d is gone after %s, but %w", pid, strings.Join(sent, ", "), err)
