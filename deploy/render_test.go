@@ -43,16 +43,26 @@ func TestRenderOverlays(t *testing.T) {
 					}
 					cms = append(cms, cm)
 				}
-				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true,
+				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true, "Namespace": true,
 					"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}[r.GetKind()]
-				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != "kube-system" {
+				// Everything in remediate's own namespace except what it
+				// needs in kube-system (kube-proxy pods, Node Events).
+				want := "remediate"
+				if r.GetName() == "remediate-kube-system" {
+					want = "kube-system"
+				}
+				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != want {
 					t.Errorf("%s/%s in namespace %q", r.GetKind(), r.GetName(), ns)
 				}
 			}
-			for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "ConfigMap",
+			for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "ConfigMap",
 				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-				if kinds[k] != 1 {
-					t.Errorf("%d %s, want 1 (%v)", kinds[k], k, kinds)
+				want := 1
+				if k == "Role" || k == "RoleBinding" {
+					want = 2 // leases in remediate, pods and events in kube-system
+				}
+				if kinds[k] != want {
+					t.Errorf("%d %s, want %d (%v)", kinds[k], k, want, kinds)
 				}
 			}
 			if len(cms) != 1 {

@@ -41,7 +41,9 @@ import (
 )
 
 const (
-	saUser  = "system:serviceaccount:kube-system:remediate"
+	saUser = "system:serviceaccount:remediate:remediate"
+	// guardNS holds the guardrail Leases (the daemon's own namespace).
+	guardNS = "remediate"
 	nodeKey = "authentication.kubernetes.io/node-name"
 )
 
@@ -51,7 +53,7 @@ func asDaemon(cp *controlplane.ControlPlane, node string) *rest.Config {
 	cfg := rest.CopyConfig(cp.RestConfig)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: saUser,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 		Extra:    map[string][]string{nodeKey: {node}},
 	}
 	return cfg
@@ -101,13 +103,18 @@ func TestClusterEndToEnd(t *testing.T) {
 // need its RBAC and admission policy).
 func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
+	// A server-side dry run cannot create the namespace its objects go
+	// into; kubectl apply creates the Namespace first, for real, as here.
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guardNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	applyOverlay(t, cp, "audit", true)
 	applyOverlay(t, cp, "enforce", true)
 	// Enforce for real: the action tests need its RBAC (the audit
 	// overlay's is read-only; testPermissions checks it too).
 	applyOverlay(t, cp, "enforce", false)
 	// Nothing was created by the dry run of the audit overlay.
-	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
+	cms, _ := cp.Client.CoreV1().ConfigMaps(guardNS).List(ctx, metav1.ListOptions{})
 	for _, cm := range cms.Items {
 		if strings.HasPrefix(cm.Name, "remediate-policy-audit") {
 			t.Errorf("dry run created %s", cm.Name)
@@ -169,8 +176,8 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
 		{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""}, {"update", "", "nodes", "", ""},
 		{"patch", "", "nodes", "status", ""},
-		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
-		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"get", "coordination.k8s.io", "leases", "", guardNS}, {"list", "coordination.k8s.io", "leases", "", guardNS},
+		{"create", "coordination.k8s.io", "leases", "", guardNS}, {"update", "coordination.k8s.io", "leases", "", guardNS},
 		{"list", "", "pods", "", "kube-system"}, {"delete", "", "pods", "", "kube-system"},
 		{"create", "events.k8s.io", "events", "", "kube-system"}, {"patch", "events.k8s.io", "events", "", "kube-system"},
 	}
@@ -181,7 +188,12 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"create", "", "pods", "", "kube-system"}, {"get", "", "pods", "", "kube-system"}, {"create", "", "pods", "eviction", "kube-system"},
 		{"delete", "", "nodes", "", ""}, {"patch", "", "nodes", "", ""}, {"create", "", "nodes", "", ""},
 		{"update", "", "nodes", "status", ""},
-		{"delete", "coordination.k8s.io", "leases", "", "kube-system"}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		{"delete", "coordination.k8s.io", "leases", "", guardNS}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		// No Lease outside its own namespace: not the controller-manager's
+		// or scheduler's leader Leases in kube-system.
+		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"list", "", "pods", "", guardNS}, {"create", "events.k8s.io", "events", "", guardNS},
 		{"create", "events.k8s.io", "events", "", "default"}, {"create", "", "events", "", "kube-system"},
 		{"update", "", "services", "", "default"}, {"delete", "discovery.k8s.io", "endpointslices", "", "default"},
 		{"get", "", "configmaps", "", "kube-system"}, {"update", "apps", "daemonsets", "", "kube-system"},
@@ -191,7 +203,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 	check := func(a ra) bool {
 		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:   saUser,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
 				Subresource: a.sub, Namespace: a.ns},
 		}}
@@ -224,7 +236,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 	}
 	for _, a := range []ra{{"patch", "", "nodes", "status", ""}, {"list", "", "pods", "", "kube-system"}, {"create", "events.k8s.io", "events", "", "kube-system"},
-		{"update", "coordination.k8s.io", "leases", "", "kube-system"}, {"watch", "", "nodes", "", ""}} {
+		{"update", "coordination.k8s.io", "leases", "", guardNS}, {"watch", "", "nodes", "", ""}} {
 		if !check(a) {
 			t.Errorf("audit overlay refuses %+v, which reporting needs", a)
 		}
@@ -316,7 +328,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	errs := make(chan error, 100)
 	for i, n := range []string{"n1", "n2", "n3"} {
 		b := guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: "kube-system", Slots: slots, TTL: 30 * time.Second, Node: n})
+			guardrails.BudgetOptions{Namespace: guardNS, Slots: slots, TTL: 30 * time.Second, Node: n})
 		wg.Add(1)
 		go func(i int, n string, b *guardrails.Budget) {
 			defer wg.Done()
@@ -365,7 +377,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	go func() {
 		defer close(done)
 		for time.Now().Before(stop) {
-			l, err := cp.Client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
+			l, err := cp.Client.CoordinationV1().Leases(guardNS).List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
 			if err == nil {
 				held := 0
 				for i := range l.Items {
@@ -395,7 +407,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	// A crashed holder's slot expires after its TTL.
 	short := func(n string) *guardrails.Budget {
 		return guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: "kube-system", Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+			guardrails.BudgetOptions{Namespace: guardNS, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
 	}
 	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
 		t.Fatal(err)
@@ -418,7 +430,7 @@ func schemaGK(group, kind string) schema.GroupKind { return schema.GroupKind{Gro
 func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
-	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1", MinNodes: 2, MaxShare: 0.3})
+	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1", MinNodes: 2, MaxShare: 0.3})
 	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", Firing: storm.Publish,
 		Hysteresis: kubeexporter.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
 	sick := &remediate.Report{
@@ -471,7 +483,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
 	// firing it, 2 of 2 live nodes is a storm.
-	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n2", MinNodes: 2, MaxShare: 0.3})
 	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
 		t.Fatal(err)
 	}
@@ -667,8 +679,8 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	guards := guardrails.Cluster{
 		OptOut:    guardrails.NewOptOut(nw),
 		Freshness: guardrails.NewFreshness(view, "", nil),
-		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1"}),
-		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: "kube-system", Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1"}),
+		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: guardNS, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
 	}
 	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
 	if err != nil {
