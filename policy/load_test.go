@@ -168,6 +168,8 @@ func TestParseErrors(t *testing.T) {
 			`guardrails.maxActionsPerHour: must be at most 10000`,
 			`guardrails.maxTargetsPerCycle: must be at most 100`}},
 		{"durations bounded", header + "interval: 100000h\nactionTimeout: 2h\n" + minimalRule, []string{`interval: must be at most 24h`, `actionTimeout: must be at most 1h`}},
+		{"duration products bounded", header + "kubeProxy: {syncPeriod: 2000000h}\ncluster: {budgetTTL: 2000000h}\n" + minimalRule, []string{
+			`kubeProxy.syncPeriod: must be at most 24h`, `cluster.budgetTTL: must be at most 24h`}},
 		{"int type", header + "guardrails: {maxActionsPerHour: many}\n" + minimalRule, []string{`p.yaml:3:33: guardrails.maxActionsPerHour: must be an integer, got "many"`}},
 		{"no rules", header, []string{`p.yaml:1:1: rules: at least one rule is required`}},
 		{"rules not list", header + "rules: {a: 1}\n", []string{`p.yaml:3:8: rules: must be a list`}},

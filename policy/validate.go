@@ -63,6 +63,8 @@ func validatePolicy(p *Policy) []FieldError {
 	}
 	if p.KubeProxy.SyncPeriod.Duration <= 0 {
 		add("kubeProxy.syncPeriod", "must be > 0")
+	} else if p.KubeProxy.SyncPeriod.Duration > 24*time.Hour {
+		add("kubeProxy.syncPeriod", "must be at most 24h (thresholds are multiples of it)")
 	}
 	if p.KubeProxy.ScrapeTimeout.Duration <= 0 {
 		add("kubeProxy.scrapeTimeout", "must be > 0")
@@ -88,6 +90,8 @@ func validatePolicy(p *Policy) []FieldError {
 	}
 	if p.Cluster.BudgetTTL.Duration < 10*time.Second {
 		add("cluster.budgetTTL", "must be at least 10s")
+	} else if p.Cluster.BudgetTTL.Duration > 24*time.Hour {
+		add("cluster.budgetTTL", "must be at most 24h")
 	}
 	if p.Cluster.StormMaxShare <= 0 || p.Cluster.StormMaxShare > 1 {
 		add("cluster.stormMaxShare", "must be in (0, 1]")
@@ -117,6 +121,8 @@ func validatePolicy(p *Policy) []FieldError {
 		}
 		if r.For.Duration < 0 {
 			add(at("for"), "must be >= 0")
+		} else if r.For.Duration > 30*24*time.Hour {
+			add(at("for"), "must be at most 720h")
 		}
 		if r.Cooldown.Duration < 0 {
 			add(at("cooldown"), "must be >= 0")
