@@ -52,7 +52,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 
 # Short fuzz run of every fuzz target (FUZZTIME each).
-FUZZTIME ?= 20s
+FUZZTIME ?= 30s
 fuzz:
 	@for pkg in $$($(GO) list $(PKGS)); do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \

@@ -27,6 +27,12 @@ func Render(overlay string) (resmap.ResMap, error) {
 	if overlay == "base" {
 		dir = filepath.Join(Dir(), "base")
 	}
+	return RenderDir(dir)
+}
+
+// RenderDir runs kustomize build on any kustomization directory (an
+// overlay of the user's own, in tests).
+func RenderDir(dir string) (resmap.ResMap, error) {
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	m, err := k.Run(filesys.MakeFsOnDisk(), dir)
 	if err != nil {

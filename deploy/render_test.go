@@ -3,13 +3,16 @@ package deploy
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 )
 
 func TestRenderOverlays(t *testing.T) {
@@ -40,16 +43,26 @@ func TestRenderOverlays(t *testing.T) {
 					}
 					cms = append(cms, cm)
 				}
-				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true,
+				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true, "Namespace": true,
 					"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}[r.GetKind()]
-				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != "kube-system" {
+				// Everything in remediate's own namespace except what it
+				// needs in kube-system (kube-proxy pods, Node Events).
+				want := "remediate"
+				if r.GetName() == "remediate-kube-system" {
+					want = "kube-system"
+				}
+				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != want {
 					t.Errorf("%s/%s in namespace %q", r.GetKind(), r.GetName(), ns)
 				}
 			}
-			for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "ConfigMap",
+			for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "ConfigMap",
 				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-				if kinds[k] != 1 {
-					t.Errorf("%d %s, want 1 (%v)", kinds[k], k, kinds)
+				want := 1
+				if k == "Role" || k == "RoleBinding" {
+					want = 2 // leases in remediate, pods and events in kube-system
+				}
+				if kinds[k] != want {
+					t.Errorf("%d %s, want %d (%v)", kinds[k], k, want, kinds)
 				}
 			}
 			if len(cms) != 1 {
@@ -97,5 +110,119 @@ func TestRenderOverlays(t *testing.T) {
 				t.Error("resources")
 			}
 		})
+	}
+}
+
+// TestDeploySurvivesUsualEdits (issue 18): an overlay of the user's own
+// that moves everything into another namespace keeps the admission
+// policy's subject; the audit overlay's RBAC cannot change anything; the
+// enforce overlay patches the policy volume by name; host /sys is
+// read-only except the conntrack parameters in enforce; /metrics listens
+// on loopback.
+func TestDeploySurvivesUsualEdits(t *testing.T) {
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, filepath.Join(Dir(), "overlays", "audit"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: ops\nresources:\n- " + rel + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := RenderDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subject string
+	for _, r := range m.Resources() {
+		js, _ := r.MarshalJSON()
+		switch r.GetKind() {
+		case "ServiceAccount":
+			if r.GetNamespace() != "ops" {
+				t.Errorf("ServiceAccount in %q", r.GetNamespace())
+			}
+			subject = "system:serviceaccount:" + r.GetNamespace() + ":" + r.GetName()
+		case "ValidatingAdmissionPolicy":
+			var vap admissionv1.ValidatingAdmissionPolicy
+			if err := yaml.Unmarshal(js, &vap); err != nil {
+				t.Fatal(err)
+			}
+			expr := vap.Spec.MatchConditions[0].Expression
+			if strings.Contains(expr, "kube-system") || !strings.Contains(expr, "startsWith('system:serviceaccount:')") || !strings.Contains(expr, "endsWith(':remediate')") {
+				t.Errorf("subject expression %q does not follow the namespace", expr)
+			}
+		}
+	}
+	if subject != "system:serviceaccount:ops:remediate" || !strings.HasSuffix(subject, ":remediate") {
+		t.Errorf("subject %q", subject)
+	}
+
+	verbs := func(overlay string) map[string]bool {
+		m, err := Render(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, r := range m.Resources() {
+			if r.GetKind() != "ClusterRole" && r.GetKind() != "Role" {
+				continue
+			}
+			js, _ := r.MarshalJSON()
+			var role rbacv1.ClusterRole
+			if err := yaml.Unmarshal(js, &role); err != nil {
+				t.Fatal(err)
+			}
+			for _, rule := range role.Rules {
+				for _, res := range rule.Resources {
+					for _, v := range rule.Verbs {
+						out[v+" "+res] = true
+					}
+				}
+			}
+		}
+		return out
+	}
+	audit, enforce := verbs("audit"), verbs("enforce")
+	for _, v := range []string{"delete pods", "update nodes"} {
+		if audit[v] || !enforce[v] {
+			t.Errorf("%s: audit %v, enforce %v", v, audit[v], enforce[v])
+		}
+	}
+	for _, v := range []string{"patch nodes/status", "list pods", "create events", "watch services"} {
+		if !audit[v] {
+			t.Errorf("audit lacks %s", v)
+		}
+	}
+
+	for _, overlay := range []string{"audit", "enforce"} {
+		m, err := Render(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range m.Resources() {
+			if r.GetKind() != "DaemonSet" {
+				continue
+			}
+			js, _ := r.MarshalJSON()
+			var ds appsv1.DaemonSet
+			if err := yaml.Unmarshal(js, &ds); err != nil {
+				t.Fatal(err)
+			}
+			c := ds.Spec.Template.Spec.Containers[0]
+			mounts := map[string]corev1.VolumeMount{}
+			for _, vm := range c.VolumeMounts {
+				mounts[vm.MountPath] = vm
+			}
+			if !mounts["/host/sys"].ReadOnly {
+				t.Errorf("%s: host /sys writable", overlay)
+			}
+			_, params := mounts["/host/sys/module/nf_conntrack/parameters"]
+			if params != (overlay == "enforce") || (params && mounts["/host/sys/module/nf_conntrack/parameters"].ReadOnly) {
+				t.Errorf("%s: conntrack parameters mount %v", overlay, mounts["/host/sys/module/nf_conntrack/parameters"])
+			}
+			if !slices.Contains(c.Args, "--metrics-addr=127.0.0.1:9808") || c.LivenessProbe.HTTPGet.Host != "127.0.0.1" || c.ReadinessProbe.HTTPGet.Host != "127.0.0.1" {
+				t.Errorf("%s: metrics not on loopback: %v", overlay, c.Args)
+			}
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -26,17 +27,24 @@ type HungIPTablesRestoreParams struct {
 	// kube-proxy's restores wait at most 5s for the lock and normally
 	// finish in well under a second.
 	MinAge policy.Duration `yaml:"minAge"`
+	// Programs are the executables (basenames of /proc/<pid>/exe) a
+	// restore must really run, with CAP_NET_ADMIN, to be a target; a
+	// process that only names itself iptables-restore is reported at info
+	// level and never acted on.
+	Programs []string `yaml:"programs"`
 }
 
 // SetDefaults sets the defaults of HungIPTablesRestore (registry.Defaulter).
 func (p *HungIPTablesRestoreParams) SetDefaults() {
-	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute),
+		Programs: append([]string(nil), procs.NetfilterPrograms...)}
 }
 
 // Validate implements policy.Validator.
 func (p *HungIPTablesRestoreParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
 	errs = append(errs, validateNames("names", p.Names)...)
+	errs = append(errs, validateNames("programs", p.Programs)...)
 	if p.MinAge.Duration <= 0 {
 		errs = append(errs, policy.FieldError{Field: "minAge", Msg: "must be > 0"})
 	}
@@ -138,6 +146,10 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 				msg += ", waiting on the xtables lock" + heldBy(locks)
 			}
 		}
+		if why := outOfReach(p, d.p.Programs, d.n.Procs.SelfNetNS(), ev); why != "" {
+			sev = Info
+			msg += "; not a target: " + why
+		}
 		out = append(out, Finding{
 			Detector: "HungIPTablesRestore",
 			Target:   p.Target(),
@@ -147,6 +159,38 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 		})
 	}
 	return out, nil
+}
+
+// outOfReach returns why a process matching by name is not a target ("" when
+// it is), after recording its identity in ev: it must run a real
+// iptables/nft executable with CAP_NET_ADMIN, and a process in another
+// network namespace is a target only when it holds or waits on the node's
+// xtables lock (ev["holdsXtablesLock"], ev["waitsOnXtablesLock"]).
+func outOfReach(p procs.Process, programs []string, nodeNetNS string, ev map[string]any) string {
+	ev["exe"] = clip.String(p.Exe, 512)
+	ev["capNetAdmin"] = p.CapEff&procs.CapNetAdmin != 0
+	ev["netns"] = p.NetNS
+	ev["nodeNetns"] = nodeNetNS
+	if err := procs.Eligible(p, programs); err != nil {
+		ev["notATarget"] = err.Error()
+		return err.Error()
+	}
+	if p.NetNS == nodeNetNS && p.NetNS != "" {
+		return ""
+	}
+	if ev["holdsXtablesLock"] == true || ev["waitsOnXtablesLock"] == true {
+		return ""
+	}
+	why := fmt.Sprintf("it runs in network namespace %s, not the node's (%s), and neither holds nor waits on the node's xtables lock", orUnknown(p.NetNS), orUnknown(nodeNetNS))
+	ev["notATarget"] = why
+	return why
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 func heldBy(l procs.FileLocks) string {
@@ -167,7 +211,7 @@ func processEvidence(p procs.Process, now time.Time) map[string]any {
 		"pid":          p.Pid,
 		"createTimeMs": p.CreateTimeMs,
 		"name":         p.Name(),
-		"cmdline":      strings.Join(p.Cmdline, " "),
+		"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
 		"ageSeconds":   durSeconds(p.Age(now)),
 		"state":        p.State,
 		"blocked":      p.Blocked(),
@@ -184,7 +228,7 @@ func processSummaries(ps []procs.Process, now time.Time) []map[string]any {
 			"pid":          p.Pid,
 			"createTimeMs": p.CreateTimeMs,
 			"name":         p.Name(),
-			"cmdline":      strings.Join(p.Cmdline, " "),
+			"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
 			"ageSeconds":   durSeconds(p.Age(now)),
 			"state":        p.State,
 		})

@@ -3,7 +3,10 @@ package detect
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -29,13 +32,21 @@ func kubeProxyOf(n *node.Node) (kubeproxy.Interface, error) {
 // is a Skip naming the cause, not an error, because KubeProxyUnreachable
 // reports it as its own finding and the engine keeps the rule's state as
 // it was ("unknown is not absent").
-func kubeProxyScrape(ctx context.Context, kp kubeproxy.Interface) (*kubeproxy.Scrape, error) {
+func kubeProxyScrape(ctx context.Context, n *node.Node, kp kubeproxy.Interface) (*kubeproxy.Scrape, error) {
 	sc, err := kp.Metrics(ctx)
 	if err != nil {
 		return nil, kubeProxyReadError("metrics", err)
 	}
+	if sc.Metrics != nil && sc.Metrics.IgnoredFamilies > 0 && ignoredFamiliesWarned.CompareAndSwap(false, true) && n != nil && n.Log != nil {
+		n.Log.Warn("kube-proxy metrics carry ip_family values other than IPv4/IPv6; those series are ignored (warned once)",
+			zap.Int("ignoredSamples", sc.Metrics.IgnoredFamilies))
+	}
 	return sc, nil
 }
+
+// ignoredFamiliesWarned makes the warning about unknown IP families once
+// per process: a broken endpoint repeats it every scrape.
+var ignoredFamiliesWarned atomic.Bool
 
 // kubeProxyReadError turns a failed read into a Skip when it is kube-proxy's
 // side (see kubeProxyScrape), else wraps it.

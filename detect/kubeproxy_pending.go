@@ -56,7 +56,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, kp)
+	sc, err := kubeProxyScrape(ctx, d.n, kp)
 	if err != nil {
 		return nil, err
 	}

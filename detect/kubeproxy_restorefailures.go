@@ -79,7 +79,7 @@ func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error
 	if mode, err := kp.ProxyMode(ctx); err == nil && mode != kubeproxy.ModeIPTables && mode != kubeproxy.ModeIPVS {
 		return nil, Skip("kube-proxy runs in %s mode, which does not use iptables-restore", mode)
 	}
-	sc, err := kubeProxyScrape(ctx, kp)
+	sc, err := kubeProxyScrape(ctx, d.n, kp)
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {
 	if err := skipUnlessMode(ctx, kp, kubeproxy.ModeIPTables, "KubeProxyRuleBloat"); err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, kp)
+	sc, err := kubeProxyScrape(ctx, d.n, kp)
 	if err != nil {
 		return nil, err
 	}

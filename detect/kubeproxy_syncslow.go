@@ -74,7 +74,7 @@ func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, kp)
+	sc, err := kubeProxyScrape(ctx, d.n, kp)
 	if err != nil {
 		return nil, err
 	}

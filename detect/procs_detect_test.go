@@ -23,13 +23,25 @@ func newIssue3Node(p *procs.Fake) (*node.Node, *clocktesting.FakeClock) {
 	clk := clocktesting.NewFakeClock(procT0)
 	n := &node.Node{Name: "node1", ProcRoot: "/proc", XtablesLock: "/run/xtables.lock", Clock: clk, Log: zap.NewNop()}
 	if p != nil {
+		p.NetNS = testNetNS
 		n.Procs = p
 	}
 	return n, clk
 }
 
+// testNetNS is the daemon's (the node's) network namespace in the fakes.
+const testNetNS = "net:[4026531840]"
+
+// fakeProc is a process in the node's network namespace with
+// CAP_NET_ADMIN; its executable is xtables-legacy-multi when argv[0]
+// names an iptables program, /usr/bin/<name> otherwise.
 func fakeProc(pid, ppid int32, comm string, started time.Time, state string, argv ...string) procs.FakeProcess {
-	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: ppid, Comm: comm, Cmdline: argv, CreateTimeMs: started.UnixMilli(), State: state}}
+	exe := "/usr/bin/" + procs.ArgvName(argv)
+	if strings.Contains(procs.ArgvName(argv), "iptables") {
+		exe = "/usr/sbin/xtables-legacy-multi"
+	}
+	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: ppid, Comm: comm, Cmdline: argv, CreateTimeMs: started.UnixMilli(), State: state,
+		Exe: exe, CapEff: 0x1ffffffffff, NetNS: testNetNS}}
 }
 
 func newIssue3Detector(t *testing.T, typ string, n *node.Node, set func(any)) Detector {
@@ -213,8 +225,9 @@ func TestProcessParamsValidate(t *testing.T) {
 		p    policy.Validator
 		want []string
 	}{
-		{&HungIPTablesRestoreParams{Names: nil, MinAge: policy.D(0)}, []string{"names", "minAge"}},
-		{&HungIPTablesRestoreParams{Names: []string{"ok", "", "/usr/sbin/x"}, MinAge: policy.D(time.Second)}, []string{"names[1]", "names[2]"}},
+		{&HungIPTablesRestoreParams{Names: nil, MinAge: policy.D(0)}, []string{"names", "programs", "minAge"}},
+		{&HungIPTablesRestoreParams{Names: []string{"ok", "", "/usr/sbin/x"}, Programs: []string{"nft"}, MinAge: policy.D(time.Second)}, []string{"names[1]", "names[2]"}},
+		{&HungIPTablesRestoreParams{Names: []string{"ok"}, Programs: []string{"/usr/sbin/nft"}, MinAge: policy.D(time.Second)}, []string{"programs[0]"}},
 		{&XtablesLockContentionParams{MaxHold: policy.D(-1), MaxWaiters: 0}, []string{"maxHold", "maxWaiters"}},
 	}
 	for _, c := range cases {
@@ -224,6 +237,55 @@ func TestProcessParamsValidate(t *testing.T) {
 		}
 		if !reflect.DeepEqual(fields, c.want) {
 			t.Errorf("%T: fields %v, want %v", c.p, fields, c.want)
+		}
+	}
+}
+
+// TestHungIPTablesRestoreImpostors: a name match is not enough. Another
+// executable, no CAP_NET_ADMIN, or another network namespace without the
+// node's lock make an info finding saying why; the real restore next to
+// them stays critical.
+func TestHungIPTablesRestoreImpostors(t *testing.T) {
+	f := procs.NewFake(999)
+	old := procT0.Add(-10 * time.Minute)
+	sleeper := fakeProc(300, 1, "sleep", old, "D", "iptables-restore", "1000")
+	sleeper.Exe = "/usr/bin/sleep"
+	f.Add(sleeper)
+	noCap := fakeProc(301, 1, "iptables-legacy", old, "D", "iptables-legacy-restore")
+	noCap.CapEff = 0
+	f.Add(noCap)
+	otherNS := fakeProc(302, 1, "iptables-legacy", old, "D", "iptables-legacy-restore")
+	otherNS.NetNS = "net:[4026532999]"
+	f.Add(otherNS)
+	deleted := fakeProc(303, 1, "iptables-legacy", old, "D", "iptables-legacy-restore")
+	f.Add(deleted)
+	otherNSWaiting := fakeProc(304, 1, "iptables-legacy", old, "S", "iptables-legacy-restore")
+	otherNSWaiting.NetNS = "net:[4026532999]"
+	f.Add(otherNSWaiting)
+	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Waiters: []procs.Process{f.MustGet(304)}})
+	n, _ := newIssue3Node(f)
+	got, err := newIssue3Detector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())
+	if err != nil || len(got) != 5 {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	want := map[int32]struct {
+		sev Severity
+		why string
+	}{
+		300: {Info, `executable "/usr/bin/sleep" is not an iptables/nft program`},
+		301: {Info, "without CAP_NET_ADMIN"},
+		302: {Info, "runs in network namespace net:[4026532999], not the node's (net:[4026531840]), and neither holds nor waits"},
+		303: {Critical, ""},
+		304: {Critical, ""},
+	}
+	for _, g := range got {
+		pid := g.Evidence["pid"].(int32)
+		w := want[pid]
+		if g.Severity != w.sev || (w.why != "" && !strings.Contains(g.Message, w.why)) || (w.why == "") != (g.Evidence["notATarget"] == nil) {
+			t.Errorf("pid %d: %s %q notATarget=%v, want %s %q", pid, g.Severity, g.Message, g.Evidence["notATarget"], w.sev, w.why)
+		}
+		if g.Evidence["netns"] == "" || g.Evidence["exe"] == "" {
+			t.Errorf("pid %d: no identity in evidence: %v", pid, g.Evidence)
 		}
 	}
 }

@@ -117,6 +117,7 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 			"waiterCount":             len(l.Waiters),
 		}
 		var msg string
+		sev := Critical
 		if k == unknownHolder {
 			msg = fmt.Sprintf("xtables lock %s held by a process not visible here (/proc/locks pid %v) %s", d.n.XtablesLock, l.LockPIDs, why)
 		} else {
@@ -125,11 +126,16 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 				ev[kk] = v
 			}
 			msg = fmt.Sprintf("xtables lock %s held by %s (pid %d) %s", d.n.XtablesLock, h.Name(), h.Pid, why)
+			ev["holdsXtablesLock"] = true
+			if notTarget := outOfReach(h, procs.NetfilterPrograms, d.n.Procs.SelfNetNS(), ev); notTarget != "" {
+				sev = Info
+				msg += "; this holder is not a target: " + notTarget
+			}
 		}
 		out = append(out, Finding{
 			Detector: "XtablesLockContention",
 			Target:   k,
-			Severity: Critical,
+			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
 		})

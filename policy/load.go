@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"reflect"
 	"sort"
@@ -72,6 +73,54 @@ func formatErrors(es []error) string {
 // MaxSize is the largest policy file Load accepts.
 const MaxSize = 1 << 20
 
+// MaxItems bounds the lines and flow items ('\n', ',', '[', '{') of a
+// policy, checked on the bytes before parsing: parsing costs memory per
+// value, and a 1 MiB file of "*a," items would take hundreds of MB.
+const MaxItems = 20000
+
+// MaxNodes bounds the values of a policy with aliases expanded ("billion
+// laughs": a few anchors referring to each other).
+const MaxNodes = 50000
+
+// structuralCount is an upper bound of the values a YAML text can have
+// up to a constant factor, counted without parsing it.
+func structuralCount(data []byte) int {
+	n := 0
+	for _, c := range data {
+		switch c {
+		case '\n', ',', '[', '{':
+			n++
+		}
+	}
+	return n
+}
+
+// expandedNodes counts n's values as the decoder will visit them (aliases
+// followed), stopping as soon as the count exceeds limit.
+func expandedNodes(n *yaml.Node, limit int) int {
+	count := 0
+	var walk func(n *yaml.Node, depth int)
+	walk = func(n *yaml.Node, depth int) {
+		if n == nil || count > limit {
+			return
+		}
+		if depth > 100 {
+			count = limit + 1
+			return
+		}
+		count++
+		if n.Kind == yaml.AliasNode {
+			walk(n.Alias, depth+1)
+			return
+		}
+		for _, c := range n.Content {
+			walk(c, depth+1)
+		}
+	}
+	walk(n, 0)
+	return count
+}
+
 // Load reads, decodes, defaults and validates the policy file at path.
 // On any problem it returns a *multierror.Error listing every *Error found.
 func Load(path string, cat Catalog) (*Policy, error) {
@@ -93,6 +142,9 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	if len(data) > MaxSize {
 		return nil, d.fail(&Error{File: name, Msg: fmt.Sprintf("file larger than %d bytes", MaxSize)})
 	}
+	if n := structuralCount(data); n > MaxItems {
+		return nil, d.fail(&Error{File: name, Msg: fmt.Sprintf("more than %d lines and list/map items (%d): a policy is a few hundred lines", MaxItems, n)})
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
@@ -110,6 +162,9 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
 		root = root.Content[0]
+	}
+	if expandedNodes(root, MaxNodes) > MaxNodes {
+		return nil, d.fail(&Error{File: name, Msg: fmt.Sprintf("more than %d values once aliases are expanded: refusing to expand it", MaxNodes)})
 	}
 	p := &Policy{}
 	p.setDefaults()
@@ -324,6 +379,12 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 		}
 		if err := n.Decode(v.Addr().Interface()); err != nil {
 			d.errorf(n, path, "must be %s, got %q", kindName(v.Kind()), n.Value)
+			return
+		}
+		// NaN compares false with every bound and Inf passes "> 0": no
+		// validation below could catch them.
+		if (v.Kind() == reflect.Float32 || v.Kind() == reflect.Float64) && (math.IsNaN(v.Float()) || math.IsInf(v.Float(), 0)) {
+			d.errorf(n, path, "must be a finite number, got %q", n.Value)
 		}
 	}
 }

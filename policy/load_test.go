@@ -1,6 +1,8 @@
 package policy
 
 import (
+	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 	"testing"
@@ -159,6 +161,15 @@ func TestParseErrors(t *testing.T) {
 			`p.yaml:3:57: cluster.budgetTTL: must be at least 10s`,
 			`p.yaml:3:76: cluster.stormMaxShare: must be in (0, 1]`,
 			`p.yaml:3:96: cluster.stormMinNodes: must be >= 1`}},
+		{"NaN jitter", header + "jitter: .nan\n" + minimalRule, []string{`p.yaml:3:9: jitter: must be a finite number, got ".nan"`}},
+		{"NaN storm share", header + "cluster: {stormMaxShare: .NaN}\n" + minimalRule, []string{`p.yaml:3:26: cluster.stormMaxShare: must be a finite number, got ".NaN"`}},
+		{"Inf action param", header + "rules:\n- name: a\n  detector: {type: Thing}\n  action: {type: Raise, factor: .inf}\n", []string{`rules[0].action.factor: must be a finite number, got ".inf"`}},
+		{"count overflow", header + "guardrails: {maxActionsPerHour: 99999999, maxTargetsPerCycle: 200000000}\n" + minimalRule, []string{
+			`guardrails.maxActionsPerHour: must be at most 10000`,
+			`guardrails.maxTargetsPerCycle: must be at most 100`}},
+		{"durations bounded", header + "interval: 100000h\nactionTimeout: 2h\n" + minimalRule, []string{`interval: must be at most 24h`, `actionTimeout: must be at most 1h`}},
+		{"duration products bounded", header + "kubeProxy: {syncPeriod: 2000000h}\ncluster: {budgetTTL: 2000000h}\n" + minimalRule, []string{
+			`kubeProxy.syncPeriod: must be at most 24h`, `cluster.budgetTTL: must be at most 24h`}},
 		{"int type", header + "guardrails: {maxActionsPerHour: many}\n" + minimalRule, []string{`p.yaml:3:33: guardrails.maxActionsPerHour: must be an integer, got "many"`}},
 		{"no rules", header, []string{`p.yaml:1:1: rules: at least one rule is required`}},
 		{"rules not list", header + "rules: {a: 1}\n", []string{`p.yaml:3:8: rules: must be a list`}},
@@ -275,4 +286,38 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("marshal of accepted policy: %v", err)
 		}
 	})
+}
+
+// TestHostilePolicyRejectedCheaply: 1 MiB of YAML aliases took 570 MB and
+// 27 s to reject (issue 13); a billion-laughs nest of anchors would expand
+// without bound. Both are refused before decoding, allocating under 50 MiB.
+func TestHostilePolicyRejectedCheaply(t *testing.T) {
+	items := header + "rules: [&r {name: r, detector: {type: Thing}}" + strings.Repeat(",*r", (MaxSize-200)/3) + "]\n"
+	var laughs strings.Builder
+	laughs.WriteString(header + "rules:\n- name: a\n  detector: {type: Thing, names: &a0 [x, x, x, x, x, x, x, x, x, x]}\n")
+	for i := 1; i <= 9; i++ {
+		fmt.Fprintf(&laughs, "- name: l%d\n  detector: {type: Thing, names: &a%d [*a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d, *a%d]}\n", i, i, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1, i-1)
+	}
+	for name, c := range map[string]struct {
+		data string
+		want string
+	}{
+		"1 MiB of aliases": {items, "more than 20000 lines and list/map items"},
+		"billion laughs":   {laughs.String(), "more than 50000 values once aliases are expanded"},
+		"over 1 MiB":       {header + minimalRule + "#" + strings.Repeat("x", MaxSize), "file larger than"},
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		start := time.Now()
+		_, err := Parse("p.yaml", []byte(c.data), testCatalog{})
+		took := time.Since(start)
+		runtime.ReadMemStats(&after)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %.300v, want %q", name, err, c.want)
+		}
+		if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 50<<20 {
+			t.Errorf("%s: allocated %d MiB to reject (%s)", name, alloc>>20, took)
+		}
+	}
 }

@@ -80,8 +80,9 @@ type NodeGuardrails struct {
 // Cluster configures the guardrails shared by every node's daemon.
 // Changes take effect when the daemon restarts (the Leases are set up once).
 type Cluster struct {
-	// Namespace holds the budget and node-status Leases and the Events
-	// ("" = $POD_NAMESPACE, else kube-system).
+	// Namespace holds the budget and node-status Leases ("" =
+	// $POD_NAMESPACE, else kube-system). Events about the Node are in
+	// kube-system (the apiserver keeps them in default or kube-system).
 	Namespace string `yaml:"namespace"`
 	// BudgetSlots is how many disruptive actions (restart kube-proxy,
 	// cordon, delete IPVS servers) may be in progress cluster-wide.

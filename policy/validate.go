@@ -7,6 +7,10 @@ import (
 	"time"
 )
 
+// MaxCount bounds the counts a policy sets (actions per hour, a rule's
+// rate limit): larger values mean "unlimited", which a guardrail is not.
+const MaxCount = 10000
+
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // validatePolicy checks values and relations after decoding and defaults.
@@ -31,6 +35,8 @@ func validatePolicy(p *Policy) []FieldError {
 	}
 	if p.Interval.Duration < time.Second {
 		add("interval", "must be at least 1s")
+	} else if p.Interval.Duration > 24*time.Hour {
+		add("interval", "must be at most 24h")
 	}
 	if p.Jitter < 0 || p.Jitter >= 1 {
 		add("jitter", "must be in [0, 1)")
@@ -42,6 +48,8 @@ func validatePolicy(p *Policy) []FieldError {
 	}
 	if p.ActionTimeout.Duration <= 0 {
 		add("actionTimeout", "must be > 0")
+	} else if p.ActionTimeout.Duration > time.Hour {
+		add("actionTimeout", "must be at most 1h")
 	}
 	for field, u := range map[string]string{
 		"kubeProxy.metricsURL":   p.KubeProxy.MetricsURL,
@@ -55,6 +63,8 @@ func validatePolicy(p *Policy) []FieldError {
 	}
 	if p.KubeProxy.SyncPeriod.Duration <= 0 {
 		add("kubeProxy.syncPeriod", "must be > 0")
+	} else if p.KubeProxy.SyncPeriod.Duration > 24*time.Hour {
+		add("kubeProxy.syncPeriod", "must be at most 24h (thresholds are multiples of it)")
 	}
 	if p.KubeProxy.ScrapeTimeout.Duration <= 0 {
 		add("kubeProxy.scrapeTimeout", "must be > 0")
@@ -62,17 +72,26 @@ func validatePolicy(p *Policy) []FieldError {
 	if p.Guardrails.MaxActionsPerHour < 1 {
 		add("guardrails.maxActionsPerHour", "must be >= 1 (use mode: audit to act on nothing)")
 	}
+	if p.Guardrails.MaxActionsPerHour > MaxCount {
+		add("guardrails.maxActionsPerHour", "must be at most %d", MaxCount)
+	}
 	if p.Guardrails.MaxTargetsPerCycle < 1 {
 		add("guardrails.maxTargetsPerCycle", "must be >= 1")
+	} else if p.Guardrails.MaxTargetsPerCycle > 100 {
+		add("guardrails.maxTargetsPerCycle", "must be at most 100 (each may take actionTimeout)")
 	}
 	if p.Cluster.Namespace != "" && !ruleNameRE.MatchString(p.Cluster.Namespace) {
 		add("cluster.namespace", "must be a valid namespace name")
 	}
 	if p.Cluster.BudgetSlots < 1 {
 		add("cluster.budgetSlots", "must be >= 1")
+	} else if p.Cluster.BudgetSlots > 1000 {
+		add("cluster.budgetSlots", "must be at most 1000")
 	}
 	if p.Cluster.BudgetTTL.Duration < 10*time.Second {
 		add("cluster.budgetTTL", "must be at least 10s")
+	} else if p.Cluster.BudgetTTL.Duration > 24*time.Hour {
+		add("cluster.budgetTTL", "must be at most 24h")
 	}
 	if p.Cluster.StormMaxShare <= 0 || p.Cluster.StormMaxShare > 1 {
 		add("cluster.stormMaxShare", "must be in (0, 1]")
@@ -102,18 +121,28 @@ func validatePolicy(p *Policy) []FieldError {
 		}
 		if r.For.Duration < 0 {
 			add(at("for"), "must be >= 0")
+		} else if r.For.Duration > 30*24*time.Hour {
+			add(at("for"), "must be at most 720h")
 		}
 		if r.Cooldown.Duration < 0 {
 			add(at("cooldown"), "must be >= 0")
+		} else if r.Cooldown.Duration > 30*24*time.Hour {
+			add(at("cooldown"), "must be at most 720h")
 		}
 		if r.RateLimit.Max < 1 {
 			add(at("rateLimit.max"), "must be >= 1")
+		} else if r.RateLimit.Max > MaxCount {
+			add(at("rateLimit.max"), "must be at most %d", MaxCount)
 		}
 		if r.RateLimit.Per.Duration <= 0 {
 			add(at("rateLimit.per"), "must be > 0")
+		} else if r.RateLimit.Per.Duration > 30*24*time.Hour {
+			add(at("rateLimit.per"), "must be at most 720h")
 		}
 		if r.MaxAttempts < 1 {
 			add(at("maxAttempts"), "must be >= 1")
+		} else if r.MaxAttempts > 100 {
+			add(at("maxAttempts"), "must be at most 100")
 		}
 		if r.VerifyAfter.Duration < 0 {
 			add(at("verifyAfter"), "must be >= 0")

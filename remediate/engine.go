@@ -351,7 +351,8 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 
 	present := map[string]finding.Finding{}
 	var order []string
-	for _, f := range res.findings {
+	for _, f := range capTargets(r.Detector.Type, orderTargets(res.findings)) {
+		f = boundFinding(f)
 		if f.Detector == "" {
 			f.Detector = r.Detector.Type
 		}

@@ -31,10 +31,11 @@ type world struct {
 	actErr   map[string]error
 	actPanic map[string]bool
 	actHang  map[string]bool
-	actBlock map[string]chan struct{} // Execute waits for it, ignoring ctx
-	actHook  map[string]func()        // called as Execute begins
-	starts   int                      // Execute calls begun
-	fixes    map[string]bool          // executing the action removes the target
+	actBlock map[string]chan struct{}   // Execute waits for it, ignoring ctx
+	actHook  map[string]func()          // called as Execute begins
+	starts   int                        // Execute calls begun
+	fixes    map[string]bool            // executing the action removes the target
+	severity map[string]detect.Severity // target -> severity (default critical)
 }
 
 var w = &world{}
@@ -46,6 +47,7 @@ func resetWorld() {
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	w.actBlock, w.starts, w.actHook = map[string]chan struct{}{}, 0, map[string]func(){}
+	w.severity = map[string]detect.Severity{}
 }
 
 type fakeParams struct {
@@ -58,6 +60,10 @@ func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 	w.mu.Lock()
 	hang, fail, pan := w.hang[d.key], w.fail[d.key], w.panicky[d.key]
 	targets := append([]string(nil), w.present[d.key]...)
+	sev := map[string]detect.Severity{}
+	for k, v := range w.severity {
+		sev[k] = v
+	}
 	w.mu.Unlock()
 	if pan {
 		panic("detector bug")
@@ -70,7 +76,11 @@ func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 	}
 	var out []detect.Finding
 	for _, t := range targets {
-		out = append(out, detect.Finding{Target: t, Severity: detect.Critical, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
+		s := detect.Critical
+		if v, ok := sev[t]; ok {
+			s = v
+		}
+		out = append(out, detect.Finding{Target: t, Severity: s, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
 	}
 	return out, nil
 }
@@ -1020,5 +1030,25 @@ func TestActionErrorTextIsNotADaemonFault(t *testing.T) {
 		if f.Detector == SelfDetector {
 			t.Fatalf("an ordinary action error was reported as a daemon fault: %+v", f)
 		}
+	}
+}
+
+// TestCriticalTargetGetsTheRateLimit: two warning-level targets listed
+// first (lower PIDs) used to take the rule's whole rate limit while the
+// critical one stayed untouched for the hour (issue 13).
+func TestCriticalTargetGetsTheRateLimit(t *testing.T) {
+	h := newHarness(t)
+	p := mustPolicy(t, strings.Replace(enforceRule, "rateLimit: {max: 10, per: 1h}", "rateLimit: {max: 2, per: 1h}", 1))
+	setPresent("a", "process/100@1", "process/101@1", "process/300@1")
+	w.mu.Lock()
+	w.severity["process/100@1"], w.severity["process/101@1"] = detect.Warning, detect.Warning
+	w.mu.Unlock()
+	rep := h.cycle(h.engine(p))
+	got := executed()
+	if len(got) != 2 || got[0] != "a:process/300@1" {
+		t.Fatalf("executed %v, want the critical process/300@1 first", got)
+	}
+	if d := decisionFor(rep, "process/101@1"); d.Outcome != OutcomeBlocked || d.Guardrail != GuardRuleRate {
+		t.Errorf("last warning: %+v, want blocked by the rate limit", d)
 	}
 }

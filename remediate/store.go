@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -85,9 +86,14 @@ func (s *Store) Lock(ctx context.Context) (func(), error) {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state dir: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(s.Dir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	// Never follow a symlink or block opening a FIFO planted as the lock.
+	f, err := os.OpenFile(filepath.Join(s.Dir, lockFile), os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening state lock: %w", err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("state lock %s is not a regular file", f.Name())
 	}
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
@@ -113,7 +119,7 @@ func (s *Store) Lock(ctx context.Context) (func(), error) {
 // ErrCorrupt) is a warning to report, not a failure.
 func (s *Store) Load(now time.Time) (*State, error) {
 	path := filepath.Join(s.Dir, stateFile)
-	data, err := os.ReadFile(path)
+	data, err := readStateFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return NewState(), nil
 	}
@@ -139,6 +145,39 @@ func (s *Store) Load(now time.Time) (*State, error) {
 	return fresh, fmt.Errorf("%w %s: %v; quarantined as %s; treating action history as recent", ErrCorrupt, path, err, aside)
 }
 
+// MaxStateSize is the largest state file Load reads; a larger one is
+// quarantined unread (and Save refuses to write one).
+const MaxStateSize = 16 << 20
+
+// readStateFile reads path without following a symlink, without blocking on
+// a FIFO or device, only if it is a regular file of at most MaxStateSize.
+func readStateFile(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
+	}
+	if fi.Size() > MaxStateSize {
+		return nil, fmt.Errorf("%d bytes, over the %d-byte bound", fi.Size(), MaxStateSize)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxStateSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxStateSize {
+		return nil, fmt.Errorf("grew over the %d-byte bound while read", MaxStateSize)
+	}
+	return data, nil
+}
+
 // Save writes the state atomically and durably.
 func (s *Store) Save(st *State) error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
@@ -147,6 +186,9 @@ func (s *Store) Save(st *State) error {
 	data, err := json.MarshalIndent(st, "", " ")
 	if err != nil {
 		return fmt.Errorf("encoding state: %w", err)
+	}
+	if len(data) > MaxStateSize {
+		return fmt.Errorf("state of %d bytes is over the %d-byte bound (%d targets, %d history records): not written", len(data), MaxStateSize, len(st.Targets), len(st.History))
 	}
 	return WriteFileAtomic(filepath.Join(s.Dir, stateFile), data, 0o600)
 }

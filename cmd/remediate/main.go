@@ -24,7 +24,10 @@ import (
 var version = "dev"
 
 func main() {
+	if code, ok := superviseOnce(os.Args[1:]); ok {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	os.Exit(Run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(childExitCode(Run(ctx, os.Args[1:], os.Stdout, os.Stderr)))
 }

@@ -60,6 +60,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Unavailable["procs"] = fmt.Sprintf("proc root %s is not a readable procfs: %v", w.o.procRoot, err)
 	} else {
 		n.Procs = procs.New(w.o.procRoot)
+		warnPIDNamespace(w.log, n.Procs)
 	}
 	// iptables: rule sets read with iptables-{legacy,nft}-save in this
 	// network namespace (hostNetwork: true), never through the xtables
@@ -153,5 +154,14 @@ func (w *wiring) OnReloadError(ctx context.Context, err error) {
 func (w *wiring) Close() {
 	for i := len(w.closers) - 1; i >= 0; i-- {
 		w.closers[i]()
+	}
+}
+
+// warnPIDNamespace says once at start (and on reload) when --proc-root is
+// not this process's PID namespace: every KillProcess then refuses with that
+// reason, and --once shows it in its decisions.
+func warnPIDNamespace(log *zap.Logger, p procs.Interface) {
+	if err := p.CheckPIDNamespace(); err != nil {
+		log.Warn("processes will be reported but never signalled", zap.Error(err))
 	}
 }

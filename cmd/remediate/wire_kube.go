@@ -76,7 +76,7 @@ func (w *wiring) kube() *kubeWiring {
 		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
 		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
-		k.reporter = kubeexporter.New(c.Interface, kubeexporter.Options{Node: w.o.nodeName, EventNamespace: ns, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
+		k.reporter = kubeexporter.New(c.Interface, kubeexporter.Options{Node: w.o.nodeName, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
 	})
 	return k
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/clip"
 )
 
 // Defaults for Options.
@@ -108,7 +110,7 @@ func New(opts Options) (*Client, error) {
 	if tr == nil {
 		tr = &http.Transport{Proxy: nil, DisableKeepAlives: true, ResponseHeaderTimeout: opts.Timeout}
 	}
-	c := &Client{opts: opts, http: &http.Client{Transport: tr, Timeout: opts.Timeout}, clock: opts.Clock}
+	c := &Client{opts: opts, http: &http.Client{Transport: tr, Timeout: opts.Timeout, CheckRedirect: noRedirects}, clock: opts.Clock}
 	c.mets.init()
 	c.health.init()
 	c.mode.init()
@@ -186,7 +188,7 @@ func ParseProxyMode(body []byte) (Mode, error) {
 	case ModeIPTables, ModeIPVS, ModeNFTables, "kernelspace":
 		return m, nil
 	default:
-		return "", fmt.Errorf("unknown proxy mode %q", snippet(body))
+		return "", fmt.Errorf("unknown proxy mode %s", snippet(body))
 	}
 }
 
@@ -205,6 +207,11 @@ func (c *Client) get(ctx context.Context, u, accept string) (int, []byte, error)
 		return 0, nil, &Error{Kind: KindUnreachable, URL: u, Err: err}
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		// Never followed: kube-proxy does not redirect, and a redirect's
+		// target (and its body) is nobody we asked.
+		return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("HTTP %d redirect to %q not followed", resp.StatusCode, clip.String(resp.Header.Get("Location"), 200))}
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBytes+1))
 	if err != nil {
 		return 0, nil, &Error{Kind: KindUnreachable, URL: u, Err: fmt.Errorf("reading body: %w", err)}
@@ -216,14 +223,10 @@ func (c *Client) get(ctx context.Context, u, accept string) (int, []byte, error)
 }
 
 // snippet returns the start of a body for error messages.
-func snippet(b []byte) string {
-	const n = 200
-	s := strings.ToValidUTF8(string(b), "?")
-	if len(s) > n {
-		return s[:n] + "..."
-	}
-	return s
-}
+func snippet(b []byte) string { return clip.Excerpt(b, 80) }
+
+// noRedirects makes the HTTP client return a redirect response as is.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // cache holds one endpoint's last answer. The semaphore serialises fetches:
 // callers arriving during a fetch wait (or give up with their ctx) and then

@@ -42,6 +42,9 @@ type Healthz struct {
 	CurrentTime time.Time `json:"currentTime"`
 	// Families is the per-family status (1.33+ only).
 	Families map[Family]FamilyHealth `json:"families,omitempty"`
+	// IgnoredFamilies counts status keys other than IPv4 and IPv6, which
+	// are ignored.
+	IgnoredFamilies int `json:"ignoredFamilies,omitempty"`
 }
 
 // UnhealthyFamilies returns the families reported unhealthy, sorted. For the
@@ -107,6 +110,10 @@ func ParseHealthz(statusCode int, body []byte) (*Healthz, error) {
 	h.Healthy = *raw.Healthy
 	h.Families = map[Family]FamilyHealth{}
 	for name, msg := range raw.Status {
+		if !KnownFamily(name) {
+			h.IgnoredFamilies++
+			continue
+		}
 		var s struct {
 			LastUpdated string `json:"lastUpdated"`
 			Healthy     *bool  `json:"healthy"`

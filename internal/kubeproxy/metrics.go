@@ -163,6 +163,8 @@ type Metrics struct {
 	// Families holds the per-family series, keyed by family ("IPv4",
 	// "IPv6", or Unlabelled for 1.30-1.32).
 	Families map[Family]*FamilyMetrics
+	// IgnoredFamilies counts samples whose ip_family is not IPv4 or IPv6.
+	IgnoredFamilies int
 	// EndpointChangesPending and ServiceChangesPending are node-wide gauges
 	// (no ip_family label in any version).
 	EndpointChangesPending *float64
@@ -196,6 +198,12 @@ func (m *Metrics) RESTTotal() float64 {
 	}
 	return n
 }
+
+// KnownFamily reports whether v is an IP family kube-proxy reports
+// ("IPv4", "IPv6"). Series with any other ip_family value are ignored
+// (counted in Metrics.IgnoredFamilies): a broken or hostile endpoint must
+// not turn into one target per label value.
+func KnownFamily(v string) bool { return v == "IPv4" || v == "IPv6" }
 
 // FamilyNames returns the families present, sorted.
 func (m *Metrics) FamilyNames() []Family {
@@ -231,6 +239,10 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 	fam := func(s *dto.Metric) (*FamilyMetrics, bool) {
 		f := Unlabelled
 		if v, ok := label(s, FamilyLabel); ok {
+			if !KnownFamily(v) {
+				m.IgnoredFamilies++
+				return nil, false
+			}
 			f = Family(v)
 		} else if m.Labelled {
 			return nil, false // unexpected mix: ignore unlabelled samples

@@ -20,6 +20,10 @@ type Fake struct {
 	signals []FakeSignal
 	// Err, when set, is returned by every read.
 	Err error
+	// PIDNamespaceErr is what CheckPIDNamespace returns.
+	PIDNamespaceErr error
+	// NetNS is the daemon's network namespace (SelfNetNS).
+	NetNS string
 	// AfterSignal, when set, runs (without the fake's lock held) after a
 	// signal was delivered, e.g. to make the process exec another program.
 	AfterSignal func(f *Fake, pid int32, sig syscall.Signal)
@@ -88,6 +92,16 @@ func (f *Fake) Signals() []FakeSignal {
 
 // Self implements Interface.
 func (f *Fake) Self() int32 { return f.self }
+
+// CheckPIDNamespace implements Interface: PIDNamespaceErr.
+func (f *Fake) CheckPIDNamespace() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.PIDNamespaceErr
+}
+
+// SelfNetNS implements Interface: NetNS.
+func (f *Fake) SelfNetNS() string { return f.NetNS }
 
 // Find implements Interface.
 func (f *Fake) Find(_ context.Context, names []string) ([]Process, error) {

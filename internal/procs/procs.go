@@ -11,9 +11,13 @@ package procs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/clip"
 )
 
 // ErrNotFound is returned when no process with that PID exists (or it is a
@@ -42,6 +46,49 @@ type Process struct {
 	// State is the one-letter state from /proc/<pid>/stat: R, S, D
 	// (uninterruptible, "blocked"), Z, T, ...
 	State string `json:"state"`
+	// Exe is the executable as the kernel resolves /proc/<pid>/exe (a
+	// " (deleted)" suffix removed), "" when it cannot be read here. Unlike
+	// argv[0] it cannot be chosen by the process.
+	Exe string `json:"exe,omitempty"`
+	// CapEff is the effective capability set from /proc/<pid>/status
+	// (0 when unreadable).
+	CapEff uint64 `json:"capEff,omitempty"`
+	// NetNS is the network namespace as /proc/<pid>/ns/net names it
+	// ("net:[4026531840]"), "" when it cannot be read here.
+	NetNS string `json:"netns,omitempty"`
+}
+
+// CapNetAdmin is the bit of CAP_NET_ADMIN in a capability set.
+const CapNetAdmin = 1 << 12
+
+// NetfilterPrograms are the executables (basenames of /proc/<pid>/exe) that
+// iptables, ip6tables and nft commands really run: the xtables multi-call
+// binaries every iptables-*-restore name links to, and nft.
+var NetfilterPrograms = []string{"xtables-legacy-multi", "xtables-nft-multi", "xtables-multi", "nft"}
+
+// Eligible reports why p may not be treated as a real iptables/nft process
+// (nil when it may): its executable must be one of programs (basenames)
+// and it must run with CAP_NET_ADMIN. A process that only calls itself
+// iptables-restore (argv[0]) fails here.
+func Eligible(p Process, programs []string) error {
+	if p.Exe == "" {
+		return fmt.Errorf("its executable is not readable through the proc root")
+	}
+	base := filepath.Base(p.Exe)
+	ok := false
+	for _, n := range programs {
+		if n == base {
+			ok = true
+			break
+		}
+	}
+	if !ok {
+		return fmt.Errorf("its executable %q is not an iptables/nft program (%s)", clip.String(p.Exe, 256), strings.Join(programs, ", "))
+	}
+	if p.CapEff&CapNetAdmin == 0 {
+		return fmt.Errorf("it runs without CAP_NET_ADMIN (CapEff %016x)", p.CapEff)
+	}
+	return nil
 }
 
 // Name returns the basename of argv[0], the name policies match on ("" for
@@ -53,7 +100,9 @@ func ArgvName(argv []string) string {
 	if len(argv) == 0 || argv[0] == "" {
 		return ""
 	}
-	return filepath.Base(argv[0])
+	// No program name is longer; a longer argv[0] is clipped (and
+	// matches no name).
+	return clip.String(filepath.Base(clip.String(argv[0], 4096)), 255)
 }
 
 // Age is how long the process has existed at now.
@@ -105,6 +154,13 @@ type Interface interface {
 	Signal(ctx context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error
 	// Self returns the PID of this daemon in the proc root's namespace.
 	Self() int32
+	// CheckPIDNamespace returns nil when the proc root shows this
+	// daemon's own PID namespace, so that a PID read there is the PID a
+	// signal reaches; otherwise the reason.
+	CheckPIDNamespace() error
+	// SelfNetNS is this daemon's network namespace (the node's, with
+	// hostNetwork) in the form of Process.NetNS, "" when unknown.
+	SelfNetNS() string
 }
 
 // Alive reports whether pid is still the process created at createTimeMs.

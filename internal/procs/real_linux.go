@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -168,12 +169,76 @@ func (r *Real) get(ctx context.Context, pid int32, argv []string) (Process, erro
 		}
 	}
 	p := Process{Pid: pid, PPid: s.ppid, Comm: s.comm, Cmdline: argv, CreateTimeMs: ct, State: s.state}
+	r.identity(&p)
 	if s.ppid > 0 {
 		if ps, err := r.stat(s.ppid); err == nil {
 			p.ParentName = ps.comm
 		}
 	}
 	return p, nil
+}
+
+// identity fills what the process cannot choose: its executable, its
+// effective capabilities and its network namespace. Each is left empty
+// when unreadable (no CAP_SYS_PTRACE, or the process exited).
+func (r *Real) identity(p *Process) {
+	ps := strconv.Itoa(int(p.Pid))
+	if exe, err := os.Readlink(r.path(ps, "exe")); err == nil {
+		p.Exe = strings.TrimSuffix(exe, " (deleted)")
+	}
+	if b, err := readBounded(r.path(ps, "status"), 64<<10); err == nil {
+		p.CapEff, _ = parseCapEff(b)
+	}
+	if ns, err := os.Readlink(r.path(ps, "ns", "net")); err == nil {
+		p.NetNS = ns
+	}
+}
+
+// parseCapEff returns the CapEff mask of a /proc/<pid>/status.
+func parseCapEff(status []byte) (uint64, bool) {
+	for _, line := range bytes.Split(status, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("CapEff:")); ok {
+			c, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 16, 64)
+			if err != nil {
+				return 0, false
+			}
+			return c, true
+		}
+	}
+	return 0, false
+}
+
+// readBounded reads at most max bytes of a (proc) file.
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, max))
+}
+
+// CheckPIDNamespace implements Interface: the proc root's "self" must be
+// this process's own PID, else a PID read there names another process
+// (or none) in the namespace signals are sent in.
+func (r *Real) CheckPIDNamespace() error {
+	l, err := os.Readlink(r.path("self"))
+	if err != nil {
+		return fmt.Errorf("proc root %s does not show this process (%v): it is the procfs of another PID namespace; signals would reach other processes (run with hostPID: true, or point --proc-root at this PID namespace's procfs)", r.root, err)
+	}
+	if l != strconv.Itoa(os.Getpid()) {
+		return fmt.Errorf("proc root %s shows this process as pid %s, but it is pid %d in its own PID namespace: signals would reach other processes (run with hostPID: true, or point --proc-root at this PID namespace's procfs)", r.root, l, os.Getpid())
+	}
+	return nil
+}
+
+// SelfNetNS implements Interface.
+func (r *Real) SelfNetNS() string {
+	if ns, err := os.Readlink(r.path("self", "ns", "net")); err == nil {
+		return ns
+	}
+	ns, _ := os.Readlink("/proc/self/ns/net")
+	return ns
 }
 
 // Get implements Interface.
@@ -335,6 +400,9 @@ func fdinfoHoldsLock(path, key string) bool {
 func (r *Real) Signal(ctx context.Context, pid int32, createTimeMs int64, sig syscall.Signal) error {
 	if pid <= 1 {
 		return fmt.Errorf("refusing to signal pid %d", pid)
+	}
+	if err := r.CheckPIDNamespace(); err != nil {
+		return fmt.Errorf("refusing to signal pid %d: %w", pid, err)
 	}
 	fd, err := unix.PidfdOpen(int(pid), 0)
 	if err != nil {

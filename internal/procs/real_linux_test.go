@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -196,5 +197,57 @@ func TestRealOtherProcRoot(t *testing.T) {
 	found, err := r.Find(ctx, []string{self.Name()})
 	if err != nil || len(found) == 0 {
 		t.Fatalf("Find(%q) = %v %v", self.Name(), found, err)
+	}
+}
+
+// TestRealCheckPIDNamespace: /proc is this process's PID namespace; the
+// procfs of a new PID namespace (mounted by a child of unshare) is not, and
+// Signal refuses through it instead of signalling whatever has that PID here.
+func TestRealCheckPIDNamespace(t *testing.T) {
+	if err := New("/proc").CheckPIDNamespace(); err != nil {
+		t.Fatalf("/proc: %v", err)
+	}
+	if _, err := exec.LookPath("unshare"); err != nil || os.Geteuid() != 0 {
+		t.Skip("needs root and unshare(1)")
+	}
+	mnt := t.TempDir()
+	child := exec.Command("unshare", "--pid", "--fork", "sh", "-c", "mount -t proc proc "+mnt+" && exec sleep 300")
+	netnstest.StartGroup(t, child)
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	waitFor(t, "the other PID namespace's procfs", func() bool {
+		_, err := os.Stat(filepath.Join(mnt, "locks"))
+		return err == nil
+	})
+	other := New(mnt)
+	err := other.CheckPIDNamespace()
+	if err == nil {
+		t.Fatal("the procfs of another PID namespace passed the check")
+	}
+	t.Log(err)
+	// PID 1 there is sleep; pid 2 is nobody there, but may be someone here.
+	me := int32(os.Getpid())
+	if serr := other.Signal(context.Background(), me, 1, syscall.SIGTERM); serr == nil || !strings.Contains(serr.Error(), "PID namespace") {
+		t.Errorf("Signal through another namespace's procfs = %v", serr)
+	}
+}
+
+func FuzzParseCapEff(f *testing.F) {
+	f.Add([]byte("Name:\tiptables\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n"))
+	f.Add([]byte("CapEff:\tzz\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, ok := parseCapEff(b)
+		if !ok && c != 0 {
+			t.Fatalf("not ok but %x", c)
+		}
+	})
+}
+
+func TestParseCapEff(t *testing.T) {
+	c, ok := parseCapEff([]byte("Name:\tx\nCapPrm:\t0000000000000000\nCapEff:\t0000000000001000\n"))
+	if !ok || c != CapNetAdmin {
+		t.Errorf("got %x %v", c, ok)
+	}
+	if _, ok := parseCapEff([]byte("Name:\tx\n")); ok {
+		t.Error("no CapEff line parsed as ok")
 	}
 }

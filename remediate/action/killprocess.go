@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -32,6 +33,10 @@ type KillProcessParams struct {
 	// "holdSeconds", from XtablesLockContention): the holder is killed
 	// only when it has held the lock at least this long.
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
+	// Programs are the executables (basenames of /proc/<pid>/exe) a
+	// target must run, with CAP_NET_ADMIN, immediately before every
+	// signal: argv[0] is chosen by the process, its executable is not.
+	Programs []string `yaml:"programs"`
 }
 
 // SetDefaults sets the defaults of KillProcess (registry.Defaulter).
@@ -41,6 +46,7 @@ func (p *KillProcessParams) SetDefaults() {
 		GracePeriod: policy.D(5 * time.Second),
 		KillWait:    policy.D(5 * time.Second),
 		MinHoldTime: policy.D(30 * time.Second),
+		Programs:    append([]string(nil), procs.NetfilterPrograms...),
 	}
 }
 
@@ -53,6 +59,14 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 	for i, n := range p.Names {
 		if n == "" || strings.ContainsRune(n, '/') {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("names[%d]", i), Msg: "must be a program name (argv[0] basename), not empty or a path"})
+		}
+	}
+	if len(p.Programs) == 0 {
+		errs = append(errs, policy.FieldError{Field: "programs", Msg: "must name at least one executable"})
+	}
+	for i, n := range p.Programs {
+		if n == "" || strings.ContainsRune(n, '/') {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("programs[%d]", i), Msg: "must be an executable's basename, not empty or a path"})
 		}
 	}
 	if p.GracePeriod.Duration <= 0 {
@@ -103,6 +117,9 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	if a.n.Procs == nil {
 		return procs.Process{}, finding.Skip("%s", a.n.Why("procs"))
 	}
+	if err := a.n.Procs.CheckPIDNamespace(); err != nil {
+		return procs.Process{}, finding.Skip("refusing to signal: %v", err)
+	}
 	pid, ct := ref.Pid, ref.CreateTimeMs
 	if pid == 1 {
 		return procs.Process{}, finding.Skip("refusing to signal pid 1")
@@ -126,7 +143,34 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	if !slices.Contains(a.p.Names, cur.Name()) {
 		return procs.Process{}, finding.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
 	}
+	if err := procs.Eligible(cur, a.p.Programs); err != nil {
+		return procs.Process{}, finding.Skip("pid %d is not a real iptables/nft process: %v", pid, err)
+	}
+	if err := a.reach(cur, f); err != nil {
+		return procs.Process{}, err
+	}
 	return cur, nil
+}
+
+// reach refuses a process in another network namespace than the daemon's
+// (the node's) unless the finding says it holds or waits on the node's
+// xtables lock: such a restore is not stalling this node's rules.
+func (a *killProcess) reach(p procs.Process, f finding.Finding) error {
+	node := a.n.Procs.SelfNetNS()
+	if p.NetNS != "" && p.NetNS == node {
+		return nil
+	}
+	if f.Evidence["holdsXtablesLock"] == true || f.Evidence["waitsOnXtablesLock"] == true {
+		return nil
+	}
+	return finding.Skip("pid %d runs in network namespace %s, not the node's (%s), and does not hold or wait on the node's xtables lock", p.Pid, orUnknown(p.NetNS), orUnknown(node))
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 // holdCheck applies MinHoldTime to lock-holder findings.
@@ -154,7 +198,7 @@ func (a *killProcess) Plan(ctx context.Context, f finding.Finding) (Plan, error)
 		return Plan{}, err
 	}
 	return Plan{
-		Summary: fmt.Sprintf("send SIGTERM to pid %d (%s), wait %s, then SIGKILL if it still runs", p.Pid, strings.Join(p.Cmdline, " "), a.p.GracePeriod.Duration),
+		Summary: fmt.Sprintf("send SIGTERM to pid %d (%s), wait %s, then SIGKILL if it still runs", p.Pid, clip.Join(p.Cmdline, " ", clip.Max), a.p.GracePeriod.Duration),
 		Details: details(p),
 	}, nil
 }
@@ -164,7 +208,7 @@ func details(p procs.Process) map[string]any {
 		"pid":          p.Pid,
 		"createTimeMs": p.CreateTimeMs,
 		"name":         p.Name(),
-		"cmdline":      strings.Join(p.Cmdline, " "),
+		"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
 		"state":        p.State,
 		"ppid":         p.PPid,
 		"parentName":   p.ParentName,
@@ -194,7 +238,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 				return Result{}, err
 			}
 			if goneNow() {
-				return a.gone(ref, sent, start), nil
+				return a.gone(ctx, ref, f, sent, start)
 			}
 			// Still there but no longer eligible (exec'd into another
 			// program): a failure, not a skip.
@@ -203,7 +247,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 		if err := a.n.Procs.Signal(ctx, p.Pid, p.CreateTimeMs, step.sig); err != nil {
 			if errors.Is(err, procs.ErrNotFound) || errors.Is(err, procs.ErrNotSame) {
 				if len(sent) > 0 {
-					return a.gone(ref, sent, start), nil
+					return a.gone(ctx, ref, f, sent, start)
 				}
 				return Result{}, finding.Skip("pid %d is gone: %v", p.Pid, err)
 			}
@@ -212,11 +256,14 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 		sent = append(sent, signalName(step.sig))
 		if a.n.Log != nil {
 			a.n.Log.Info("signalled process", zap.String("signal", signalName(step.sig)), zap.Int32("pid", p.Pid),
-				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", strings.Join(p.Cmdline, " ")))
+				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", clip.Join(p.Cmdline, " ", clip.Max)))
 		}
 		if a.waitGone(ctx, p, step.wait) {
-			r := a.gone(ref, sent, start)
-			r.Details["cmdline"] = strings.Join(p.Cmdline, " ")
+			r, err := a.gone(ctx, ref, f, sent, start)
+			if err != nil {
+				return r, err
+			}
+			r.Details["cmdline"] = clip.Join(p.Cmdline, " ", clip.Max)
 			r.Details["name"] = p.Name()
 			return r, nil
 		}
@@ -231,8 +278,17 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 	return Result{}, fmt.Errorf("pid %d still running %s after SIGTERM and SIGKILL (state %s)", pid, a.p.KillWait.Duration, state)
 }
 
-func (a *killProcess) gone(ref procs.Ref, sent []string, start time.Time) Result {
+// gone is the result once the process is gone. For a lock holder the kill
+// worked only if the xtables lock is released too: a process that started
+// before the kill and still holds it (flock's child, when the flock wrapper
+// was killed) makes the attempt a failure, so it is retried and escalates.
+func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding, sent []string, start time.Time) (Result, error) {
 	pid, ct := ref.Pid, ref.CreateTimeMs
+	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
+		if err := a.lockReleased(ctx, pid, start); err != nil {
+			return Result{}, fmt.Errorf("pid %d is gone after %s, but %w", pid, strings.Join(sent, ", "), err)
+		}
+	}
 	return Result{
 		Summary: fmt.Sprintf("pid %d is gone after %s", pid, strings.Join(sent, ", ")),
 		Details: map[string]any{
@@ -241,7 +297,32 @@ func (a *killProcess) gone(ref procs.Ref, sent []string, start time.Time) Result
 			"signals":      sent,
 			"goneAfterMs":  time.Since(start).Milliseconds(),
 		},
+	}, nil
+}
+
+// lockReleased checks that nobody that existed before the kill (at start)
+// still holds the xtables lock.
+func (a *killProcess) lockReleased(ctx context.Context, pid int32, start time.Time) error {
+	l, err := a.n.Procs.FileLocks(ctx, a.n.XtablesLock)
+	if err != nil {
+		return fmt.Errorf("whether the xtables lock was released is unknown: %w", err)
 	}
+	if !l.Held {
+		return nil
+	}
+	var still []string
+	for _, h := range l.Holders {
+		if h.CreateTimeMs <= start.UnixMilli() {
+			still = append(still, fmt.Sprintf("%s (pid %d)", h.Name(), h.Pid))
+		}
+	}
+	if len(l.Holders) == 0 && slices.Contains(l.LockPIDs, pid) {
+		still = append(still, fmt.Sprintf("a process not visible here (/proc/locks pid %d)", pid))
+	}
+	if len(still) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the xtables lock %s is still held by %s", a.n.XtablesLock, strings.Join(still, ", "))
 }
 
 // waitGone polls until the process is gone or d (or ctx) runs out.

@@ -88,6 +88,11 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 	if hf.Severity != detect.Critical || hf.Evidence["name"] != "iptables-legacy-restore" || !strings.Contains(hf.Message, "held by flock") {
 		t.Errorf("finding = %+v", hf)
 	}
+	// In the test's namespace, not the node's, but waiting on the node's
+	// lock: a target, its namespace in the evidence.
+	if ns := hf.Evidence["netns"]; ns == "" || ns == hf.Evidence["nodeNetns"] || hf.Evidence["notATarget"] != nil {
+		t.Errorf("netns evidence = %v (node %v), notATarget %v", ns, hf.Evidence["nodeNetns"], hf.Evidence["notATarget"])
+	}
 	// comm is the truncated multi-call name; argv[0] matched.
 	if p, _ := pr.Get(ctx, restorePID); p.Comm != "iptables-legacy" {
 		t.Logf("comm = %q", p.Comm)
@@ -155,7 +160,10 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 }
 
 // TestRealKillLockHolder points KillProcess at the real holders of the lock
-// (allowlisted flock and sleep) and shows the waiter then gets the lock.
+// (flock and its child sleep, allowed here by a configured program list).
+// Killing the flock wrapper leaves its child holding the lock: the kill is
+// a failure although the process is gone (it escalates instead of reading
+// as "executed"). Killing the child releases the lock and the waiter gets it.
 func TestRealKillLockHolder(t *testing.T) {
 	netnstest.NeedCommands(t, "flock")
 	ctx := context.Background()
@@ -186,13 +194,33 @@ func TestRealKillLockHolder(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond)
 	fs, err := contention.Detect(ctx)
-	if err != nil || len(fs) != 2 {
+	if err != nil || len(fs) != 2 || fs[0].Evidence["name"] != "flock" || fs[1].Evidence["name"] != "sleep" {
 		t.Fatalf("findings = %+v %v", fs, err)
 	}
+	// flock and sleep are not iptables programs: info, and the default
+	// KillProcess refuses them.
 	for _, f := range fs {
-		if _, err := kill.Execute(ctx, f); err != nil {
-			t.Fatalf("kill %s: %v", f.Target, err)
+		if f.Severity != detect.Info || !strings.Contains(f.Message, "not an iptables/nft program") {
+			t.Errorf("finding %s: %s %s", f.Target, f.Severity, f.Message)
 		}
+		if _, err := kill.Plan(ctx, f); err == nil || !strings.Contains(err.Error(), "not a real iptables/nft process") {
+			t.Errorf("plan for %s = %v, want a refusal", f.Target, err)
+		}
+	}
+	kp.Programs = []string{"flock", "sleep"}
+	if kill, err = ty.New(kp, n); err != nil {
+		t.Fatal(err)
+	}
+	// The wrapper: gone, but its child still holds the lock.
+	_, err = kill.Execute(ctx, fs[0])
+	if _, skip := detect.IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), "is still held by sleep") {
+		t.Fatalf("killing the flock wrapper = %v, want a failure naming sleep", err)
+	}
+	if fl, err := pr.FileLocks(ctx, lock); err != nil || !fl.Held || len(fl.Waiters) != 1 {
+		t.Fatalf("after killing the wrapper: %+v %v", fl, err)
+	}
+	if _, err := kill.Execute(ctx, fs[1]); err != nil {
+		t.Fatalf("kill %s: %v", fs[1].Target, err)
 	}
 	eventually(t, "the waiter to get the lock and exit", 10*time.Second, func() bool {
 		fl, err := pr.FileLocks(ctx, lock)
@@ -200,5 +228,83 @@ func TestRealKillLockHolder(t *testing.T) {
 	})
 	if fs, _ := contention.Detect(ctx); len(fs) != 0 {
 		t.Errorf("still flagged: %+v", fs)
+	}
+}
+
+// TestRealTargetsOutOfReach runs, as an attacker would, a sleep that calls
+// itself iptables-restore (exec -a) and a real iptables-legacy-restore in a
+// test-made network namespace that neither holds nor waits on the node's
+// xtables lock (it waits on its stdin). Both are reported at info level
+// with the reason and their namespace, and KillProcess refuses both.
+func TestRealTargetsOutOfReach(t *testing.T) {
+	ns := netnstest.New(t)
+	netnstest.NeedCommands(t, "sleep", "iptables-legacy-restore")
+	ctx := context.Background()
+	lock := filepath.Join(t.TempDir(), "xtables.lock")
+	if err := os.WriteFile(lock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sleepPath, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	impostor := &exec.Cmd{Path: sleepPath, Args: []string{"iptables-restore", "300"}}
+	netnstest.StartGroup(t, impostor)
+
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdinW.Close() })
+	other := netnstest.Cmd(ns, "", "iptables-legacy-restore", "-w")
+	other.Stdin = stdinR
+	other.Env = append(os.Environ(), "XTABLES_LOCKFILE="+lock)
+	netnstest.StartGroup(t, other)
+	stdinR.Close()
+
+	pr := procs.New("/proc")
+	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
+	hung := detector(t, "HungIPTablesRestore", n, func(p any) {
+		p.(*detect.HungIPTablesRestoreParams).MinAge = policy.D(300 * time.Millisecond)
+	})
+	want := map[int32]string{
+		int32(impostor.Process.Pid): `executable "` + sleepPath + `" is not an iptables/nft program`,
+		int32(other.Process.Pid):    "not the node's",
+	}
+	got := map[int32]detect.Finding{}
+	eventually(t, "both to be reported", 15*time.Second, func() bool {
+		fs, err := hung.Detect(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if pid, _ := f.Evidence["pid"].(int32); want[pid] != "" {
+				got[pid] = f
+			}
+		}
+		return len(got) == 2
+	})
+	kp, _ := Lookup("KillProcess")
+	params := kp.NewParams().(*KillProcessParams)
+	params.GracePeriod = policy.D(time.Second)
+	kill, err := kp.New(params, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pid, f := range got {
+		t.Logf("finding: %s %s", f.Severity, f.Message)
+		if f.Severity != detect.Info || !strings.Contains(f.Message, want[pid]) || f.Evidence["netns"] == "" || f.Evidence["nodeNetns"] == "" {
+			t.Errorf("pid %d: %s %q %v", pid, f.Severity, f.Message, f.Evidence)
+		}
+		_, err := kill.Execute(ctx, f)
+		if reason, skip := detect.IsSkip(err); !skip || !strings.Contains(reason, strings.TrimPrefix(want[pid], "executable ")) {
+			t.Errorf("pid %d: Execute = %v, want a refusal", pid, err)
+		}
+		if alive, _ := procs.Alive(ctx, pr, pid, f.Evidence["createTimeMs"].(int64)); !alive {
+			t.Errorf("pid %d was killed", pid)
+		}
+	}
+	if got[int32(other.Process.Pid)].Evidence["netns"] == got[int32(other.Process.Pid)].Evidence["nodeNetns"] {
+		t.Error("the restore in the test namespace shows the node's namespace")
 	}
 }

@@ -2,6 +2,7 @@ package action
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strings"
 	"syscall"
@@ -21,9 +22,19 @@ var t0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 const selfPID = 999
 
+// nodeNetNS is the daemon's (the node's) network namespace in the fakes.
+const nodeNetNS = "net:[4026531840]"
+
+func newFake() *procs.Fake {
+	f := procs.NewFake(selfPID)
+	f.NetNS = nodeNetNS
+	return f
+}
+
 func restoreProc(pid int32) procs.FakeProcess {
 	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 50, Comm: "iptables-legacy", State: "S",
-		Cmdline: []string{"iptables-legacy-restore", "-w", "5"}, CreateTimeMs: t0.Add(-5 * time.Minute).UnixMilli()}}
+		Cmdline: []string{"iptables-legacy-restore", "-w", "5"}, CreateTimeMs: t0.Add(-5 * time.Minute).UnixMilli(),
+		Exe: "/usr/sbin/xtables-legacy-multi", CapEff: procs.CapNetAdmin, NetNS: nodeNetNS}}
 }
 
 func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
@@ -62,7 +73,7 @@ func sigs(f *procs.Fake) []syscall.Signal {
 }
 
 func TestKillProcessPlanHasNoSideEffects(t *testing.T) {
-	f := procs.NewFake(selfPID)
+	f := newFake()
 	p := restoreProc(200)
 	f.Add(p)
 	plan, err := newKill(t, f, nil).Plan(context.Background(), procFinding(200, p.CreateTimeMs, nil))
@@ -116,6 +127,35 @@ func TestKillProcessExecute(t *testing.T) {
 			p.Cmdline = []string{"/usr/bin/sleep", "300"}
 			f.Add(p)
 		}, f: procFinding(200, ct, nil), wantSkip: "not in the allowlist", wantAlive: true},
+		{name: "impostor: argv[0] iptables-restore, executable sleep", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.Exe = "/usr/bin/sleep"
+			f.Add(p)
+		}, f: procFinding(200, ct, nil), wantSkip: `executable "/usr/bin/sleep" is not an iptables/nft program`, wantAlive: true},
+		{name: "impostor: executable not readable", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.Exe = ""
+			f.Add(p)
+		}, f: procFinding(200, ct, nil), wantSkip: "not readable", wantAlive: true},
+		{name: "impostor: real iptables without CAP_NET_ADMIN", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.CapEff = 0x3fffffffff &^ procs.CapNetAdmin
+			f.Add(p)
+		}, f: procFinding(200, ct, nil), wantSkip: "without CAP_NET_ADMIN", wantAlive: true},
+		{name: "another network namespace, not on the node's lock", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.NetNS = "net:[4026532999]"
+			f.Add(p)
+		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": false, "holdsXtablesLock": false}), wantSkip: "not the node's", wantAlive: true},
+		{name: "another network namespace, waiting on the node's lock", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.NetNS = "net:[4026532999]"
+			f.Add(p)
+		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": true}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+		{name: "proc root of another PID namespace", setup: func(f *procs.Fake) {
+			f.Add(restoreProc(200))
+			f.PIDNamespaceErr = errors.New("proc root /host/proc shows this process as pid 4242")
+		}, f: procFinding(200, ct, nil), wantSkip: "refusing to signal: proc root /host/proc shows this process as pid 4242", wantAlive: true},
 		{name: "never pid 1", setup: func(f *procs.Fake) { f.Add(restoreProc(1)) },
 			f: procFinding(1, ct, nil), wantSkip: "pid 1", wantAlive: true},
 		{name: "never itself", setup: func(f *procs.Fake) { f.Add(restoreProc(selfPID)) },
@@ -139,7 +179,7 @@ func TestKillProcessExecute(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := procs.NewFake(selfPID)
+			f := newFake()
 			c.setup(f)
 			a := newKill(t, f, c.params)
 			res, err := a.Execute(context.Background(), c.f)
@@ -185,11 +225,11 @@ func TestKillProcessParamsValidate(t *testing.T) {
 	for _, e := range p.Validate() {
 		fields = append(fields, e.Field)
 	}
-	want := []string{"names[1]", "names[2]", "gracePeriod", "killWait", "minHoldTime"}
+	want := []string{"names[1]", "names[2]", "programs", "gracePeriod", "killWait", "minHoldTime"}
 	if !reflect.DeepEqual(fields, want) {
 		t.Errorf("fields = %v, want %v", fields, want)
 	}
-	if errs := (&KillProcessParams{}).Validate(); len(errs) != 3 || errs[0].Field != "names" {
+	if errs := (&KillProcessParams{}).Validate(); len(errs) != 4 || errs[0].Field != "names" || errs[1].Field != "programs" {
 		t.Errorf("empty = %v", errs)
 	}
 }

@@ -6,6 +6,7 @@ package journal
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/clip"
 )
 
 // Kinds of records.
@@ -42,6 +45,19 @@ type Record struct {
 	Details map[string]any `json:"details,omitempty"`
 }
 
+// MaxLine is the longest line Append writes: a record whose JSON is longer
+// has its outside strings clipped (marked) until it fits.
+const MaxLine = 64 << 10
+
+// MaxReadLine is the longest line ReadAll decodes; a longer one (written
+// before lines were bounded) is skipped with a note, never a failure.
+const MaxReadLine = 1 << 20
+
+// protected are the kinds that record what the daemon did. Other kinds
+// (dry-run, note) share a byte budget per hour so that no burst of them,
+// in one cycle or many, rotates those records away.
+var protected = map[string]bool{KindIntent: true, KindOutcome: true, KindVerified: true, KindEscalated: true}
+
 // FileName is the journal's name inside the state dir.
 const FileName = "journal.jsonl"
 
@@ -51,6 +67,12 @@ type Journal struct {
 	path     string
 	maxBytes int64
 	keep     int
+
+	// The budget of unprotected records: at most maxBytes per hour, so
+	// with keep >= 3 one hour of them rotates away at most two files.
+	windowStart time.Time
+	windowBytes int64
+	dropped     int
 }
 
 // Open returns a journal in dir that rotates at maxBytes keeping keep old
@@ -71,15 +93,29 @@ func Open(dir string, maxBytes int64, keep int) (*Journal, error) {
 // Path is the current journal file.
 func (j *Journal) Path() string { return j.path }
 
-// Append writes r as one line and fsyncs it before returning.
+// Append writes r as one line (at most MaxLine bytes) and fsyncs it before
+// returning. Records of unprotected kinds over the hourly budget are
+// dropped and counted; the next one that fits says how many were dropped.
 func (j *Journal) Append(r Record) error {
-	line, err := json.Marshal(r)
+	line, err := encode(r)
 	if err != nil {
-		return fmt.Errorf("encoding journal record: %w", err)
+		return err
 	}
-	line = append(line, '\n')
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if !protected[r.Kind] {
+		if !j.budget(r.Time, int64(len(line))) {
+			j.dropped++
+			return nil
+		}
+		if j.dropped > 0 {
+			r.Details = withDropped(r.Details, j.dropped)
+			if line, err = encode(r); err != nil {
+				return err
+			}
+			j.dropped = 0
+		}
+	}
 	fi, statErr := os.Stat(j.path)
 	created := statErr != nil
 	if statErr == nil && fi.Size()+int64(len(line)) > j.maxBytes {
@@ -107,6 +143,70 @@ func (j *Journal) Append(r Record) error {
 		}
 	}
 	return nil
+}
+
+// budget reports whether n more bytes of unprotected records fit in the
+// current hour's budget, and takes them if so.
+func (j *Journal) budget(at time.Time, n int64) bool {
+	if at.IsZero() {
+		at = time.Now()
+	}
+	if j.windowStart.IsZero() || at.Sub(j.windowStart) >= time.Hour || at.Before(j.windowStart) {
+		j.windowStart, j.windowBytes = at, 0
+	}
+	if j.windowBytes+n > j.maxBytes {
+		return false
+	}
+	j.windowBytes += n
+	return true
+}
+
+func withDropped(d map[string]any, n int) map[string]any {
+	out := make(map[string]any, len(d)+1)
+	for k, v := range d {
+		out[k] = v
+	}
+	out["journalDroppedBefore"] = fmt.Sprintf("%d dry-run/note records were dropped before this one (their hourly journal budget was used up)", n)
+	return out
+}
+
+// encode marshals r as one line of at most MaxLine bytes: when it is
+// longer, its strings are clipped (marked) with a shrinking bound, and
+// details that still do not fit are replaced by a clipped excerpt.
+func encode(r Record) ([]byte, error) {
+	// Outside strings are clipped before marshalling: a 2 MB command line
+	// is never escaped whole.
+	line, err := json.Marshal(clipRecord(r, clip.Max))
+	if err != nil {
+		return nil, fmt.Errorf("encoding journal record: %w", err)
+	}
+	for max := clip.Max / 2; len(line)+1 > MaxLine && max >= 64; max /= 2 {
+		c := clipRecord(r, max)
+		if line, err = json.Marshal(c); err != nil {
+			return nil, fmt.Errorf("encoding journal record: %w", err)
+		}
+		if len(line)+1 > MaxLine && max < 128 {
+			d, _ := json.Marshal(clip.Values(r.Details, 64))
+			c.Details = map[string]any{"clipped": clip.String(string(d), 1024)}
+			if line, err = json.Marshal(c); err != nil {
+				return nil, fmt.Errorf("encoding journal record: %w", err)
+			}
+		}
+	}
+	if len(line)+1 > MaxLine { // unreachable with bounded fields; never write a longer line
+		return nil, fmt.Errorf("journal record of %d bytes does not fit in %d", len(line), MaxLine)
+	}
+	return append(line, '\n'), nil
+}
+
+// clipRecord clips r's strings to max bytes (names and IDs to 256).
+func clipRecord(r Record, max int) Record {
+	c := r
+	c.Summary, c.Error = clip.String(r.Summary, max), clip.String(r.Error, max)
+	c.Target, c.Rule = clip.String(r.Target, max), clip.String(r.Rule, max)
+	c.Node, c.Action, c.ID = clip.String(r.Node, 256), clip.String(r.Action, 256), clip.String(r.ID, 256)
+	c.Details = clip.Values(r.Details, max)
+	return c
 }
 
 func syncDir(dir string) error {
@@ -163,26 +263,54 @@ func ReadAll(dir string) ([]Record, error) {
 	return out, nil
 }
 
-// Decode reads JSON-lines records from r.
+// Decode reads JSON-lines records from r. Any line length is read: a line
+// over MaxReadLine bytes is skipped (without holding it in memory) and
+// returned as a KindNote record saying so.
 func Decode(r io.Reader) ([]Record, error) {
 	var out []Record
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	n := 0
-	for sc.Scan() {
-		n++
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
+	br := bufio.NewReaderSize(r, 64<<10)
+	for n := 1; ; n++ {
+		line, size, err := readLine(br, MaxReadLine)
+		if size > MaxReadLine {
+			out = append(out, Record{Kind: KindNote, Summary: fmt.Sprintf("journal line %d is %d bytes, over %d: skipped", n, size, MaxReadLine)})
+		} else if t := bytes.TrimSpace(line); len(t) > 0 {
+			var rec Record
+			if uerr := json.Unmarshal(t, &rec); uerr != nil {
+				out = append(out, Record{Kind: KindNote, Summary: fmt.Sprintf("unreadable journal line %d: %v", n, uerr)})
+			} else {
+				out = append(out, rec)
+			}
 		}
-		var rec Record
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			out = append(out, Record{Kind: KindNote, Summary: fmt.Sprintf("unreadable journal line %d: %v", n, err)})
-			continue
+		if errors.Is(err, io.EOF) {
+			return out, nil
 		}
-		out = append(out, rec)
+		if err != nil {
+			return out, err
+		}
 	}
-	return out, sc.Err()
+}
+
+// readLine returns the next line without its newline, and its full size;
+// bytes past max are read and discarded (line is nil then).
+func readLine(br *bufio.Reader, max int) ([]byte, int, error) {
+	var line []byte
+	size := 0
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(chunk) > 0 && chunk[len(chunk)-1] == '\n' {
+			chunk = chunk[:len(chunk)-1]
+		}
+		size += len(chunk)
+		if size <= max {
+			line = append(line, chunk...)
+		} else {
+			line = nil
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return line, size, err
+	}
 }
 
 // Format renders a record as one readable line.

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -40,7 +41,9 @@ import (
 )
 
 const (
-	saUser  = "system:serviceaccount:kube-system:remediate"
+	saUser = "system:serviceaccount:remediate:remediate"
+	// guardNS holds the guardrail Leases (the daemon's own namespace).
+	guardNS = "remediate"
 	nodeKey = "authentication.kubernetes.io/node-name"
 )
 
@@ -50,7 +53,7 @@ func asDaemon(cp *controlplane.ControlPlane, node string) *rest.Config {
 	cfg := rest.CopyConfig(cp.RestConfig)
 	cfg.Impersonate = rest.ImpersonationConfig{
 		UserName: saUser,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 		Extra:    map[string][]string{nodeKey: {node}},
 	}
 	return cfg
@@ -100,6 +103,29 @@ func TestClusterEndToEnd(t *testing.T) {
 // need its RBAC and admission policy).
 func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
+	// A server-side dry run cannot create the namespace its objects go
+	// into; kubectl apply creates the Namespace first, for real, as here.
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guardNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	applyOverlay(t, cp, "audit", true)
+	applyOverlay(t, cp, "enforce", true)
+	// Enforce for real: the action tests need its RBAC (the audit
+	// overlay's is read-only; testPermissions checks it too).
+	applyOverlay(t, cp, "enforce", false)
+	// Nothing was created by the dry run of the audit overlay.
+	cms, _ := cp.Client.CoreV1().ConfigMaps(guardNS).List(ctx, metav1.ListOptions{})
+	for _, cm := range cms.Items {
+		if strings.HasPrefix(cm.Name, "remediate-policy-audit") {
+			t.Errorf("dry run created %s", cm.Name)
+		}
+	}
+}
+
+// applyOverlay server-side applies every object of an overlay.
+func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, dryRun bool) {
+	t.Helper()
+	ctx := context.Background()
 	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
 	if err != nil {
 		t.Fatal(err)
@@ -109,42 +135,30 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apply := func(overlay string, dryRun bool) {
-		m, err := deploy.Render(overlay)
+	m, err := deploy.Render(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range m.Resources() {
+		js, err := r.MarshalJSON()
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range m.Resources() {
-			js, err := r.MarshalJSON()
-			if err != nil {
-				t.Fatal(err)
-			}
-			gvk := r.GetGvk()
-			mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
-			if err != nil {
-				t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
-			}
-			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-			if mapping.Scope.Name() == "namespace" {
-				ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
-			}
-			opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
-			if dryRun {
-				opts.DryRun = []string{metav1.DryRunAll}
-			}
-			if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
-				t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
-			}
+		gvk := r.GetGvk()
+		mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
 		}
-	}
-	apply("audit", true)
-	apply("enforce", true)
-	apply("audit", false)
-	// Nothing was created by the dry runs of the enforce overlay.
-	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
-	for _, cm := range cms.Items {
-		if strings.HasPrefix(cm.Name, "remediate-policy-enforce") {
-			t.Errorf("dry run created %s", cm.Name)
+		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
+		if mapping.Scope.Name() == "namespace" {
+			ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
+		}
+		opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
+		if dryRun {
+			opts.DryRun = []string{metav1.DryRunAll}
+		}
+		if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
+			t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
 		}
 	}
 }
@@ -162,8 +176,8 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
 		{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""}, {"update", "", "nodes", "", ""},
 		{"patch", "", "nodes", "status", ""},
-		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
-		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"get", "coordination.k8s.io", "leases", "", guardNS}, {"list", "coordination.k8s.io", "leases", "", guardNS},
+		{"create", "coordination.k8s.io", "leases", "", guardNS}, {"update", "coordination.k8s.io", "leases", "", guardNS},
 		{"list", "", "pods", "", "kube-system"}, {"delete", "", "pods", "", "kube-system"},
 		{"create", "events.k8s.io", "events", "", "kube-system"}, {"patch", "events.k8s.io", "events", "", "kube-system"},
 	}
@@ -174,7 +188,12 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"create", "", "pods", "", "kube-system"}, {"get", "", "pods", "", "kube-system"}, {"create", "", "pods", "eviction", "kube-system"},
 		{"delete", "", "nodes", "", ""}, {"patch", "", "nodes", "", ""}, {"create", "", "nodes", "", ""},
 		{"update", "", "nodes", "status", ""},
-		{"delete", "coordination.k8s.io", "leases", "", "kube-system"}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		{"delete", "coordination.k8s.io", "leases", "", guardNS}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		// No Lease outside its own namespace: not the controller-manager's
+		// or scheduler's leader Leases in kube-system.
+		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
+		{"list", "", "pods", "", guardNS}, {"create", "events.k8s.io", "events", "", guardNS},
 		{"create", "events.k8s.io", "events", "", "default"}, {"create", "", "events", "", "kube-system"},
 		{"update", "", "services", "", "default"}, {"delete", "discovery.k8s.io", "endpointslices", "", "default"},
 		{"get", "", "configmaps", "", "kube-system"}, {"update", "apps", "daemonsets", "", "kube-system"},
@@ -184,7 +203,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 	check := func(a ra) bool {
 		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:   saUser,
-			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"},
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
 				Subresource: a.sub, Namespace: a.ns},
 		}}
@@ -204,6 +223,28 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Errorf("ServiceAccount allowed %+v, which the daemon does not need", a)
 		}
 	}
+
+	// The audit overlay's RBAC is read-only: no pod delete, no Node
+	// update, while reporting keeps working.
+	applyOverlay(t, cp, "audit", false)
+	waitFor(t, 30*time.Second, "audit RBAC", func() (bool, string) {
+		return !check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still allowed"
+	})
+	for _, a := range []ra{{"delete", "", "pods", "", "kube-system"}, {"update", "", "nodes", "", ""}} {
+		if check(a) {
+			t.Errorf("audit overlay allows %+v", a)
+		}
+	}
+	for _, a := range []ra{{"patch", "", "nodes", "status", ""}, {"list", "", "pods", "", "kube-system"}, {"create", "events.k8s.io", "events", "", "kube-system"},
+		{"update", "coordination.k8s.io", "leases", "", guardNS}, {"watch", "", "nodes", "", ""}} {
+		if !check(a) {
+			t.Errorf("audit overlay refuses %+v, which reporting needs", a)
+		}
+	}
+	applyOverlay(t, cp, "enforce", false)
+	waitFor(t, 30*time.Second, "enforce RBAC back", func() (bool, string) {
+		return check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still refused"
+	})
 
 	// The admission policy: as the daemon on n1, deleting n2's kube-proxy
 	// pod or updating n2 is denied; n1's own are allowed.
@@ -226,6 +267,8 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 	if _, err := kube.Cordon(ctx, n1, "n2", kube.CordonRecord{Detector: "x"}); err == nil || !strings.Contains(err.Error(), "only update its own Node") {
 		t.Errorf("daemon on n1 cordoned n2: %v", err)
 	}
+	testOwnNodeFields(t, cp, n1)
+	testSubjectInAnotherNamespace(t, cp)
 	if _, err := n1.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("secrets list: %v", err)
 	}
@@ -285,7 +328,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	errs := make(chan error, 100)
 	for i, n := range []string{"n1", "n2", "n3"} {
 		b := guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: "kube-system", Slots: slots, TTL: 30 * time.Second, Node: n})
+			guardrails.BudgetOptions{Namespace: guardNS, Slots: slots, TTL: 30 * time.Second, Node: n})
 		wg.Add(1)
 		go func(i int, n string, b *guardrails.Budget) {
 			defer wg.Done()
@@ -334,7 +377,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	go func() {
 		defer close(done)
 		for time.Now().Before(stop) {
-			l, err := cp.Client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
+			l, err := cp.Client.CoordinationV1().Leases(guardNS).List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
 			if err == nil {
 				held := 0
 				for i := range l.Items {
@@ -364,7 +407,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	// A crashed holder's slot expires after its TTL.
 	short := func(n string) *guardrails.Budget {
 		return guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: "kube-system", Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+			guardrails.BudgetOptions{Namespace: guardNS, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
 	}
 	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
 		t.Fatal(err)
@@ -387,7 +430,7 @@ func schemaGK(group, kind string) schema.GroupKind { return schema.GroupKind{Gro
 func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
-	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1", MinNodes: 2, MaxShare: 0.3})
+	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1", MinNodes: 2, MaxShare: 0.3})
 	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", Firing: storm.Publish,
 		Hysteresis: kubeexporter.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
 	sick := &remediate.Report{
@@ -440,7 +483,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
 	// firing it, 2 of 2 live nodes is a storm.
-	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n2", MinNodes: 2, MaxShare: 0.3})
 	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
 		t.Fatal(err)
 	}
@@ -636,8 +679,8 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	guards := guardrails.Cluster{
 		OptOut:    guardrails.NewOptOut(nw),
 		Freshness: guardrails.NewFreshness(view, "", nil),
-		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1"}),
-		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: "kube-system", Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1"}),
+		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: guardNS, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
 	}
 	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
 	if err != nil {
@@ -704,4 +747,86 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Errorf("disruptive rule after reconnect: %+v", d)
 	}
 	eng.Close(ctx)
+}
+
+// testOwnNodeFields: on its own Node the daemon may cordon with its own
+// taint and annotation and set its condition, and nothing else: no label
+// (node-restriction.kubernetes.io/* included), no other taint, annotation
+// or condition (issue 13).
+func testOwnNodeFields(t *testing.T, cp *controlplane.ControlPlane, n1 kubernetes.Interface) {
+	ctx := context.Background()
+	dry := metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}}
+	edit := func(what string, change func(n *corev1.Node), wantDenied string) {
+		t.Helper()
+		n, err := n1.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(n)
+		_, err = n1.CoreV1().Nodes().Update(ctx, n, dry)
+		switch {
+		case wantDenied == "" && err != nil:
+			t.Errorf("%s: refused: %v", what, err)
+		case wantDenied != "" && (err == nil || !strings.Contains(err.Error(), wantDenied)):
+			t.Errorf("%s: %v, want denied with %q", what, err, wantDenied)
+		}
+	}
+	edit("cordon with remediate's taint and annotation", func(n *corev1.Node) {
+		n.Spec.Unschedulable = true
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "remediate.dev/dataplane-unhealthy", Effect: corev1.TaintEffectNoSchedule})
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[kube.AnnotationCordonedBy] = `{"detector":"x"}`
+	}, "")
+	edit("node-restriction label", func(n *corev1.Node) {
+		if n.Labels == nil {
+			n.Labels = map[string]string{}
+		}
+		n.Labels["node-restriction.kubernetes.io/pool"] = "trusted"
+	}, "may not change a Node's labels")
+	edit("another taint", func(n *corev1.Node) {
+		n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: "dedicated", Value: "x", Effect: corev1.TaintEffectNoSchedule})
+	}, "only taints whose key starts with remediate.dev/")
+	edit("another annotation", func(n *corev1.Node) {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations["node.alpha.kubernetes.io/ttl"] = "0"
+	}, "only the remediate.dev/cordoned-by annotation")
+	edit("pod CIDR", func(n *corev1.Node) { n.Spec.PodCIDR = "10.9.0.0/24" }, "only spec.unschedulable and its own taints")
+	patch := func(cond string) error {
+		body := fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"False","reason":"Forged","message":"x"}]}}`, cond)
+		_, err := n1.CoreV1().Nodes().Patch(ctx, "n1", types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}}, "status")
+		return err
+	}
+	if err := patch("Ready"); err == nil || !strings.Contains(err.Error(), "only the KubeProxyDataplaneHealthy condition") {
+		t.Errorf("forging Ready: %v", err)
+	}
+	if err := patch("KubeProxyDataplaneHealthy"); err != nil {
+		t.Errorf("setting its condition: %v", err)
+	}
+}
+
+// testSubjectInAnotherNamespace: the deployment moved into another
+// namespace by a kustomize overlay is still confined to its own node (the
+// policy's subject used to name kube-system; issue 18).
+func testSubjectInAnotherNamespace(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	crb := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "remediate-ops"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "remediate"},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "remediate", Namespace: "ops"}}}
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer cp.Client.RbacV1().ClusterRoleBindings().Delete(ctx, crb.Name, metav1.DeleteOptions{})
+	cfg := rest.CopyConfig(cp.RestConfig)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:ops:remediate",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ops", "system:authenticated"},
+		Extra:  map[string][]string{nodeKey: {"n1"}}}
+	ops := kubernetes.NewForConfigOrDie(cfg)
+	waitFor(t, 30*time.Second, "ops:remediate confined to n1", func() (bool, string) {
+		_, err := kube.Cordon(ctx, ops, "n2", kube.CordonRecord{Detector: "x"})
+		return err != nil && strings.Contains(err.Error(), "only update its own Node"), fmt.Sprint(err)
+	})
 }

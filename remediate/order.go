@@ -1,0 +1,114 @@
+package remediate
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/clip"
+)
+
+// maxTargetsPerDetector is how many findings of one rule a cycle keeps;
+// the rest are summarised in one finding (a hostile or broken input must
+// not become tens of thousands of targets, state entries and report lines).
+const maxTargetsPerDetector = 100
+
+// summaryTarget is the target of the finding that summarises the findings
+// over maxTargetsPerDetector.
+const summaryTarget = "findings/over-limit"
+
+// orderTargets returns findings in the order they are acted on, so that
+// when a rate limit or budget allows only some, the most urgent get it:
+// severity (critical first), then evidence (a lock holder, then a lock
+// waiter, then the rest), then age (oldest first), then target name for a
+// stable order. The input is not modified.
+func orderTargets(findings []detect.Finding) []detect.Finding {
+	out := append([]detect.Finding(nil), findings...)
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if sa, sb := severityRank(a.Severity), severityRank(b.Severity); sa != sb {
+			return sa > sb
+		}
+		if ea, eb := lockRank(a), lockRank(b); ea != eb {
+			return ea > eb
+		}
+		if aa, ab := age(a), age(b); aa != ab {
+			return aa > ab
+		}
+		return a.Target < b.Target
+	})
+	return out
+}
+
+func severityRank(s detect.Severity) int {
+	switch s {
+	case detect.Critical:
+		return 3
+	case detect.Warning:
+		return 2
+	case detect.Info:
+		return 1
+	}
+	return 0
+}
+
+func lockRank(f detect.Finding) int {
+	switch {
+	case f.Evidence["holdsXtablesLock"] == true:
+		return 2
+	case f.Evidence["waitsOnXtablesLock"] == true:
+		return 1
+	}
+	return 0
+}
+
+// age is the finding's evidence of how long its target has been in this
+// state: holdSeconds (lock holders) or ageSeconds (processes); 0 if none.
+func age(f detect.Finding) float64 {
+	for _, k := range []string{"holdSeconds", "ageSeconds"} {
+		if v, ok := f.Evidence[k].(float64); ok && v == v {
+			return v
+		}
+	}
+	return 0
+}
+
+// capTargets keeps the first maxTargetsPerDetector findings (in acting
+// order) and replaces the rest by one summary finding.
+func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
+	if len(ordered) <= maxTargetsPerDetector {
+		return ordered
+	}
+	kept := append([]detect.Finding(nil), ordered[:maxTargetsPerDetector]...)
+	rest := ordered[maxTargetsPerDetector:]
+	counts := map[detect.Severity]int{}
+	for _, f := range rest {
+		counts[f.Severity]++
+	}
+	sev := detect.Info
+	for _, s := range []detect.Severity{detect.Warning, detect.Critical} {
+		if counts[s] > 0 {
+			sev = s
+		}
+	}
+	return append(kept, detect.Finding{
+		Detector: detector,
+		Target:   summaryTarget,
+		Severity: sev,
+		Message: fmt.Sprintf("%d more findings not listed (at most %d targets per detector and cycle): %d critical, %d warning, %d info",
+			len(rest), maxTargetsPerDetector, counts[detect.Critical], counts[detect.Warning], counts[detect.Info]),
+		Evidence: map[string]any{"omitted": len(rest), "limit": maxTargetsPerDetector, "firstOmittedTarget": rest[0].Target},
+	})
+}
+
+// boundFinding clips what a detector copied from outside (a command line, a
+// response body) before it goes into the report, the state, the journal
+// and the Node: the message and every evidence string to clip.Max bytes,
+// evidence lists and maps to 64 elements. Numbers and booleans, which
+// actions read, are kept as they are.
+func boundFinding(f detect.Finding) detect.Finding {
+	f.Target = clip.String(f.Target, 1024)
+	f.Message = clip.String(f.Message, clip.Max)
+	f.Evidence = clip.Values(f.Evidence, clip.Max)
+	return f
+}
