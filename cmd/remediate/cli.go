@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -38,9 +38,9 @@ type options struct {
 	dryRun      bool
 	output      string
 
-	// set: flags given on the command line (explicit paths are checked
-	// strictly, see checkPaths).
-	set map[string]bool
+	// stateWarning is said in the --once report (a dry run on a state dir
+	// it cannot write).
+	stateWarning string
 }
 
 // usageError is a command-line mistake: it is printed with a pointer to
@@ -88,8 +88,16 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.set = map[string]bool{}
-			cmd.Flags().Visit(func(f *pflag.Flag) { o.set[f.Name] = true })
+			if o.output != "text" && o.output != "json" {
+				return usageErrorf("--output must be text or json, got %q", o.output)
+			}
+			if o.logFormat != "" && o.logFormat != "json" && o.logFormat != "console" {
+				return usageErrorf("--log-format must be json or console, got %q", o.logFormat)
+			}
+			var lvl zapcore.Level
+			if err := lvl.Set(o.logLevel); err != nil {
+				return usageErrorf("--log-level must be debug, info, warn or error, got %q", o.logLevel)
+			}
 			return codeErr(runMain(cmd.Context(), o, stdout, stderr))
 		},
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,10 +27,6 @@ import (
 // runMain is the root command: the daemon, or one pass with --once. It
 // returns the exit status.
 func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
-	if o.output != "text" && o.output != "json" {
-		fmt.Fprintf(stderr, "Error: --output must be text or json, got %q\nSee 'remediate --help' for usage.\n", o.output)
-		return exitError
-	}
 	if o.nodeName == "" {
 		o.nodeName = nodeNameDefault()
 	}
@@ -41,20 +38,42 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	}
 	log, err := newLogger(o.logFormat, o.logLevel, stderr)
 	if err != nil {
-		fmt.Fprintf(stderr, "remediate: %v\n", err)
+		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
 	defer func() { _ = log.Sync() }()
-	klog.SetLogger(zapr.NewLogger(log.Named("klog")))
+	// client-go's retries and reflector errors are the daemon's business at
+	// debug level; what an operator needs is said once (wire_kube.go).
+	klog.SetLogger(zapr.NewLogger(demote(log.Named("klog"), zapcore.DebugLevel)))
 
+	if err := checkPaths(o); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "Error: %s\n", line)
+		}
+		return exitError
+	}
 	pol, err := policy.Load(o.policy, remediate.Catalog{})
 	if err != nil {
-		fmt.Fprintf(stderr, "remediate: invalid policy:\n%v\n", err)
+		fmt.Fprintf(stderr, "Error: invalid policy %s:\n%v\n", o.policy, err)
 		return exitError
+	}
+	if o.once && o.dryRun {
+		// A dry run changes nothing on the node; it need not write the
+		// state dir either (a read-only mount, another user's directory).
+		if werr := stateDirWritable(o.stateDir); werr != nil {
+			tmp, cleanup, err := readOnlyStateDir(o.stateDir)
+			if err != nil {
+				fmt.Fprintf(stderr, "Error: state dir %s is not writable (%v), and no private copy: %v\n", o.stateDir, werr, err)
+				return exitError
+			}
+			defer cleanup()
+			o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
+			o.stateDir = tmp
+		}
 	}
 	j, err := journal.Open(o.stateDir, 0, 0)
 	if err != nil {
-		fmt.Fprintf(stderr, "remediate: %v\n", err)
+		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
 	w := newWiring(o, pol, log)
@@ -107,6 +126,9 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
 		return exitError
 	}
+	if o.stateWarning != "" {
+		rep.Warnings = append(rep.Warnings, o.stateWarning)
+	}
 	code := rep.ExitCode()
 	if err != nil {
 		// The report is complete, but the guardrail state is not saved.
@@ -126,6 +148,37 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 		return exitError
 	}
 	return code
+}
+
+// demote logs every entry of l at level to (entries below the logger's
+// level are dropped as usual).
+func demote(l *zap.Logger, to zapcore.Level) *zap.Logger {
+	return l.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return demotedCore{c, to} }))
+}
+
+type demotedCore struct {
+	zapcore.Core
+	to zapcore.Level
+}
+
+func (c demotedCore) Enabled(zapcore.Level) bool { return c.Core.Enabled(c.to) }
+func (c demotedCore) With(f []zapcore.Field) zapcore.Core {
+	return demotedCore{c.Core.With(f), c.to}
+}
+func (c demotedCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if e.Level < zapcore.DPanicLevel { // never turn a panic into a debug line
+		e.Level = c.to
+	}
+	if !c.Core.Enabled(e.Level) {
+		return ce
+	}
+	return ce.AddCore(e, c)
+}
+func (c demotedCore) Write(e zapcore.Entry, f []zapcore.Field) error {
+	if e.Level < zapcore.DPanicLevel {
+		e.Level = c.to
+	}
+	return c.Core.Write(e, f)
 }
 
 func newLogger(format, level string, w io.Writer) (*zap.Logger, error) {
