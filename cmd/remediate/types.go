@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/action"
 )
 
@@ -23,6 +24,7 @@ func writeTypes(w io.Writer) error {
 	for _, t := range detect.Types() {
 		fmt.Fprintf(w, "\n  %s\n", t.Name)
 		writeWrapped(w, "    ", t.Doc)
+		fmt.Fprintf(w, "    reports: %s\n", remediate.KindList(t.Targets))
 		writeParams(w, t.NewParams())
 	}
 	fmt.Fprintln(w, "\nACTIONS (rules[].action.type):")
@@ -33,7 +35,12 @@ func writeTypes(w io.Writer) error {
 			d += " [disruptive: needs a cluster budget slot]"
 		}
 		writeWrapped(w, "    ", d)
+		fmt.Fprintf(w, "    acts on: %s\n", remediate.ActsOn(t))
 		writeParams(w, t.NewParams())
+	}
+	fmt.Fprintln(w, "\nPAIRS (action <- detectors whose findings can feed it; `policy check` refuses other pairs):")
+	for _, t := range action.Types() {
+		fmt.Fprintf(w, "  %-32s <- %s\n", t.Name, strings.Join(remediate.Feeders(t), ", "))
 	}
 	fmt.Fprintln(w, "\n`remediate policy show FILE` prints a policy with every default filled in.")
 	return nil
