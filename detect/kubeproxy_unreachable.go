@@ -37,6 +37,9 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 		// Our own deadline, not kube-proxy's fault: cannot tell.
 		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
 	}
+	if why := kubeProxyAbsence(d.n.ProcRoot, merr, herr); why != "" {
+		return nil, Skip("%s", why)
+	}
 	for _, e := range []struct {
 		endpoint string
 		err      error
