@@ -202,6 +202,7 @@ type detResult struct {
 	findings []detect.Finding
 	err      error
 	skip     string
+	judged   string // what a clean run judged (detect.Judged)
 }
 
 // Cycle runs one detection pass, decides and acts. It holds the state dir
@@ -241,6 +242,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	for i, rr := range e.rules {
 		c.rule(ctx, rr, results[i])
 	}
+	rep.OK = okChecks(e.rules, results)
 	// What is held is held for a Verifying target. Another process sharing
 	// the state dir (remediate --once) may have judged the verification.
 	for k := range e.held {
@@ -302,7 +304,7 @@ func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Du
 			}
 		}()
 		fs, err := rr.det.Detect(dctx)
-		ch <- detResult{findings: fs, err: err}
+		ch <- detResult{findings: fs, err: err, judged: judgedFigure(rr.det, fs, err)}
 	}()
 	select {
 	case r := <-ch:

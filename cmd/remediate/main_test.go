@@ -45,6 +45,9 @@ func (d cliDetector) Detect(context.Context) ([]detect.Finding, error) {
 	return out, nil
 }
 
+// Judged implements detect.Judged: the figure a clean run looked at.
+func (d cliDetector) Judged() string { return "no iptables-restore running longer than 1m0s (3 running)" }
+
 type cliSkipper struct{}
 
 func (cliSkipper) Detect(context.Context) ([]detect.Finding, error) {
@@ -90,6 +93,8 @@ rules:
   cooldown: 10m
 - name: api-check
   detector: {type: CLITestNeedsAPI}
+- name: clean-check
+  detector: {type: CLITestHung, findings: 0}
 `
 
 func writePolicy(t *testing.T, dir, mode string, findings int) string {
@@ -147,7 +152,7 @@ func TestOnceTextAndJSONGolden(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"node", "mode", "findings", "decisions"} {
+	for _, k := range []string{"node", "mode", "findings", "decisions", "skipped", "ok"} {
 		if _, ok := rep[k]; !ok {
 			t.Errorf("report lacks key %q", k)
 		}
