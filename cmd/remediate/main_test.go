@@ -46,7 +46,9 @@ func (d cliDetector) Detect(context.Context) ([]detect.Finding, error) {
 }
 
 // Judged implements detect.Judged: the figure a clean run looked at.
-func (d cliDetector) Judged() string { return "no iptables-restore running longer than 1m0s (3 running)" }
+func (d cliDetector) Judged() string {
+	return "no iptables-restore running longer than 1m0s (3 running)"
+}
 
 type cliSkipper struct{}
 
