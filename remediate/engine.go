@@ -143,6 +143,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
 	e.cur.Store(p)
+	e.initMetrics(p)
 	// A rule that is gone never steps its targets again, so nothing else
 	// would release what its attempts hold (a cluster budget slot).
 	keep := map[string]bool{}
@@ -724,15 +725,13 @@ func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
 	}
 	m.CycleDuration.Observe(d.Seconds())
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
-	m.Findings.Reset()
+	zeroGauges(m, e.pol)
 	for _, f := range rep.Findings {
 		m.Findings.WithLabelValues(f.Rule, string(f.Severity)).Inc()
 	}
-	m.DetectorSkips.Reset()
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}
-	m.Escalated.Reset()
 	for k, ts := range st.Targets {
 		if ts.Phase == PhaseEscalated {
 			rule, _, _ := strings.Cut(k, "|")

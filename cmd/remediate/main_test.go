@@ -355,8 +355,13 @@ func TestDaemonLifecycle(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("daemon did not stop within 15s of SIGTERM")
 	}
-	if !logs.has(`"msg":"stopping"`) {
+	if !logs.has(`"msg":"stopping"`) || !logs.has(`"msg":"stopped"`) {
 		t.Errorf("no graceful stop log")
+	}
+	// The finding is logged when it appears (critical: error level) and
+	// when it changes, not every cycle.
+	if n := logs.count(`{"level":"error","ts":"`); n < 1 || logs.count(`"msg":"finding appeared","rule":"hung-restore","detector":"CLITestHung","target":"process/100@`) != 1 {
+		t.Errorf("finding not logged exactly once at appearance, at error level (%d error lines):\n%s", n, logs.String())
 	}
 }
 
@@ -375,6 +380,17 @@ func (l *logBuf) has(s string) bool {
 		}
 	}
 	return false
+}
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, x := range l.lines {
+		if strings.Contains(x, s) {
+			n++
+		}
+	}
+	return n
 }
 func (l *logBuf) String() string {
 	l.mu.Lock()
