@@ -117,7 +117,8 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	// Validate even when decoding failed somewhere, so that every error of
 	// the file is reported at once; errAt drops errors on fields that
 	// already failed to decode.
-	for _, fe := range validatePolicy(p) {
+	written := func(path string) bool { _, ok := d.pos[path]; return ok }
+	for _, fe := range validatePolicy(p, written) {
 		d.errAt(fe.Field, fe.Msg)
 	}
 	d.checkPairs(p)
