@@ -13,12 +13,9 @@ import (
 )
 
 // RestoreNames are the argv[0] basenames of the iptables restore binaries,
-// the default of HungIPTablesRestore's names.
-var RestoreNames = []string{
-	"iptables-restore", "ip6tables-restore",
-	"iptables-legacy-restore", "ip6tables-legacy-restore",
-	"iptables-nft-restore", "ip6tables-nft-restore",
-}
+// the default of HungIPTablesRestore's names (procs.RestoreNames; kept here
+// for compatibility).
+var RestoreNames = procs.RestoreNames
 
 // HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
 type HungIPTablesRestoreParams struct {

@@ -89,7 +89,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 		if (fe.VS.Address.Is4() && !has4) || (fe.VS.Address.Is6() && !has6) {
 			continue
 		}
-		ev := vsEvidence(fe.VS)
+		ev := ipvs.VirtualRef{VS: fe.VS}.Evidence()
 		ev["service"] = fe.SP.ServiceName()
 		ev["portName"] = fe.SP.Port.Name
 		ev["frontend"] = fe.Kind

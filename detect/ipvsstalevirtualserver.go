@@ -70,23 +70,11 @@ type ipvsStaleVirtualServer struct {
 
 // VirtualServerTarget is the finding target of a virtual server:
 // "ipvs-vs/UDP/10.96.0.10:53".
-func VirtualServerTarget(vs ipvs.VirtualServer) string { return "ipvs-vs/" + vs.Key() }
+func VirtualServerTarget(vs ipvs.VirtualServer) string { return ipvs.VirtualRef{VS: vs}.Target() }
 
-// Managed reports whether addr is in kube-proxy's scope: one of cidrs or
-// nodeIPs, or a Service address in the view.
+// Managed is ipvs.Managed (kept for compatibility).
 func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipvs.Desired) bool {
-	addr = addr.Unmap()
-	for _, p := range cidrs {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	for _, ip := range nodeIPs {
-		if ip == addr {
-			return true
-		}
-	}
-	return d.IsServiceAddress(addr)
+	return ipvs.Managed(addr, cidrs, nodeIPs, d)
 }
 
 func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
@@ -116,7 +104,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}
-		ev := vsEvidence(vs)
+		ev := ipvs.VirtualRef{VS: vs}.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
 		out = append(out, Finding{

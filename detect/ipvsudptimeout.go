@@ -52,7 +52,7 @@ type ipvsUDPTimeoutHigh struct {
 }
 
 // TimeoutsTarget is the finding target for IPVS's global timeouts.
-const TimeoutsTarget = "ipvs/timeouts"
+const TimeoutsTarget = ipvs.TimeoutsTarget
 
 func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, false); err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -106,14 +107,14 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		why := fmt.Sprintf("in every cycle for %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 		ev := map[string]any{
-			"xtablesLock":      d.n.XtablesLock,
-			"lockDev":          l.Dev,
-			"lockPIDs":         l.LockPIDs,
-			"holdSeconds":      durSeconds(hold),
-			"holdTrackedSince": since[k].UTC().Format(time.RFC3339),
-			"holders":          holders,
-			"waiters":          waiters,
-			"waiterCount":      len(l.Waiters),
+			"xtablesLock":             d.n.XtablesLock,
+			"lockDev":                 l.Dev,
+			"lockPIDs":                l.LockPIDs,
+			procs.EvidenceHoldSeconds: durSeconds(hold),
+			"holdTrackedSince":        since[k].UTC().Format(time.RFC3339),
+			"holders":                 holders,
+			"waiters":                 waiters,
+			"waiterCount":             len(l.Waiters),
 		}
 		var msg string
 		if k == unknownHolder {
