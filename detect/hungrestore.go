@@ -69,6 +69,7 @@ func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detecto
 type hungRestore struct {
 	p HungIPTablesRestoreParams
 	n *node.Node
+	judgement
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
@@ -86,6 +87,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			old = append(old, p)
 		}
 	}
+	d.set("%d iptables-restore running, none for %s or longer", len(found), d.p.MinAge.Duration)
 	if len(old) == 0 {
 		return nil, nil
 	}

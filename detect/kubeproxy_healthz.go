@@ -23,7 +23,10 @@ func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector,
 	return &kubeProxyUnhealthy{n: n}, nil
 }
 
-type kubeProxyUnhealthy struct{ n *node.Node }
+type kubeProxyUnhealthy struct {
+	n *node.Node
+	judgement
+}
 
 func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 	kp, err := kubeProxyOf(d.n)
@@ -34,6 +37,7 @@ func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, kubeProxyReadError("/healthz", err)
 	}
+	d.set("/healthz healthy (%d families reported)", len(h.Families))
 	return unhealthyFindings(h), nil
 }
 

@@ -23,7 +23,10 @@ func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detec
 	return &kubeProxyUnreachable{n: n}, nil
 }
 
-type kubeProxyUnreachable struct{ n *node.Node }
+type kubeProxyUnreachable struct {
+	n *node.Node
+	judgement
+}
 
 func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 	kp, err := kubeProxyOf(d.n)
@@ -40,6 +43,7 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 	if why := kubeProxyAbsence(d.n.ProcRoot, merr, herr); why != "" {
 		return nil, Skip("%s", why)
 	}
+	d.set("metrics and /healthz answered")
 	for _, e := range []struct {
 		endpoint string
 		err      error
