@@ -51,4 +51,3 @@ func TestJudgedFigures(t *testing.T) {
 		t.Errorf("rule bloat: %q", got)
 	}
 }
-
