@@ -41,7 +41,7 @@ func kubeProxyScrape(ctx context.Context, kp kubeproxy.Interface) (*kubeproxy.Sc
 // side (see kubeProxyScrape), else wraps it.
 func kubeProxyReadError(what string, err error) error {
 	if e, ok := kubeproxy.AsError(err); ok {
-		return Skip("cannot read kube-proxy %s (KubeProxyUnreachable reports it): %v", what, e)
+		return Skip("cannot read kube-proxy %s (see KubeProxyUnreachable): %v", what, e)
 	}
 	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
 }
