@@ -33,6 +33,11 @@ type IPVSUDPDeadBackendParams struct {
 	MaxFindings int `yaml:"maxFindings"`
 }
 
+// SetDefaults sets the defaults of IPVSUDPDeadBackend (registry.Defaulter).
+func (p *IPVSUDPDeadBackendParams) SetDefaults() {
+	*p = IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -51,18 +56,13 @@ func init() {
 		newIPVSUDPDeadBackend, Targets(finding.KindConntrackBackend))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSUDPDeadBackend.
-func (p *IPVSUDPDeadBackendParams) SetDefaults() {
-	*p = IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
+type ipvsUDPDeadBackend struct {
+	p IPVSUDPDeadBackendParams
+	n *node.Node
 }
 
 func newIPVSUDPDeadBackend(p *IPVSUDPDeadBackendParams, n *node.Node) (Detector, error) {
 	return &ipvsUDPDeadBackend{p: *p, n: n}, nil
-}
-
-type ipvsUDPDeadBackend struct {
-	p IPVSUDPDeadBackendParams
-	n *node.Node
 }
 
 // DeadBackendTarget is the finding target for UDP entries pinned to a dead

@@ -19,13 +19,13 @@ func init() {
 		newKubeProxyUnhealthy, Targets(finding.KindKubeProxy))
 }
 
-func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector, error) {
-	return &kubeProxyUnhealthy{n: n}, nil
-}
-
 type kubeProxyUnhealthy struct {
 	n *node.Node
 	judgement
+}
+
+func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector, error) {
+	return &kubeProxyUnhealthy{n: n}, nil
 }
 
 func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {

@@ -22,6 +22,11 @@ type KubeProxyRuleBloatParams struct {
 	MaxRules int `yaml:"maxRules"`
 }
 
+// SetDefaults sets the defaults of KubeProxyRuleBloat (registry.Defaulter).
+func (p *KubeProxyRuleBloatParams) SetDefaults() {
+	*p = KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyRuleBloatParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -42,19 +47,14 @@ func init() {
 		newKubeProxyRuleBloat, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxyRuleBloat.
-func (p *KubeProxyRuleBloatParams) SetDefaults() {
-	*p = KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000}
-}
-
-func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector, error) {
-	return &kubeProxyRuleBloat{p: *p, n: n}, nil
-}
-
 type kubeProxyRuleBloat struct {
 	p KubeProxyRuleBloatParams
 	n *node.Node
 	judgement
+}
+
+func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector, error) {
+	return &kubeProxyRuleBloat{p: *p, n: n}, nil
 }
 
 func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {

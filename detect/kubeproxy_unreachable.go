@@ -19,13 +19,13 @@ func init() {
 		newKubeProxyUnreachable, Targets(finding.KindKubeProxy))
 }
 
-func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detector, error) {
-	return &kubeProxyUnreachable{n: n}, nil
-}
-
 type kubeProxyUnreachable struct {
 	n *node.Node
 	judgement
+}
+
+func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detector, error) {
+	return &kubeProxyUnreachable{n: n}, nil
 }
 
 func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {

@@ -3,13 +3,11 @@ package remediate
 import (
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // allOutcomes are the decision outcomes, for metrics initialised at 0.
 var allOutcomes = []Outcome{OutcomeExecuted, OutcomeDryRun, OutcomeBlocked, OutcomeFailed, OutcomeSkipped}
-
-// builtinGuards are the guardrails that can block (dry-run is not a block).
-var builtinGuards = []string{GuardEscalation, GuardCooldown, GuardRuleRate, GuardNodeRate, GuardMaxTargets}
 
 // initMetrics exports every series the policy can produce, at 0, so a
 // dashboard shows 0 rather than "no data" until the first event: findings
@@ -21,9 +19,15 @@ func (e *Engine) initMetrics(p *policy.Policy) {
 	if m == nil {
 		return
 	}
-	guards := append([]string(nil), builtinGuards...)
-	for _, g := range e.opts.Guardrails {
-		guards = append(guards, g.Name())
+	// The guardrails that can block, in the chain's order (dry-run is not
+	// a block).
+	cl := e.opts.Cluster
+	cl.Extra = append(append([]guardrails.Guardrail(nil), cl.Extra...), e.opts.Guardrails...)
+	var guards []string
+	for _, g := range guardrails.Chain(guardrails.Node{}, cl, "") {
+		if g.Name() != guardrails.GuardDryRun {
+			guards = append(guards, g.Name())
+		}
 	}
 	for i := range p.Rules {
 		r := &p.Rules[i]

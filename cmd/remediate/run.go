@@ -83,7 +83,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	metrics := remediate.NewMetrics(reg)
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
-		Guardrails: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
+		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "remediate: %v\n", err)
