@@ -107,7 +107,10 @@ func stateDirWritable(dir string) error {
 				return fmt.Errorf("%s is not a directory", p)
 			}
 			if err := unix.Access(p, unix.W_OK|unix.X_OK); err != nil {
-				return fmt.Errorf("%s: %w", p, err)
+				if p == dir {
+					return err
+				}
+				return fmt.Errorf("cannot be created in %s: %w", p, err)
 			}
 			return nil
 		}

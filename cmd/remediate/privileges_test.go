@@ -103,6 +103,16 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	if ents, _ := os.ReadDir(state); len(ents) != 0 {
 		t.Errorf("the dry run wrote into the state dir: %v", ents)
 	}
+
+	// Without --dry-run the same state dir is an error at start.
+	cmd = exec.Command(bin, "--once", "--policy", pol, "--state-dir", state, "--node-name", "n1")
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	msg, err := cmd.CombinedOutput()
+	wantErr := "Error: --state-dir " + state + ": not writable: permission denied (remediate --once --dry-run can run without writing it)"
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitError || !strings.Contains(string(msg), wantErr) {
+		t.Errorf("unwritable state dir without --dry-run: %v\n%s\nwant %q", err, msg, wantErr)
+	}
 }
 
 func copyFile(t *testing.T, src, dst string, mode os.FileMode) {

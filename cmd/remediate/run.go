@@ -57,6 +57,10 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Error: invalid policy %s:\n%v\n", o.policy, err)
 		return exitError
 	}
+	if werr := stateDirWritable(o.stateDir); werr != nil && !(o.once && o.dryRun) {
+		fmt.Fprintf(stderr, "Error: --state-dir %s: not writable: %v (remediate --once --dry-run can run without writing it)\n", o.stateDir, unwrapPath(werr))
+		return exitError
+	}
 	if o.once && o.dryRun {
 		// A dry run changes nothing on the node; it need not write the
 		// state dir either (a read-only mount, another user's directory).
@@ -86,7 +90,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
 	})
 	if err != nil {
-		fmt.Fprintf(stderr, "remediate: %v\n", err)
+		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
 	if o.once {
@@ -123,7 +127,7 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 	defer cancel()
 	rep, err := eng.Cycle(cctx)
 	if rep == nil {
-		fmt.Fprintf(stderr, "remediate: %v\n", err)
+		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
 	if o.stateWarning != "" {
