@@ -119,28 +119,34 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		tw.Flush()
 	}
-	if len(r.OK) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "CHECKS OK:")
-		fmt.Fprintln(tw, "RULE\tDETECTOR\tJUDGED")
-		for _, c := range r.OK {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", c.Rule, c.Detector, oneLine(c.Judged))
-		}
-		tw.Flush()
+	ok := make([][3]string, len(r.OK))
+	for i, c := range r.OK {
+		ok[i] = [3]string{c.Rule, c.Detector, c.Judged}
 	}
-	if len(r.Skipped) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "SKIPPED CHECKS:")
-		fmt.Fprintln(tw, "RULE\tDETECTOR\tREASON")
-		for _, s := range r.Skipped {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Rule, s.Detector, oneLine(s.Reason))
-		}
-		tw.Flush()
+	checkTable(w, "CHECKS OK:", "JUDGED", ok)
+	skipped := make([][3]string, len(r.Skipped))
+	for i, s := range r.Skipped {
+		skipped[i] = [3]string{s.Rule, s.Detector, s.Reason}
 	}
+	checkTable(w, "SKIPPED CHECKS:", "REASON", skipped)
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%d checks: %d with findings, %d ok, %d skipped. Evidence and full detail: -o json.\n",
 		len(r.OK)+len(r.Skipped)+r.rulesWithFindings(), r.rulesWithFindings(), len(r.OK), len(r.Skipped))
 	return nil
+}
+
+// checkTable writes a titled RULE/DETECTOR/<what> table, if it has rows.
+func checkTable(w io.Writer, title, what string, rows [][3]string) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n", title)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "RULE\tDETECTOR\t%s\n", what)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r[0], r[1], oneLine(r[2]))
+	}
+	tw.Flush()
 }
 
 // rulesWithFindings counts the rules with at least one finding.

@@ -277,14 +277,8 @@ func TestExamplePoliciesAreValid(t *testing.T) {
 func TestDaemonLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	pol := writePolicy(t, dir, "audit", 1)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	addr := freeAddr(t)
+	cmd := mainCmd(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -363,6 +357,26 @@ func TestDaemonLifecycle(t *testing.T) {
 	if n := logs.count(`{"level":"error","ts":"`); n < 1 || logs.count(`"msg":"finding appeared","rule":"hung-restore","detector":"CLITestHung","target":"process/100@`) != 1 {
 		t.Errorf("finding not logged exactly once at appearance, at error level (%d error lines):\n%s", n, logs.String())
 	}
+}
+
+// mainCmd runs bin, this test binary or a copy, as the remediate binary
+// (see TestMain).
+func mainCmd(bin string, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	return cmd
+}
+
+// freeAddr returns a loopback address nothing listens on (for
+// --metrics-addr).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 type logBuf struct {

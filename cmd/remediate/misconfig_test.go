@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,8 +84,7 @@ current-context: c
 users: [{name: u, user: {token: x}}]
 `, ln.Addr())), 0o600)
 	pol := writePolicy(t, dir, "audit", 0)
-	cmd := exec.Command(os.Args[0], "--once", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	cmd := mainCmd(os.Args[0], "--once", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()

@@ -55,9 +55,8 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(bin, "--once", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", state, "--node-name", "n1")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd := mainCmd(bin, "--once", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", state, "--node-name", "n1")
+	cmd.SysProcAttr = nobody
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -105,15 +104,17 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	}
 
 	// Without --dry-run the same state dir is an error at start.
-	cmd = exec.Command(bin, "--once", "--policy", pol, "--state-dir", state, "--node-name", "n1")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd = mainCmd(bin, "--once", "--policy", pol, "--state-dir", state, "--node-name", "n1")
+	cmd.SysProcAttr = nobody
 	msg, err := cmd.CombinedOutput()
 	wantErr := "Error: --state-dir " + state + ": not writable: permission denied (remediate --once --dry-run can run without writing it)"
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitError || !strings.Contains(string(msg), wantErr) {
 		t.Errorf("unwritable state dir without --dry-run: %v\n%s\nwant %q", err, msg, wantErr)
 	}
 }
+
+// nobody runs a command as uid/gid 65534, without capabilities.
+var nobody = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 
 func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 	t.Helper()
