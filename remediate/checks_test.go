@@ -22,12 +22,10 @@ func (skippingDetector) Detect(context.Context) ([]detect.Finding, error) {
 }
 
 func init() {
-	detect.Register(detect.Type{Name: "FakeJudged", Doc: "test", NewParams: func() any { return &fakeParams{} },
-		New: func(p any, _ *node.Node) (detect.Detector, error) {
-			return judgedDetector{fakeDetector{p.(*fakeParams).Key}}, nil
-		}})
-	detect.Register(detect.Type{Name: "FakeSkip", Doc: "test", NewParams: func() any { return &fakeParams{} },
-		New: func(any, *node.Node) (detect.Detector, error) { return skippingDetector{}, nil }})
+	detect.Define("FakeJudged", "test", func(p *fakeParams, _ *node.Node) (detect.Detector, error) {
+		return judgedDetector{fakeDetector{p.Key}}, nil
+	})
+	detect.Define("FakeSkip", "test", func(*fakeParams, *node.Node) (detect.Detector, error) { return skippingDetector{}, nil })
 }
 
 // TestReportAccountsForEveryCheck: each rule appears exactly once, as
