@@ -498,7 +498,13 @@ func (d *decoder) decodeComponent(n *yaml.Node, v reflect.Value, path string) {
 	}
 	if val, ok := params.(Validator); ok {
 		for _, fe := range val.Validate() {
-			d.errAt(join(path, fe.Field), fe.Msg)
+			msg := fe.Msg
+			if _, written := d.pos[join(path, fe.Field)]; !written {
+				if note, ok := defaultNote(pv.Elem(), fe.Field); ok {
+					msg += " " + note
+				}
+			}
+			d.errAt(join(path, fe.Field), msg)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -100,5 +101,28 @@ func TestUsageErrors(t *testing.T) {
 	code, _, errOut = run(t, "journal", "--state-dir", filepath.Join(dir, "nope"))
 	if code != exitOK && (code != exitError || !strings.Contains(errOut, "nope")) {
 		t.Errorf("journal of a missing dir: %d %q", code, errOut)
+	}
+}
+
+// TestPolicyErrorsNameDefaults: a conflict with a value the file does not
+// set points at what the file wrote and names the default and its value.
+func TestPolicyErrorsNameDefaults(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "p.yaml")
+	os.WriteFile(p, []byte(`apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+interval: 5s
+rules:
+- name: x
+  detector: {type: ConntrackExhaustion, utilizationThreshold: 0.97}
+`), 0o644)
+	code, _, errOut := run(t, "policy", "check", p)
+	for _, want := range []string{
+		p + ":3:11: interval: 5s is shorter than detectorTimeout (not set: its default is 10s); set detectorTimeout to at most 5s, or a longer interval",
+		p + ":6:13: rules[0].detector.criticalUtilization: must be >= utilizationThreshold (not set: its default is 0.95)",
+	} {
+		if code != exitError || !strings.Contains(errOut, want) {
+			t.Errorf("exit %d, output lacks %q:\n%s", code, want, errOut)
+		}
 	}
 }
