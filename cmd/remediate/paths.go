@@ -145,3 +145,25 @@ func readOnlyStateDir(dir string) (tmp string, cleanup func(), err error) {
 	}
 	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
 }
+
+// prepareStateDir checks that --state-dir can be written. A --once
+// --dry-run changes nothing on the node and need not write the state dir
+// either (a read-only mount, another user's directory): it runs on a
+// private copy (o.stateDir is replaced, o.stateWarning says so); cleanup
+// removes the copy.
+func prepareStateDir(o *options) (cleanup func(), err error) {
+	werr := stateDirWritable(o.stateDir)
+	if werr == nil {
+		return func() {}, nil
+	}
+	if !o.once || !o.dryRun {
+		return nil, fmt.Errorf("--state-dir %s: not writable: %v (remediate --once --dry-run can run without writing it)", o.stateDir, unwrapPath(werr))
+	}
+	tmp, cleanup, err := readOnlyStateDir(o.stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir %s is not writable (%v), and no private copy: %w", o.stateDir, werr, err)
+	}
+	o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
+	o.stateDir = tmp
+	return cleanup, nil
+}

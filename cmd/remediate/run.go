@@ -57,24 +57,12 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Error: invalid policy %s:\n%v\n", o.policy, err)
 		return exitError
 	}
-	if werr := stateDirWritable(o.stateDir); werr != nil && !(o.once && o.dryRun) {
-		fmt.Fprintf(stderr, "Error: --state-dir %s: not writable: %v (remediate --once --dry-run can run without writing it)\n", o.stateDir, unwrapPath(werr))
+	cleanup, err := prepareStateDir(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
-	if o.once && o.dryRun {
-		// A dry run changes nothing on the node; it need not write the
-		// state dir either (a read-only mount, another user's directory).
-		if werr := stateDirWritable(o.stateDir); werr != nil {
-			tmp, cleanup, err := readOnlyStateDir(o.stateDir)
-			if err != nil {
-				fmt.Fprintf(stderr, "Error: state dir %s is not writable (%v), and no private copy: %v\n", o.stateDir, werr, err)
-				return exitError
-			}
-			defer cleanup()
-			o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
-			o.stateDir = tmp
-		}
-	}
+	defer cleanup()
 	j, err := journal.Open(o.stateDir, 0, 0)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
