@@ -109,6 +109,7 @@ type conntrackExhaustion struct {
 
 	mu   sync.Mutex
 	prev *ctSample
+	judgement
 }
 
 // ctRates are per-second rates between two samples.
@@ -182,6 +183,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("conntrack statistics: %w", err)
 	}
+	d.set("conntrack %s of max (%d of %d entries, threshold %s)", pct(u.Utilization()), u.Count, u.Max, pct(d.p.UtilizationThreshold))
 	cur := ctSample{at: d.n.Clock.Now(), stats: st}
 	d.mu.Lock()
 	rates, haveRates := conntrackRates(d.prev, cur)

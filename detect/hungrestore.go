@@ -73,6 +73,7 @@ func init() {
 type hungRestore struct {
 	p HungIPTablesRestoreParams
 	n *node.Node
+	judgement
 }
 
 func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
@@ -94,6 +95,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			old = append(old, p)
 		}
 	}
+	d.set("%d iptables-restore running, none for %s or longer", len(found), d.p.MinAge.Duration)
 	if len(old) == 0 {
 		return nil, nil
 	}

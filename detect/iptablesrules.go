@@ -133,6 +133,7 @@ type iptablesRules struct {
 
 	mu   sync.Mutex
 	last map[string]*saveResult // family/backend -> last save
+	judgement
 }
 
 func newIPTablesRules(p *IPTablesRulesParams, n *node.Node) (Detector, error) {
@@ -279,7 +280,15 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 			out[i].Evidence["unavailableBackends"] = unavailable
 		}
 	}
+	d.set("%d rule sets saved and checked%s", saved, notInstalled(unavailable))
 	return out, nil
+}
+
+func notInstalled(cmds []string) string {
+	if len(cmds) == 0 {
+		return ""
+	}
+	return " (not installed: " + strings.Join(cmds, ", ") + ")"
 }
 
 func iptablesTarget(f iptables.Family, b iptables.Backend, what string) string {

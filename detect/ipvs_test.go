@@ -579,6 +579,9 @@ func TestIPVSUDPTimeoutHigh(t *testing.T) {
 	}
 	fs, err = d.Detect(context.Background())
 	ipvsCheckResult(t, fs, err, nil, "")
+	if got := d.(Judged).Judged(); got != "IPVS UDP timeout 1m0s (ceiling 1m0s)" {
+		t.Errorf("judged %q", got)
+	}
 	// The timeout detector does not need the cluster view.
 	w.node.Cluster = nil
 	if _, err := d.Detect(context.Background()); err != nil {

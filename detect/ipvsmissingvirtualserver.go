@@ -45,6 +45,7 @@ type ipvsMissingVirtualServer struct {
 	p       IPVSMissingVirtualServerParams
 	n       *node.Node
 	nodeIPs []netip.Addr
+	judgement
 }
 
 func newIPVSMissingVirtualServer(pp *IPVSMissingVirtualServerParams, n *node.Node) (Detector, error) {
@@ -82,6 +83,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 		}
 	}
 	var out []Finding
+	d.set("every Service frontend with endpoints has a virtual server (%d virtual servers)", len(vss))
 	for _, fe := range ipvs.NewDesired(d.n.Cluster, d.nodeIPs).Frontends() {
 		if have[fe.VS.Key()] || len(fe.SP.Expected) == 0 {
 			continue

@@ -46,6 +46,7 @@ func init() {
 type ipvsStaleRealServer struct {
 	p IPVSStaleRealServerParams
 	n *node.Node
+	judgement
 }
 
 func newIPVSStaleRealServer(p *IPVSStaleRealServerParams, n *node.Node) (Detector, error) {
@@ -67,6 +68,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, ipvsErr("listing IPVS virtual servers", err)
 	}
 	desired := ipvs.NewDesired(d.n.Cluster, nil)
+	d.set("real servers of %d virtual servers all serving endpoints", len(vss))
 	var out []Finding
 	for _, vs := range vss {
 		fe, ok := desired.Lookup(vs)

@@ -56,6 +56,7 @@ type ipvsStaleVirtualServer struct {
 	n       *node.Node
 	cidrs   []netip.Prefix
 	nodeIPs []netip.Addr
+	judgement
 }
 
 func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (Detector, error) {
@@ -89,6 +90,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 	if desired.Empty() {
 		return nil, Skip("the cluster view has no Services at all (not even default/kubernetes): not judging virtual servers against it")
 	}
+	d.set("%d virtual servers, each matching a Service", len(vss))
 	var out []Finding
 	for _, vs := range vss {
 		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {

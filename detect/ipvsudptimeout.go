@@ -45,6 +45,7 @@ func init() {
 type ipvsUDPTimeoutHigh struct {
 	p IPVSUDPTimeoutHighParams
 	n *node.Node
+	judgement
 }
 
 func newIPVSUDPTimeoutHigh(p *IPVSUDPTimeoutHighParams, n *node.Node) (Detector, error) {
@@ -63,6 +64,7 @@ func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, ipvsErr("reading IPVS timeouts", err)
 	}
 	if t.UDP <= d.p.Ceiling.Duration {
+		d.set("IPVS UDP timeout %s (ceiling %s)", t.UDP, d.p.Ceiling.Duration)
 		return nil, nil
 	}
 	return []Finding{{

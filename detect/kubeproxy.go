@@ -52,7 +52,7 @@ var ignoredFamiliesWarned atomic.Bool
 // side (see kubeProxyScrape), else wraps it.
 func kubeProxyReadError(what string, err error) error {
 	if e, ok := kubeproxy.AsError(err); ok {
-		return Skip("cannot read kube-proxy %s (KubeProxyUnreachable reports it): %v", what, e)
+		return Skip("cannot read kube-proxy %s (see KubeProxyUnreachable): %v", what, e)
 	}
 	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
 }

@@ -3,6 +3,8 @@ package detect
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -83,17 +85,7 @@ func TestKubeProxyUnreachable(t *testing.T) {
 		}
 	})
 	t.Run("connection refused", func(t *testing.T) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		l.Close()
-		c, err := kubeproxy.New(kubeproxy.Options{MetricsURL: "http://" + addr + "/metrics", HealthzURL: "http://" + addr + "/healthz",
-			ProxyModeURL: "http://" + addr + "/proxyMode", Timeout: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c, _ := refusingKubeProxy(t)
 		n := &node.Node{Clock: clocktesting.NewFakeClock(captureHealthy), Log: zap.NewNop(), KubeProxy: c}
 		fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(ctx)
 		wantTargets(t, "refused", fs, err, "kube-proxy/healthz", "kube-proxy/metrics")
@@ -167,4 +159,43 @@ func fields(errs []policy.FieldError) []string {
 		out = append(out, e.Field)
 	}
 	return out
+}
+
+// TestKubeProxyAbsentIsASkip: both endpoints refusing and no kube-proxy
+// process is a node without kube-proxy (a skip with the reason); the same
+// refusals with a kube-proxy process running stay findings.
+func TestKubeProxyAbsentIsASkip(t *testing.T) {
+	c, addr := refusingKubeProxy(t)
+	proc := t.TempDir()
+	for pid, comm := range map[string]string{"1": "systemd", "42": "kubelet"} {
+		os.MkdirAll(filepath.Join(proc, pid), 0o755)
+		os.WriteFile(filepath.Join(proc, pid, "comm"), []byte(comm+"\n"), 0o644)
+	}
+	n := &node.Node{Clock: clocktesting.NewFakeClock(captureHealthy), Log: zap.NewNop(), KubeProxy: c, ProcRoot: proc}
+	_, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
+	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) {
+		t.Fatalf("absent kube-proxy: %v, want a skip", err)
+	}
+	os.MkdirAll(filepath.Join(proc, "77"), 0o755)
+	os.WriteFile(filepath.Join(proc, "77", "comm"), []byte("kube-proxy\n"), 0o644)
+	fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
+	wantTargets(t, "running, refusing", fs, err, "kube-proxy/healthz", "kube-proxy/metrics")
+}
+
+// refusingKubeProxy is a kube-proxy client whose endpoints refuse
+// connections (nothing listens on addr).
+func refusingKubeProxy(t *testing.T) (*kubeproxy.Client, string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	c, err := kubeproxy.New(kubeproxy.Options{MetricsURL: "http://" + addr + "/metrics", HealthzURL: "http://" + addr + "/healthz",
+		ProxyModeURL: "http://" + addr + "/proxyMode", Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, addr
 }

@@ -19,7 +19,10 @@ func init() {
 		newKubeProxyUnhealthy, Targets(finding.KindKubeProxy))
 }
 
-type kubeProxyUnhealthy struct{ n *node.Node }
+type kubeProxyUnhealthy struct {
+	n *node.Node
+	judgement
+}
 
 func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector, error) {
 	return &kubeProxyUnhealthy{n: n}, nil
@@ -34,6 +37,7 @@ func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, kubeProxyReadError("/healthz", err)
 	}
+	d.set("/healthz healthy (%d families reported)", len(h.Families))
 	return unhealthyFindings(h), nil
 }
 

@@ -45,6 +45,7 @@ type kubeProxyPending struct {
 	mu      sync.Mutex
 	lastSeq uint64
 	values  []float64 // last p.Scrapes values, oldest first
+	judgement
 }
 
 func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
@@ -73,6 +74,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	if !pendingGrowing(d.values, d.p.Scrapes) {
+		d.set("%g endpoint changes pending, not growing over %d scrapes", *sc.Metrics.EndpointChangesPending, d.p.Scrapes)
 		return nil, nil
 	}
 	vals := append([]float64(nil), d.values...)

@@ -67,6 +67,7 @@ type kubeProxyRestoreFailures struct {
 
 	mu sync.Mutex
 	w  map[kubeproxy.Family]*window[restoreCounts]
+	judgement
 }
 
 func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error) {
@@ -101,6 +102,7 @@ func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error
 		return nil, Skip("kube-proxy does not export sync_proxy_rules_iptables_restore_failures_total (not iptables mode?)")
 	}
 
+	d.set("no iptables-restore failure increase over the last %s", span)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Finding

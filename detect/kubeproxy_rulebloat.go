@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -49,6 +50,7 @@ func init() {
 type kubeProxyRuleBloat struct {
 	p KubeProxyRuleBloatParams
 	n *node.Node
+	judgement
 }
 
 func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector, error) {
@@ -68,6 +70,7 @@ func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	out, exported := ruleBloatFindings(sc.Metrics, d.p)
+	d.set("%s", ruleCounts(sc.Metrics, d.p))
 	if !exported {
 		return nil, Skip("kube-proxy does not export sync_proxy_rules_iptables_total{table=%q} (not iptables mode, or no sync yet)", d.p.Table)
 	}
@@ -95,4 +98,15 @@ func ruleBloatFindings(m *kubeproxy.Metrics, p KubeProxyRuleBloatParams) (out []
 		})
 	}
 	return out, exported
+}
+
+// ruleCounts is "IPv4 1200 nat rules, IPv6 800 (limit 100000)".
+func ruleCounts(m *kubeproxy.Metrics, p KubeProxyRuleBloatParams) string {
+	var parts []string
+	for _, f := range m.FamilyNames() {
+		if n, ok := m.Families[f].RulesTotal[p.Table]; ok {
+			parts = append(parts, fmt.Sprintf("%s %g", f, n))
+		}
+	}
+	return fmt.Sprintf("%s rules in the %s table (limit %d)", strings.Join(parts, ", "), p.Table, p.MaxRules)
 }

@@ -62,6 +62,7 @@ type kubeProxySyncSlow struct {
 
 	mu   sync.Mutex
 	hist map[kubeproxy.Family]*window[kubeproxy.Histogram]
+	judgement
 }
 
 func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, error) {
@@ -83,6 +84,7 @@ func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
 		span = 10 * kp.SyncPeriod()
 	}
 	limit := time.Duration(d.p.Fraction * float64(kp.SyncPeriod()))
+	d.set("sync p%g under %s over the last %s (or too few syncs to judge)", d.p.Quantile*100, limit, span)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -68,6 +68,7 @@ type kubeProxySyncStale struct {
 
 	mu      sync.Mutex
 	pending map[kubeproxy.Family]pendingSync
+	judgement
 }
 
 func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
@@ -102,6 +103,7 @@ func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
 		since[f] = p.since
 	}
 	limit := time.Duration(d.p.Factor * float64(kp.SyncPeriod()))
+	d.set("%s (limit %s)", lastSyncAges(sc.Metrics.Families, d.n.Clock.Now()), limit)
 	return staleSyncFindings(sc.Metrics, since, d.n.Clock.Now(), limit, kp.SyncPeriod(), d.p.RequireQueued), nil
 }
 

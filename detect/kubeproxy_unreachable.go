@@ -19,7 +19,10 @@ func init() {
 		newKubeProxyUnreachable, Targets(finding.KindKubeProxy))
 }
 
-type kubeProxyUnreachable struct{ n *node.Node }
+type kubeProxyUnreachable struct {
+	n *node.Node
+	judgement
+}
 
 func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detector, error) {
 	return &kubeProxyUnreachable{n: n}, nil
@@ -37,6 +40,10 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 		// Our own deadline, not kube-proxy's fault: cannot tell.
 		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
 	}
+	if why := kubeProxyAbsence(d.n.ProcRoot, merr, herr); why != "" {
+		return nil, Skip("%s", why)
+	}
+	d.set("metrics and /healthz answered")
 	for _, e := range []struct {
 		endpoint string
 		err      error

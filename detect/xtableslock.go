@@ -55,6 +55,7 @@ type xtablesLock struct {
 
 	mu    sync.Mutex
 	since map[string]time.Time // holder target (or "lock/<dev>") -> first seen holding
+	judgement
 }
 
 func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
@@ -85,8 +86,10 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 	now := d.n.Clock.Now()
 	if !l.Held {
 		d.track(nil, now)
+		d.set("xtables lock %s free", d.n.XtablesLock)
 		return nil, nil
 	}
+	d.set("xtables lock %s held for less than %s, %d waiting (max %d)", d.n.XtablesLock, d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 	keys := make([]string, 0, len(l.Holders))
 	for _, h := range l.Holders {
 		keys = append(keys, h.Target())

@@ -172,7 +172,8 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	// Validate even when decoding failed somewhere, so that every error of
 	// the file is reported at once; errAt drops errors on fields that
 	// already failed to decode.
-	for _, fe := range validatePolicy(p) {
+	written := func(path string) bool { _, ok := d.pos[path]; return ok }
+	for _, fe := range validatePolicy(p, written) {
 		d.errAt(fe.Field, fe.Msg)
 	}
 	d.checkPairs(p)
@@ -558,7 +559,13 @@ func (d *decoder) decodeComponent(n *yaml.Node, v reflect.Value, path string) {
 	}
 	if val, ok := params.(Validator); ok {
 		for _, fe := range val.Validate() {
-			d.errAt(join(path, fe.Field), fe.Msg)
+			msg := fe.Msg
+			if _, written := d.pos[join(path, fe.Field)]; !written {
+				if note, ok := defaultNote(pv.Elem(), fe.Field); ok {
+					msg += " " + note
+				}
+			}
+			d.errAt(join(path, fe.Field), msg)
 		}
 	}
 }

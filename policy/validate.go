@@ -14,8 +14,10 @@ const MaxCount = 10000
 var ruleNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // validatePolicy checks values and relations after decoding and defaults.
-// Field paths are absolute ("rules[1].cooldown").
-func validatePolicy(p *Policy) []FieldError {
+// Field paths are absolute ("rules[1].cooldown"). written reports whether
+// the file sets a field: a relation broken by a default is reported at the
+// field the user wrote, naming the default and its value.
+func validatePolicy(p *Policy, written func(path string) bool) []FieldError {
 	var errs []FieldError
 	add := func(field, format string, args ...any) {
 		errs = append(errs, FieldError{Field: field, Msg: fmt.Sprintf(format, args...)})
@@ -44,7 +46,14 @@ func validatePolicy(p *Policy) []FieldError {
 	if p.DetectorTimeout.Duration <= 0 {
 		add("detectorTimeout", "must be > 0")
 	} else if p.Interval.Duration >= time.Second && p.DetectorTimeout.Duration > p.Interval.Duration {
-		add("detectorTimeout", "must not exceed interval (%s)", p.Interval.Duration)
+		if written("interval") && !written("detectorTimeout") {
+			add("interval", "%s is shorter than detectorTimeout (not set: its default is %s); set detectorTimeout to at most %s, or a longer interval",
+				p.Interval.Duration, p.DetectorTimeout.Duration, p.Interval.Duration)
+		} else if !written("interval") {
+			add("detectorTimeout", "must not exceed interval (not set: its default is %s)", p.Interval.Duration)
+		} else {
+			add("detectorTimeout", "must not exceed interval (%s)", p.Interval.Duration)
+		}
 	}
 	if p.ActionTimeout.Duration <= 0 {
 		add("actionTimeout", "must be > 0")

@@ -148,6 +148,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
 	e.cur.Store(p)
+	e.initMetrics(p)
 	// A rule that is gone never steps its targets again, so nothing else
 	// would release what its attempts hold (a cluster budget slot).
 	keep := map[string]bool{}
@@ -207,6 +208,7 @@ type detResult struct {
 	findings []finding.Finding
 	err      error
 	skip     string
+	judged   string // what a clean run judged (detect.Judged)
 }
 
 // Cycle runs one detection pass, decides and acts. It holds the state dir
@@ -246,6 +248,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	for i, rr := range e.rules {
 		c.rule(ctx, rr, results[i])
 	}
+	rep.OK = okChecks(e.rules, results)
 	// What is held is held for a Verifying target. Another process sharing
 	// the state dir (remediate --once) may have judged the verification.
 	for k := range e.held {
@@ -307,7 +310,7 @@ func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Du
 			}
 		}()
 		fs, err := rr.det.Detect(dctx)
-		ch <- detResult{findings: fs, err: err}
+		ch <- detResult{findings: fs, err: err, judged: judgedFigure(rr.det, fs, err)}
 	}()
 	select {
 	case r := <-ch:
@@ -526,15 +529,13 @@ func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
 	}
 	m.CycleDuration.Observe(d.Seconds())
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
-	m.Findings.Reset()
+	zeroGauges(m, e.pol)
 	for _, f := range rep.Findings {
 		m.Findings.WithLabelValues(f.Rule, string(f.Severity)).Inc()
 	}
-	m.DetectorSkips.Reset()
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}
-	m.Escalated.Reset()
 	for k, ts := range st.Targets {
 		if ts.Phase == PhaseEscalated {
 			rule, _, _ := strings.Cut(k, "|")

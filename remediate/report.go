@@ -62,6 +62,9 @@ type Report struct {
 	Findings     []ReportFinding `json:"findings"`
 	Decisions    []Decision      `json:"decisions"`
 	Skipped      []SkippedCheck  `json:"skipped"`
+	// OK lists the rules whose detector ran and found nothing, with what
+	// it judged: with Findings and Skipped, every rule appears once.
+	OK []OKCheck `json:"ok"`
 	// Warnings are problems of the daemon itself that are not findings
 	// (a quarantined state file, a journal write error).
 	Warnings []string `json:"warnings,omitempty"`
@@ -116,22 +119,55 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 		tw.Flush()
 	}
-	if len(r.Skipped) > 0 {
-		fmt.Fprintln(w)
-		fmt.Fprintln(w, "SKIPPED CHECKS:")
-		fmt.Fprintln(tw, "RULE\tDETECTOR\tREASON")
-		for _, s := range r.Skipped {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Rule, s.Detector, oneLine(s.Reason))
-		}
-		tw.Flush()
+	ok := make([][3]string, len(r.OK))
+	for i, c := range r.OK {
+		ok[i] = [3]string{c.Rule, c.Detector, c.Judged}
 	}
+	checkTable(w, "CHECKS OK:", "JUDGED", ok)
+	skipped := make([][3]string, len(r.Skipped))
+	for i, s := range r.Skipped {
+		skipped[i] = [3]string{s.Rule, s.Detector, s.Reason}
+	}
+	checkTable(w, "SKIPPED CHECKS:", "REASON", skipped)
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%d checks: %d with findings, %d ok, %d skipped. Evidence and full detail: -o json.\n",
+		len(r.OK)+len(r.Skipped)+r.rulesWithFindings(), r.rulesWithFindings(), len(r.OK), len(r.Skipped))
 	return nil
 }
 
+// checkTable writes a titled RULE/DETECTOR/<what> table, if it has rows.
+func checkTable(w io.Writer, title, what string, rows [][3]string) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n%s\n", title)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "RULE\tDETECTOR\t%s\n", what)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r[0], r[1], oneLine(r[2]))
+	}
+	tw.Flush()
+}
+
+// rulesWithFindings counts the rules with at least one finding.
+func (r *Report) rulesWithFindings() int {
+	seen := map[string]bool{}
+	for _, f := range r.Findings {
+		seen[f.Rule] = true
+	}
+	return len(seen)
+}
+
+// maxTextField bounds one field of the text report (a hostile or runaway
+// message); the full text is in -o json.
+const maxTextField = 2000
+
+// oneLine puts s on one line, whole: causes are at the end of messages, so
+// cutting them short loses what matters.
 func oneLine(s string) string {
-	s = strings.ReplaceAll(s, "\n", " ")
-	if len(s) > 160 {
-		s = s[:157] + "..."
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > maxTextField {
+		s = s[:maxTextField-len(" ... (cut; see -o json)")] + " ... (cut; see -o json)"
 	}
 	return s
 }
@@ -160,4 +196,5 @@ func sortReport(r *Report) {
 		return a.Target < b.Target
 	})
 	sort.SliceStable(r.Skipped, func(i, j int) bool { return r.Skipped[i].Rule < r.Skipped[j].Rule })
+	sort.SliceStable(r.OK, func(i, j int) bool { return r.OK[i].Rule < r.OK[j].Rule })
 }

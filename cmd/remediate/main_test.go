@@ -45,6 +45,11 @@ func (d cliDetector) Detect(context.Context) ([]detect.Finding, error) {
 	return out, nil
 }
 
+// Judged implements detect.Judged: the figure a clean run looked at.
+func (d cliDetector) Judged() string {
+	return "no iptables-restore running longer than 1m0s (3 running)"
+}
+
 type cliSkipper struct{}
 
 func (cliSkipper) Detect(context.Context) ([]detect.Finding, error) {
@@ -90,6 +95,8 @@ rules:
   cooldown: 10m
 - name: api-check
   detector: {type: CLITestNeedsAPI}
+- name: clean-check
+  detector: {type: CLITestHung, findings: 0}
 `
 
 func writePolicy(t *testing.T, dir, mode string, findings int) string {
@@ -147,7 +154,7 @@ func TestOnceTextAndJSONGolden(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"node", "mode", "findings", "decisions"} {
+	for _, k := range []string{"node", "mode", "findings", "decisions", "skipped", "ok"} {
 		if _, ok := rep[k]; !ok {
 			t.Errorf("report lacks key %q", k)
 		}
@@ -270,14 +277,8 @@ func TestExamplePoliciesAreValid(t *testing.T) {
 func TestDaemonLifecycle(t *testing.T) {
 	dir := t.TempDir()
 	pol := writePolicy(t, dir, "audit", 1)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	addr := freeAddr(t)
+	cmd := mainCmd(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -348,9 +349,34 @@ func TestDaemonLifecycle(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("daemon did not stop within 15s of SIGTERM")
 	}
-	if !logs.has(`"msg":"stopping"`) {
+	if !logs.has(`"msg":"stopping"`) || !logs.has(`"msg":"stopped"`) {
 		t.Errorf("no graceful stop log")
 	}
+	// The finding is logged when it appears (critical: error level) and
+	// when it changes, not every cycle.
+	if n := logs.count(`{"level":"error","ts":"`); n < 1 || logs.count(`"msg":"finding appeared","rule":"hung-restore","detector":"CLITestHung","target":"process/100@`) != 1 {
+		t.Errorf("finding not logged exactly once at appearance, at error level (%d error lines):\n%s", n, logs.String())
+	}
+}
+
+// mainCmd runs bin, this test binary or a copy, as the remediate binary
+// (see TestMain).
+func mainCmd(bin string, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	return cmd
+}
+
+// freeAddr returns a loopback address nothing listens on (for
+// --metrics-addr).
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 type logBuf struct {
@@ -368,6 +394,17 @@ func (l *logBuf) has(s string) bool {
 		}
 	}
 	return false
+}
+func (l *logBuf) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, x := range l.lines {
+		if strings.Contains(x, s) {
+			n++
+		}
+	}
+	return n
 }
 func (l *logBuf) String() string {
 	l.mu.Lock()

@@ -33,10 +33,14 @@ type wiring struct {
 
 	// ipvs is created once and shared across policy reloads.
 	ipvs *ipvs.Handle
+	// noPriv: subsystems this process lacks the privileges for (read once).
+	noPriv map[string]string
 }
 
 func newWiring(o *options, pol *policy.Policy, log *zap.Logger) *wiring {
-	return &wiring{o: o, pol: pol, log: log}
+	w := &wiring{o: o, pol: pol, log: log, noPriv: readPrivileges().missing()}
+	logPrivileges(log, w.noPriv)
+	return w
 }
 
 // Node builds the node for a policy; it is called at start and on every
@@ -128,6 +132,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.Unavailable["kubernetes"] = k.noAccess
 	}
+	applyPrivileges(n, w.noPriv)
 	return n, nil
 }
 

@@ -68,11 +68,15 @@ func (w *wiring) kube() *kubeWiring {
 		k.view.Start(ctx)
 		k.nodes = kube.NewNodeWatch(c.Interface, w.o.nodeName)
 		k.nodes.Start(ctx)
-		sctx, scancel := context.WithTimeout(ctx, syncWait)
-		if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) {
-			w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
+		if err := probeAPIServer(ctx, c); err != nil {
+			w.log.Warn("kubernetes API server not answering: API-dependent checks skip and API actions stay blocked until it does (retrying in the background)", zap.Error(err))
+		} else {
+			sctx, scancel := context.WithTimeout(ctx, syncWait)
+			if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) {
+				w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
+			}
+			scancel()
 		}
-		scancel()
 		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
 		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})

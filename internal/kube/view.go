@@ -125,13 +125,25 @@ func (v *View) touch(svc bool) {
 	v.mu.Unlock()
 }
 
+// recordWatchError records a failed LIST/WATCH. It is logged as a warning
+// when the connection breaks (the apiserver answered since the previous
+// failure); the reflector's retries while it stays broken, and failures
+// before it ever answered (the daemon says that once at start), are logged
+// at debug level.
 func (v *View) recordWatchError(informer string, err error) {
 	now := v.clock.Now()
 	v.mu.Lock()
+	prev := v.watchErrAt
 	v.watchErr = fmt.Errorf("%s watch: %w", informer, err)
 	v.watchErrAt = now
 	v.mu.Unlock()
-	v.log.Warn("cluster view watch failed", zap.String("informer", informer), zap.Error(err))
+	level := zap.WarnLevel
+	if v.contact != nil {
+		if ok := v.contact.Snapshot().LastOK; ok.IsZero() || (!prev.IsZero() && ok.Before(prev)) {
+			level = zap.DebugLevel
+		}
+	}
+	v.log.Log(level, "cluster view watch failed", zap.String("informer", informer), zap.Error(err))
 }
 
 // Freshness implements cluster.View. Connected is false while the last

@@ -63,6 +63,7 @@ type Daemon struct {
 	ready     bool
 	policySum [32]byte
 	policyVer string // mtime+size+inode of the file last seen
+	findings  findingLog
 }
 
 // New returns a daemon for cfg.
@@ -120,6 +121,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		d.cfg.Engine.Close(rctx)
 		cancel()
+		d.cfg.Log.Info("stopped", zap.Duration("uptime", d.cfg.Clock.Since(d.started).Round(time.Second)))
 	}()
 
 	pol := d.cfg.Engine.Policy()
@@ -182,13 +184,10 @@ func (d *Daemon) cycle(ctx context.Context) {
 	for _, dec := range rep.Decisions {
 		counts[dec.Outcome]++
 	}
-	d.cfg.Log.Info("cycle done", zap.Int("findings", len(rep.Findings)), zap.Int("executed", counts[remediate.OutcomeExecuted]),
+	d.cfg.Log.Debug("cycle done", zap.Int("findings", len(rep.Findings)), zap.Int("executed", counts[remediate.OutcomeExecuted]),
 		zap.Int("dryRun", counts[remediate.OutcomeDryRun]), zap.Int("blocked", counts[remediate.OutcomeBlocked]),
-		zap.Int("failed", counts[remediate.OutcomeFailed]), zap.Int("skippedChecks", len(rep.Skipped)))
-	for _, f := range rep.Findings {
-		d.cfg.Log.Info("finding", zap.String("rule", f.Rule), zap.String("detector", f.Detector), zap.String("target", f.Target),
-			zap.String("severity", string(f.Severity)), zap.String("message", f.Message))
-	}
+		zap.Int("failed", counts[remediate.OutcomeFailed]), zap.Int("ok", len(rep.OK)), zap.Int("skippedChecks", len(rep.Skipped)))
+	d.findings.observe(d.cfg.Log, rep)
 	if d.cfg.OnReport != nil {
 		d.cfg.OnReport(ctx, rep)
 	}

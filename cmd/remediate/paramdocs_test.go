@@ -1,0 +1,57 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/remediate-dev/remediate/internal/paramdoc"
+)
+
+const paramDocsFile = "paramdocs_gen.go"
+
+// TestParamDocsUpToDate regenerates the parameter docs from the detector
+// and action sources; `go generate ./cmd/remediate` (or -update) rewrites
+// the file when they changed.
+func TestParamDocsUpToDate(t *testing.T) {
+	docs, err := paramdoc.Collect("../../detect", "../../remediate/action")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := paramdoc.Render("main", "paramDocs", "go generate ./cmd/remediate", docs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *update {
+		if err := os.WriteFile(paramDocsFile, want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, _ := os.ReadFile(paramDocsFile)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("%s is stale: run go generate ./cmd/remediate", paramDocsFile)
+	}
+	if len(docs) < 20 {
+		t.Fatalf("only %d parameter docs found", len(docs))
+	}
+}
+
+// TestPolicyTypesExplainsParameters: every parameter of a real detector is
+// listed with its default and meaning.
+func TestPolicyTypesExplainsParameters(t *testing.T) {
+	code, out, _ := run(t, "policy", "types")
+	if code != exitOK {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"ConntrackExhaustion", "utilizationThreshold (number, default 0.85)", "UtilizationThreshold is count/max",
+		"KillProcess", "gracePeriod (duration, default",
+		"RestartKubeProxy", "[disruptive: needs a cluster budget slot]",
+		"CLITestHung", "findings (integer, default 1)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("policy types lacks %q", want)
+		}
+	}
+}

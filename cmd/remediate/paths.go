@@ -1,0 +1,169 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/remediate-dev/remediate/internal/conntrack"
+)
+
+// checkPaths fails start-up on a path flag that cannot be what it says, so
+// a typo is an error and not a quiet node (a --proc-root that does not exist
+// would turn every process check into "skipped"):
+//
+//   - --policy must be a readable file;
+//   - --kubeconfig, when given, must be a readable file;
+//   - --proc-root must be a readable directory with sys/ (a procfs, or a
+//     test fixture of one);
+//   - --sys-root must be a readable directory;
+//   - --xtables-lock may not exist yet (iptables creates it on first use),
+//     but its directory must: a lock file in a directory that does not exist
+//     is a wrong path, and a holder there would never be seen.
+func checkPaths(o *options) error {
+	var errs []error
+	if err := readableFile(o.policy); err != nil {
+		errs = append(errs, fmt.Errorf("--policy %s: %w", o.policy, err))
+	}
+	if o.kubeconfig != "" {
+		if err := readableFile(o.kubeconfig); err != nil {
+			errs = append(errs, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err))
+		}
+	}
+	if err := readableDir(o.procRoot); err != nil {
+		errs = append(errs, fmt.Errorf("--proc-root %s: %w", o.procRoot, err))
+	} else if _, err := os.Stat(filepath.Join(o.procRoot, "sys")); err != nil {
+		errs = append(errs, fmt.Errorf("--proc-root %s: not a procfs (no sys/)", o.procRoot))
+	}
+	if err := readableDir(o.sysRoot); err != nil {
+		errs = append(errs, fmt.Errorf("--sys-root %s: %w", o.sysRoot, err))
+	}
+	if fi, err := os.Stat(o.xtablesLock); err == nil {
+		if fi.IsDir() {
+			errs = append(errs, fmt.Errorf("--xtables-lock %s: is a directory, not the lock file", o.xtablesLock))
+		}
+	} else if errors.Is(err, os.ErrNotExist) {
+		if err := readableDir(filepath.Dir(o.xtablesLock)); err != nil {
+			errs = append(errs, fmt.Errorf("--xtables-lock %s: its directory: %w", o.xtablesLock, err))
+		}
+	} else {
+		errs = append(errs, fmt.Errorf("--xtables-lock %s: %w", o.xtablesLock, err))
+	}
+	return errors.Join(errs...)
+}
+
+func readableFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return unwrapPath(err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() {
+		return errors.New("is a directory, not a file")
+	}
+	return nil
+}
+
+func readableDir(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return unwrapPath(err)
+	}
+	if !fi.IsDir() {
+		return errors.New("not a directory")
+	}
+	if err := unix.Access(p, unix.R_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("not readable: %w", err)
+	}
+	return nil
+}
+
+// unwrapPath drops the *PathError's repetition of the path (the caller
+// names it with its flag).
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// stateDirWritable says why dir (or, if it does not exist yet, the
+// directory it would be created in) cannot be written, or nil.
+func stateDirWritable(dir string) error {
+	p := dir
+	for {
+		fi, err := os.Stat(p)
+		if err == nil {
+			if !fi.IsDir() {
+				return fmt.Errorf("%s is not a directory", p)
+			}
+			if err := unix.Access(p, unix.W_OK|unix.X_OK); err != nil {
+				if p == dir {
+					return err
+				}
+				return fmt.Errorf("cannot be created in %s: %w", p, err)
+			}
+			return nil
+		}
+		if !errors.Is(err, os.ErrNotExist) || filepath.Dir(p) == p {
+			return err
+		}
+		p = filepath.Dir(p)
+	}
+}
+
+// readOnlyStateDir prepares a --once --dry-run on a state dir it cannot
+// write: a private temporary copy of what the run reads (state.json for the
+// guardrail history, the conntrack record for drift) that is removed
+// afterwards, so the run reports what it would do and writes nothing in the
+// real state dir. The caller warns that limits are not shared.
+func readOnlyStateDir(dir string) (tmp string, cleanup func(), err error) {
+	tmp, err = os.MkdirTemp("", "remediate-dry-run-")
+	if err != nil {
+		return "", nil, err
+	}
+	for _, name := range []string{"state.json", conntrack.RecordFile} {
+		src, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			continue // absent or unreadable: the run sees no history
+		}
+		dst, err := os.OpenFile(filepath.Join(tmp, name), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
+		if err == nil {
+			_, _ = io.Copy(dst, io.LimitReader(src, 64<<20))
+			dst.Close()
+		}
+		src.Close()
+	}
+	return tmp, func() { _ = os.RemoveAll(tmp) }, nil
+}
+
+// prepareStateDir checks that --state-dir can be written. A --once
+// --dry-run changes nothing on the node and need not write the state dir
+// either (a read-only mount, another user's directory): it runs on a
+// private copy (o.stateDir is replaced, o.stateWarning says so); cleanup
+// removes the copy.
+func prepareStateDir(o *options) (cleanup func(), err error) {
+	werr := stateDirWritable(o.stateDir)
+	if werr == nil {
+		return func() {}, nil
+	}
+	if !o.once || !o.dryRun {
+		return nil, fmt.Errorf("--state-dir %s: not writable: %v (remediate --once --dry-run can run without writing it)", o.stateDir, unwrapPath(werr))
+	}
+	tmp, cleanup, err := readOnlyStateDir(o.stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("--state-dir %s is not writable (%v), and no private copy: %w", o.stateDir, werr, err)
+	}
+	o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
+	o.stateDir = tmp
+	return cleanup, nil
+}
