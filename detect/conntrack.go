@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -74,26 +75,24 @@ func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: ConntrackExhaustionName,
-		Doc:  "conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
-		NewParams: func() any {
-			return &ConntrackExhaustionParams{
-				UtilizationThreshold:      0.85,
-				CriticalUtilization:       0.95,
-				DropRateThreshold:         0.1,
-				InsertFailedRateThreshold: 1,
-				ReportDrift:               true,
-			}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*ConntrackExhaustionParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", ConntrackExhaustionName, params)
-			}
-			return &conntrackExhaustion{p: *p, n: n}, nil
-		},
-	})
+	Define(ConntrackExhaustionName,
+		"conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
+		newConntrackExhaustion, Targets(finding.KindConntrackTable))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of ConntrackExhaustion.
+func (p *ConntrackExhaustionParams) SetDefaults() {
+	*p = ConntrackExhaustionParams{
+		UtilizationThreshold:      0.85,
+		CriticalUtilization:       0.95,
+		DropRateThreshold:         0.1,
+		InsertFailedRateThreshold: 1,
+		ReportDrift:               true,
+	}
+}
+
+func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
+	return &conntrackExhaustion{p: *p, n: n}, nil
 }
 
 // ctSample is one observation of the counters.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -31,16 +32,18 @@ func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSStaleRealServer",
-		Doc:  "IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
-		NewParams: func() any {
-			return &IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsStaleRealServer{p: *params.(*IPVSStaleRealServerParams), n: n}, nil
-		},
-	})
+	Define("IPVSStaleRealServer",
+		"IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
+		newIPVSStaleRealServer, Targets(finding.KindIPVSRealServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleRealServer.
+func (p *IPVSStaleRealServerParams) SetDefaults() {
+	*p = IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
+}
+
+func newIPVSStaleRealServer(p *IPVSStaleRealServerParams, n *node.Node) (Detector, error) {
+	return &ipvsStaleRealServer{p: *p, n: n}, nil
 }
 
 type ipvsStaleRealServer struct {

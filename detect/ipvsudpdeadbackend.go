@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -44,16 +45,18 @@ func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSUDPDeadBackend",
-		Doc:  "UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
-		NewParams: func() any {
-			return &IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsUDPDeadBackend{p: *params.(*IPVSUDPDeadBackendParams), n: n}, nil
-		},
-	})
+	Define("IPVSUDPDeadBackend",
+		"UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
+		newIPVSUDPDeadBackend, Targets(finding.KindConntrackBackend))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSUDPDeadBackend.
+func (p *IPVSUDPDeadBackendParams) SetDefaults() {
+	*p = IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
+}
+
+func newIPVSUDPDeadBackend(p *IPVSUDPDeadBackendParams, n *node.Node) (Detector, error) {
+	return &ipvsUDPDeadBackend{p: *p, n: n}, nil
 }
 
 type ipvsUDPDeadBackend struct {

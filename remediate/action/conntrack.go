@@ -14,6 +14,7 @@ import (
 	"github.com/shirou/gopsutil/v3/mem"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -97,34 +98,30 @@ func (p *FlushConntrackParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: RaiseConntrackMaxName,
-		Doc:  "raise nf_conntrack_max by a factor or step (never lower; bounded by a ceiling and a share of node memory), optionally hashsize to max/4",
-		NewParams: func() any {
-			return &RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*RaiseConntrackMaxParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", RaiseConntrackMaxName, params)
-			}
-			return &raiseConntrackMax{p: *p, n: n, memTotal: hostMemTotal(n.ProcRoot)}, nil
-		},
-	})
-	Register(Type{
-		Name: FlushConntrackName,
-		Doc:  "delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
-		NewParams: func() any {
-			return &FlushConntrackParams{MaxEntries: 50_000}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*FlushConntrackParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", FlushConntrackName, params)
-			}
-			return &flushConntrack{p: *p, n: n, isLocal: localAddr}, nil
-		},
-	})
+	Define(RaiseConntrackMaxName,
+		"raise nf_conntrack_max by a factor or step (never lower; bounded by a ceiling and a share of node memory), optionally hashsize to max/4",
+		newRaiseConntrackMax, ActsOn(finding.KindConntrackTable))
+	Define(FlushConntrackName,
+		"delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
+		newFlushConntrack, ActsOn(finding.KindConntrackBackend))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of RaiseConntrackMax.
+func (p *RaiseConntrackMaxParams) SetDefaults() {
+	*p = RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
+}
+
+func newRaiseConntrackMax(p *RaiseConntrackMaxParams, n *node.Node) (Action, error) {
+	return &raiseConntrackMax{p: *p, n: n, memTotal: hostMemTotal(n.ProcRoot)}, nil
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of FlushConntrack.
+func (p *FlushConntrackParams) SetDefaults() {
+	*p = FlushConntrackParams{MaxEntries: 50_000}
+}
+
+func newFlushConntrack(p *FlushConntrackParams, n *node.Node) (Action, error) {
+	return &flushConntrack{p: *p, n: n, isLocal: localAddr}, nil
 }
 
 // hostMemTotal reads MemTotal from <procRoot>/meminfo through gopsutil.

@@ -53,15 +53,13 @@ func (p *CordonNodeParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "CordonNode",
-		Doc:        "cordons this node (optionally tainting it) and uncordons it once the finding has resolved; off unless enabled",
-		Disruptive: true,
-		NewParams:  func() any { return &CordonNodeParams{} },
-		New: func(params any, n *node.Node) (Action, error) {
-			return &cordonNode{p: *params.(*CordonNodeParams), n: n}, nil
-		},
-	})
+	Define("CordonNode",
+		"cordons this node (optionally tainting it) and uncordons it once the finding has resolved; off unless enabled",
+		newCordonNode, Disruptive(), ActsOnAnyFinding())
+}
+
+func newCordonNode(p *CordonNodeParams, n *node.Node) (Action, error) {
+	return &cordonNode{p: *p, n: n}, nil
 }
 
 type cordonNode struct {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -30,19 +31,20 @@ func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "DeleteIPVSRealServer",
-		Doc:        "delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
-		Disruptive: true,
-		NewParams: func() any {
-			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := *params.(*DeleteIPVSRealServerParams)
-			return &deleteIPVSRealServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
-		},
-	})
+	Define("DeleteIPVSRealServer",
+		"delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
+		newDeleteIPVSRealServer, Disruptive(), ActsOn(finding.KindIPVSRealServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSRealServer.
+func (p *DeleteIPVSRealServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
+}
+
+func newDeleteIPVSRealServer(pp *DeleteIPVSRealServerParams, n *node.Node) (Action, error) {
+	p := *pp
+	return &deleteIPVSRealServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
 }
 
 type deleteIPVSRealServer struct {

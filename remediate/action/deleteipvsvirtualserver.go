@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -45,35 +46,36 @@ func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "DeleteIPVSVirtualServer",
-		Doc:        "delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
-		Disruptive: true,
-		NewParams: func() any {
-			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
-				ManagedCIDRs: []string{"10.96.0.0/12"}}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := *params.(*DeleteIPVSVirtualServerParams)
-			a := &deleteIPVSVirtualServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}
-			for _, s := range p.ManagedCIDRs {
-				pr, err := netip.ParsePrefix(s)
-				if err != nil {
-					return nil, fmt.Errorf("managedCIDRs: %w", err)
-				}
-				a.cidrs = append(a.cidrs, pr.Masked())
-			}
-			for _, s := range p.NodeIPs {
-				ip, err := netip.ParseAddr(s)
-				if err != nil {
-					return nil, fmt.Errorf("nodeIPs: %w", err)
-				}
-				a.nodeIPs = append(a.nodeIPs, ip.Unmap())
-			}
-			return a, nil
-		},
-	})
+	Define("DeleteIPVSVirtualServer",
+		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
+		newDeleteIPVSVirtualServer, Disruptive(), ActsOn(finding.KindIPVSVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSVirtualServer.
+func (p *DeleteIPVSVirtualServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
+		ManagedCIDRs: []string{"10.96.0.0/12"}}
+}
+
+func newDeleteIPVSVirtualServer(pp *DeleteIPVSVirtualServerParams, n *node.Node) (Action, error) {
+	p := *pp
+	a := &deleteIPVSVirtualServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}
+	for _, s := range p.ManagedCIDRs {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("managedCIDRs: %w", err)
+		}
+		a.cidrs = append(a.cidrs, pr.Masked())
+	}
+	for _, s := range p.NodeIPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("nodeIPs: %w", err)
+		}
+		a.nodeIPs = append(a.nodeIPs, ip.Unmap())
+	}
+	return a, nil
 }
 
 type deleteIPVSVirtualServer struct {

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -58,25 +59,23 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "KillProcess",
-		Doc:  "SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
-		NewParams: func() any {
-			return &KillProcessParams{
-				Names:       append([]string(nil), detect.RestoreNames...),
-				GracePeriod: policy.D(5 * time.Second),
-				KillWait:    policy.D(5 * time.Second),
-				MinHoldTime: policy.D(30 * time.Second),
-			}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*KillProcessParams)
-			if !ok {
-				return nil, fmt.Errorf("KillProcess: params are %T", params)
-			}
-			return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
-		},
-	})
+	Define("KillProcess",
+		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		newKillProcess, ActsOn(finding.KindProcess))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KillProcess.
+func (p *KillProcessParams) SetDefaults() {
+	*p = KillProcessParams{
+		Names:       append([]string(nil), detect.RestoreNames...),
+		GracePeriod: policy.D(5 * time.Second),
+		KillWait:    policy.D(5 * time.Second),
+		MinHoldTime: policy.D(30 * time.Second),
+	}
+}
+
+func newKillProcess(p *KillProcessParams, n *node.Node) (Action, error) {
+	return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
 }
 
 type killProcess struct {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -56,23 +57,23 @@ func (p *RestartKubeProxyParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "RestartKubeProxy",
-		Doc:        "deletes this node's kube-proxy pod (DaemonSet-managed only) and waits for its replacement to be Ready",
-		Disruptive: true,
-		NewParams: func() any {
-			return &RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
-				ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := params.(*RestartKubeProxyParams)
-			sel, err := labels.Parse(p.LabelSelector)
-			if err != nil {
-				return nil, fmt.Errorf("labelSelector: %w", err)
-			}
-			return &restartKubeProxy{p: *p, sel: sel, n: n}, nil
-		},
-	})
+	Define("RestartKubeProxy",
+		"deletes this node's kube-proxy pod (DaemonSet-managed only) and waits for its replacement to be Ready",
+		newRestartKubeProxy, Disruptive(), ActsOn(finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of RestartKubeProxy.
+func (p *RestartKubeProxyParams) SetDefaults() {
+	*p = RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
+		ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
+}
+
+func newRestartKubeProxy(p *RestartKubeProxyParams, n *node.Node) (Action, error) {
+	sel, err := labels.Parse(p.LabelSelector)
+	if err != nil {
+		return nil, fmt.Errorf("labelSelector: %w", err)
+	}
+	return &restartKubeProxy{p: *p, sel: sel, n: n}, nil
 }
 
 type restartKubeProxy struct {

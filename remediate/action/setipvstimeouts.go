@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -44,16 +45,18 @@ func (p *SetIPVSTimeoutsParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "SetIPVSTimeouts",
-		Doc:  "lower the IPVS UDP timeout (never below 1s; TCP and TCP-FIN only if set), journaling the previous values",
-		NewParams: func() any {
-			return &SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			return &setIPVSTimeouts{p: *params.(*SetIPVSTimeoutsParams), n: n}, nil
-		},
-	})
+	Define("SetIPVSTimeouts",
+		"lower the IPVS UDP timeout (never below 1s; TCP and TCP-FIN only if set), journaling the previous values",
+		newSetIPVSTimeouts, ActsOn(finding.KindIPVSTimeouts))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of SetIPVSTimeouts.
+func (p *SetIPVSTimeoutsParams) SetDefaults() {
+	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
+}
+
+func newSetIPVSTimeouts(p *SetIPVSTimeoutsParams, n *node.Node) (Action, error) {
+	return &setIPVSTimeouts{p: *p, n: n}, nil
 }
 
 type setIPVSTimeouts struct {
