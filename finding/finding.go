@@ -76,6 +76,12 @@ const (
 	KindKubeProxy Kind = "kube-proxy"
 	// KindIPTablesRules: the iptables rule sets of one family and backend.
 	KindIPTablesRules Kind = "iptables-rules"
+	// KindNFTablesTable: one nftables table, present or expected
+	// ("nftables/ip/kube-proxy").
+	KindNFTablesTable Kind = "nftables-table"
+	// KindNFTablesChain: one base chain of an nftables table
+	// ("nftables/inet/firewall/input").
+	KindNFTablesChain Kind = "nftables-chain"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

@@ -1,0 +1,165 @@
+package detect
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/node"
+)
+
+// kubeProxyRuleset is `nft -j list ruleset` of the real kube-proxy v1.34.4
+// in nftables mode, with the objects for which drop returns true removed
+// and the replacements applied to the text.
+func kubeProxyRuleset(t *testing.T, drop func(kind string, obj map[string]any) bool, replace ...string) string {
+	t.Helper()
+	b, err := os.ReadFile("../internal/nftables/testdata/kube-proxy-v1.34.4-ruleset.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Objects []map[string]map[string]any `json:"nftables"`
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	kept := doc.Objects[:0]
+	for _, o := range doc.Objects {
+		keep := true
+		for kind, obj := range o {
+			if drop != nil && drop(kind, obj) {
+				keep = false
+			}
+		}
+		if keep {
+			kept = append(kept, o)
+		}
+	}
+	doc.Objects = kept
+	out, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	for i := 0; i+1 < len(replace); i += 2 {
+		if !strings.Contains(s, replace[i]) {
+			t.Fatalf("fixture lacks %q", replace[i])
+		}
+		s = strings.Replace(s, replace[i], replace[i+1], 1)
+	}
+	return s
+}
+
+// nftNode is a node in nftables mode: kube-proxy's real metrics (IPv4 and
+// IPv6 synced) and an nftables fake holding ruleset.
+func nftNode(t *testing.T, ruleset string) (*node.Node, *nftables.Fake, *kubeproxy.Fake) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Unix(1_795_443_431, 0))
+	kp := kubeproxy.NewFake(clk, 10*time.Second)
+	kp.SetMode(kubeproxy.ModeNFTables, nil)
+	kp.SetMetrics(readKubeProxyFixture(t, "metrics-v1.34-nftables-healthy.txt"))
+	nft := nftables.NewFake()
+	if err := nft.SetRuleset(ruleset); err != nil {
+		t.Fatal(err)
+	}
+	return &node.Node{Clock: clk, Log: zap.NewNop(), KubeProxy: kp, NFTables: nft}, nft, kp
+}
+
+func isRule(chain string) func(string, map[string]any) bool {
+	return func(kind string, o map[string]any) bool {
+		return kind == "rule" && o["family"] == "ip" && o["chain"] == chain
+	}
+}
+
+func TestKubeProxyNFTablesIntegrity(t *testing.T) {
+	ctx := context.Background()
+	for _, c := range []struct {
+		name     string
+		drop     func(string, map[string]any) bool
+		replace  []string
+		want     string // "" no finding, else severity
+		contains string
+	}{
+		{name: "healthy real table"},
+		{name: "ip table deleted", drop: func(k string, o map[string]any) bool {
+			return o["family"] == "ip" && (o["table"] == "kube-proxy" || k == "table")
+		}, want: "critical", contains: "table ip kube-proxy is missing"},
+		{name: "nat-prerouting jump gone", drop: isRule("nat-prerouting"), want: "critical", contains: "nat-prerouting does not jump to services"},
+		{name: "nat-output jump gone", drop: isRule("nat-output"), want: "critical", contains: "nat-output does not jump to services"},
+		{name: "services emptied", drop: isRule("services"), want: "critical", contains: "chain services does not look up @service-ips"},
+		{name: "masquerading jump gone", drop: isRule("nat-postrouting"), want: "warning", contains: "nat-postrouting does not jump to masquerading"},
+		{name: "nat priority moved", replace: []string{`"hook":"output","name":"nat-output","policy":"accept","prio":-100`, `"hook":"output","name":"nat-output","policy":"accept","prio":50`},
+			want: "warning", contains: "nat-output has priority 50, want -100"},
+		{name: "policy drop", replace: []string{`"hook":"input","name":"filter-input","policy":"accept"`, `"hook":"input","name":"filter-input","policy":"drop"`},
+			want: "critical", contains: "filter-input has policy drop"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n, _, _ := nftNode(t, kubeProxyRuleset(t, c.drop, c.replace...))
+			fs, err := newDetector(t, "KubeProxyNFTablesIntegrity", n, nil).Detect(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.want == "" {
+				if len(fs) != 0 {
+					t.Fatalf("findings %+v", fs)
+				}
+				return
+			}
+			if len(fs) != 1 || string(fs[0].Severity) != c.want || fs[0].Target != "nftables/ip/kube-proxy" || !strings.Contains(fs[0].Message, c.contains) {
+				t.Fatalf("findings %+v, want one %s containing %q", fs, c.want, c.contains)
+			}
+			if fs[0].Evidence["confirm"] != "nft list table ip kube-proxy" {
+				t.Errorf("evidence %v", fs[0].Evidence)
+			}
+		})
+	}
+}
+
+func TestKubeProxyNFTablesIntegrityScope(t *testing.T) {
+	ctx := context.Background()
+	noIP6 := kubeProxyRuleset(t, func(k string, o map[string]any) bool { return o["family"] == "ip6" })
+	// Both families synced per the metrics: the missing ip6 table counts.
+	n, nft, kp := nftNode(t, noIP6)
+	d := newDetector(t, "KubeProxyNFTablesIntegrity", n, nil)
+	fs, err := d.Detect(ctx)
+	wantTargets(t, "ip6 table missing", fs, err, "nftables/ip6/kube-proxy")
+	// The policy says IPv4 only.
+	fs, err = newDetector(t, "KubeProxyNFTablesIntegrity", n, func(p any) {
+		p.(*KubeProxyNFTablesIntegrityParams).Families = []string{"IPv4"}
+	}).Detect(ctx)
+	wantTargets(t, "IPv4 only", fs, err)
+	// No completed sync yet (kube-proxy starting): nothing to check.
+	kp.SetMetrics("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"} 1.7e9\n")
+	if _, err := d.Detect(ctx); err == nil {
+		t.Error("no sync yet: no skip")
+	}
+	// iptables mode: skip naming it.
+	kp.SetMode(kubeproxy.ModeIPTables, nil)
+	if _, err := d.Detect(ctx); err == nil || !strings.Contains(err.Error(), "iptables mode") {
+		t.Errorf("iptables mode: %v", err)
+	}
+	// Mode unknown: skip, never guess.
+	kp.SetMode("", &kubeproxy.Error{Kind: kubeproxy.KindUnreachable, URL: "u", Err: context.DeadlineExceeded})
+	if _, err := d.Detect(ctx); err == nil {
+		t.Error("unknown mode: no skip")
+	} else if _, ok := IsSkip(err); !ok {
+		t.Errorf("unknown mode: %v", err)
+	}
+	// No nft: skip.
+	kp.SetMode(kubeproxy.ModeNFTables, nil)
+	kp.SetMetrics(readKubeProxyFixture(t, "metrics-v1.34-nftables-healthy.txt"))
+	nft.Unavailable = true
+	if _, err := d.Detect(ctx); err == nil {
+		t.Error("no nft: no skip")
+	} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "nft unavailable") {
+		t.Errorf("no nft: %v", err)
+	}
+}
