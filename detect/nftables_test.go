@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -163,3 +164,66 @@ func TestKubeProxyNFTablesIntegrityScope(t *testing.T) {
 		t.Errorf("no nft: %v", err)
 	}
 }
+
+func TestNFTablesShadowing(t *testing.T) {
+	ctx := context.Background()
+	fw := func(family, chain, hook string, prio int, policy string, rules ...string) string {
+		doc := `{"nftables": [{"table": {"family": "` + family + `", "name": "fw"}},
+		{"chain": {"family": "` + family + `", "table": "fw", "name": "` + chain + `", "type": "filter", "hook": "` + hook + `", "prio": ` + itoa(prio) + `, "policy": "` + policy + `"}}`
+		for _, r := range rules {
+			doc += `, {"rule": {"family": "` + family + `", "table": "fw", "chain": "` + chain + `", "expr": ` + r + `}}`
+		}
+		return doc + "]}"
+	}
+	const (
+		counterDrop = `[{"counter": null}, {"drop": null}]`
+		sshAccept   = `[{"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 22}}, {"accept": null}]`
+		limitedDrop = `[{"limit": {"rate": 5, "per": "second"}}, {"drop": null}]`
+	)
+	for _, c := range []struct {
+		name  string
+		add   string
+		want  []string
+		check string
+	}{
+		{name: "no other table"},
+		{name: "inet prerouting policy drop before DNAT", add: fw("inet", "pre", "prerouting", -150, "drop", sshAccept),
+			want: []string{"nftables/inet/fw/pre"}, check: "runs before kube-proxy's nat-prerouting (priority -100) and has policy drop"},
+		{name: "ip input unconditional drop before filter-input", add: fw("ip", "in", "input", -10, "accept", counterDrop),
+			want: []string{"nftables/ip/fw/in"}, check: `drops every packet reaching its rule "counter drop"`},
+		{name: "ip6 chain seen for IPv6", add: fw("ip6", "fwd", "forward", -5, "drop"), want: []string{"nftables/ip6/fw/fwd"}},
+		{name: "after kube-proxy: not shadowing", add: fw("inet", "in", "input", 10, "drop")},
+		{name: "same priority: not earlier", add: fw("inet", "in", "input", 0, "drop")},
+		{name: "accepting policy, conditional drop", add: fw("inet", "in", "input", -300, "accept", limitedDrop, sshAccept)},
+		{name: "postrouting is not a Service hook", add: fw("inet", "post", "postrouting", -300, "drop")},
+		{name: "arp family never sees IP", add: fw("arp", "in", "input", -300, "drop")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n, nft, _ := nftNode(t, kubeProxyRuleset(t, nil))
+			if c.add != "" {
+				if err := nft.AddRuleset(c.add); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fs, err := newDetector(t, "NFTablesShadowing", n, nil).Detect(ctx)
+			wantTargets(t, c.name, fs, err, c.want...)
+			for _, f := range fs {
+				if f.Severity != Warning || !strings.Contains(f.Message, "table ") || !strings.Contains(f.Message, c.check) {
+					t.Errorf("finding %+v, want a warning containing %q", f, c.check)
+				}
+			}
+		})
+	}
+	// kube-proxy's own table missing: compared with where its chains belong.
+	n, nft, _ := nftNode(t, kubeProxyRuleset(t, func(k string, o map[string]any) bool { return o["family"] == "ip" }))
+	if err := nft.AddRuleset(fw("ip", "pre", "prerouting", -200, "drop")); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := newDetector(t, "NFTablesShadowing", n, nil).Detect(ctx)
+	wantTargets(t, "kube-proxy table missing", fs, err, "nftables/ip/fw/pre")
+	if !strings.Contains(fs[0].Message, "its table ip kube-proxy is missing") {
+		t.Errorf("message %q", fs[0].Message)
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
