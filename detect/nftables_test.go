@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -227,3 +228,62 @@ func TestNFTablesShadowing(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func TestKubeProxyModeLeftovers(t *testing.T) {
+	ctx := context.Background()
+	legacy, err := os.ReadFile("testdata/iptables-save-legacy.txt") // real kube-proxy v1.34.4, iptables mode
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeletOnly := "*filter\n:INPUT ACCEPT [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-KUBELET-CANARY - [0:0]\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -m mark --mark 0x8000/0x8000 -j DROP\nCOMMIT\n"
+	markOnly := "*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n"
+
+	// nftables mode: KUBE-* iptables rules in either backend are leftovers.
+	n, _, kp := nftNode(t, kubeProxyRuleset(t, nil))
+	ipt := iptables.NewFake()
+	n.IPTables = ipt
+	ipt.SetRules(iptables.IPv4, iptables.Legacy, "")
+	ipt.SetRules(iptables.IPv4, iptables.NFT, "")
+	d := newDetector(t, "KubeProxyModeLeftovers", n, nil)
+	fs, err := d.Detect(ctx)
+	wantTargets(t, "clean", fs, err)
+
+	ipt.SetRules(iptables.IPv4, iptables.Legacy, string(legacy))
+	ipt.SetRules(iptables.IPv6, iptables.NFT, kubeletOnly)
+	ipt.SetRules(iptables.IPv4, iptables.NFT, markOnly)
+	fs, err = d.Detect(ctx)
+	wantTargets(t, "leftovers", fs, err, "iptables/IPv4/legacy/kube-proxy-leftovers", "iptables/IPv4/nft/kube-proxy-leftovers")
+	for _, f := range fs {
+		if !strings.Contains(f.Message, "kube-proxy runs in nftables mode") {
+			t.Errorf("message %q does not name both", f.Message)
+		}
+		switch f.Evidence["backend"] {
+		case "legacy":
+			if f.Severity != Critical || !strings.Contains(f.Message, "nat PREROUTING -> KUBE-SERVICES") {
+				t.Errorf("legacy leftovers with the DNAT hook: %+v", f)
+			}
+		case "nft":
+			if f.Severity != Warning || f.Evidence["kubeRules"] != 1 {
+				t.Errorf("nft leftovers without a hook: %+v", f)
+			}
+		}
+	}
+
+	// iptables mode: kube-proxy's nftables table is the leftover.
+	kp.SetMode(kubeproxy.ModeIPTables, nil)
+	fs, err = d.Detect(ctx)
+	wantTargets(t, "nft table in iptables mode", fs, err, "nftables/ip/kube-proxy/leftover", "nftables/ip6/kube-proxy/leftover")
+	for _, f := range fs {
+		want := Warning // the ip6 table programs no service
+		if f.Evidence["family"] == "ip" {
+			want = Critical
+		}
+		if f.Severity != want || !strings.Contains(f.Message, "kube-proxy runs in iptables mode") || !strings.Contains(f.Message, "kube-proxy from its nftables mode") {
+			t.Errorf("finding %+v", f)
+		}
+	}
+	n.NFTables.(*nftables.Fake).DeleteTable(nftables.FamilyIP, "kube-proxy")
+	n.NFTables.(*nftables.Fake).DeleteTable(nftables.FamilyIP6, "kube-proxy")
+	fs, err = d.Detect(ctx)
+	wantTargets(t, "iptables mode, no nft table", fs, err)
+}
