@@ -16,6 +16,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // kubeProxyRuleset is `nft -j list ruleset` of the real kube-proxy v1.34.4
@@ -286,4 +287,33 @@ func TestKubeProxyModeLeftovers(t *testing.T) {
 	n.NFTables.(*nftables.Fake).DeleteTable(nftables.FamilyIP6, "kube-proxy")
 	fs, err = d.Detect(ctx)
 	wantTargets(t, "iptables mode, no nft table", fs, err)
+}
+
+func TestHungNFT(t *testing.T) {
+	now := time.Unix(1_795_443_431, 0)
+	proc := func(pid int32, parent string, age time.Duration, state string) procs.Process {
+		return procs.Process{Pid: pid, PPid: 10, ParentName: parent, Comm: "nft", State: state,
+			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: now.Add(-age).UnixMilli()}
+	}
+	f := procs.NewFake(1)
+	for _, p := range []procs.Process{
+		proc(100, "kube-proxy", 2*time.Minute, "S"), // stuck child of kube-proxy
+		proc(101, "kube-proxy", 5*time.Minute, "D"), // stuck in the kernel
+		proc(102, "kube-proxy", time.Second, "S"),   // a normal sync
+		proc(103, "bash", time.Hour, "S"),           // an administrator's nft
+	} {
+		f.Add(procs.FakeProcess{Process: p})
+	}
+	n := &node.Node{Clock: clocktesting.NewFakeClock(now), Log: zap.NewNop(), Procs: f}
+	fs, err := newDetector(t, "HungNFT", n, nil).Detect(context.Background())
+	wantTargets(t, "hung nft", fs, err, procs.Target(100, now.Add(-2*time.Minute).UnixMilli()), procs.Target(101, now.Add(-5*time.Minute).UnixMilli()))
+	for _, f := range fs {
+		want := Warning
+		if f.Evidence["pid"] == int32(101) {
+			want = Critical
+		}
+		if f.Severity != want || !strings.Contains(f.Message, "a child of kube-proxy") {
+			t.Errorf("finding %+v", f)
+		}
+	}
 }

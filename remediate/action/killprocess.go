@@ -33,6 +33,12 @@ type KillProcessParams struct {
 	// "holdSeconds", from XtablesLockContention): the holder is killed
 	// only when it has held the lock at least this long.
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
+	// Parents restricts programs by their parent: a process whose argv[0]
+	// basename is a key may be killed only while its parent's command
+	// name (comm) is one of the listed names, re-checked before every
+	// signal. Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's
+	// sync may be killed, an administrator's nft never.
+	Parents map[string][]string `yaml:"parents"`
 }
 
 // Validate implements policy.Validator.
@@ -55,19 +61,25 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 	if p.MinHoldTime.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "minHoldTime", Msg: "must be >= 0"})
 	}
+	for name, parents := range p.Parents {
+		if len(parents) == 0 {
+			errs = append(errs, policy.FieldError{Field: "parents." + name, Msg: "must list at least one parent command name (remove the entry to allow any parent)"})
+		}
+	}
 	return errs
 }
 
 func init() {
 	Define("KillProcess",
-		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder, kube-proxy's stuck nft), re-checking identity, allowlist and required parent before each signal",
 		newKillProcess, ActsOn(finding.KindProcess))
 }
 
 // SetDefaults implements registry.Defaulter: the defaults of KillProcess.
 func (p *KillProcessParams) SetDefaults() {
 	*p = KillProcessParams{
-		Names:       append([]string(nil), detect.RestoreNames...),
+		Names:       append(append([]string(nil), detect.RestoreNames...), "nft"),
+		Parents:     map[string][]string{"nft": {"kube-proxy"}},
 		GracePeriod: policy.D(5 * time.Second),
 		KillWait:    policy.D(5 * time.Second),
 		MinHoldTime: policy.D(30 * time.Second),
@@ -116,6 +128,9 @@ func (a *killProcess) check(ctx context.Context, f detect.Finding) (procs.Proces
 	}
 	if !slices.Contains(a.p.Names, cur.Name()) {
 		return procs.Process{}, detect.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
+	}
+	if parents, ok := a.p.Parents[cur.Name()]; ok && !slices.Contains(parents, cur.ParentName) {
+		return procs.Process{}, detect.Skip("pid %d (%s) has parent %q (pid %d), not one of %v", pid, cur.Name(), cur.ParentName, cur.PPid, parents)
 	}
 	return cur, nil
 }
