@@ -93,13 +93,38 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]Finding, error) 
 	case kubeproxy.ModeNFTables:
 		return d.iptablesLeftovers(ctx, source)
 	case kubeproxy.ModeIPTables, kubeproxy.ModeIPVS:
-		s, err := listRuleset(ctx, d.n)
+		rs, err := d.kubeProxyTables(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return nftLeftoverFindings(s.Ruleset, mode, source), nil
+		return nftLeftoverFindings(rs, mode, source), nil
 	}
 	return nil, Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
+}
+
+// kubeProxyTables lists only kube-proxy's two tables: in iptables mode
+// with the nft backend the rest of the ruleset is iptables-nft's, which can
+// be very large.
+func (d *kubeProxyModeLeftovers) kubeProxyTables(ctx context.Context) (*nftables.Ruleset, error) {
+	nft, err := nftOf(d.n)
+	if err != nil {
+		return nil, err
+	}
+	rs := &nftables.Ruleset{}
+	for _, f := range []nftables.Family{nftables.FamilyIP, nftables.FamilyIP6} {
+		s, err := nft.ListTable(ctx, f, nftables.KubeProxyTableName)
+		switch {
+		case errors.Is(err, nftables.ErrNoTable):
+			continue
+		case isUnavailable(err):
+			return nil, Skip("%v", err)
+		case err != nil:
+			return nil, fmt.Errorf("listing nftables table %s %s: %w", f, nftables.KubeProxyTableName, err)
+		}
+		rs.Tables = append(rs.Tables, s.Ruleset.Tables...)
+		rs.NFTVersion = s.Ruleset.NFTVersion
+	}
+	return rs, nil
 }
 
 func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source string) ([]Finding, error) {
