@@ -162,7 +162,7 @@ type Rule struct {
 	Conditional bool `json:"conditional"`
 }
 
-// Unconditional reports whether the rule applies to every packet reaching
+// UnconditionalRefusal reports whether the rule applies to every packet reaching
 // it and ends in a drop or reject.
 func (r *Rule) UnconditionalRefusal() bool {
 	return !r.Conditional && r.Verdict != nil && r.Verdict.Terminal()
