@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -222,6 +223,72 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 	})
 
 	t.Run("table deleted", func(t *testing.T) {
+		// The real daemon too, inside the namespace, every 2 s: its
+		// remediate_findings gauge must show the critical finding within one
+		// interval (plus the cycle's own run time) of the deletion.
+		dir := t.TempDir()
+		self, err := os.Executable()
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemonPol := filepath.Join(dir, "daemon.yaml")
+		if err := os.WriteFile(daemonPol, []byte(strings.NewReplacer("mode: audit\n", "mode: audit\ninterval: 2s\njitter: 0\n",
+			"detectorTimeout: 15s", "detectorTimeout: 2s", "{type: KubeProxyModeLeftovers}", "{type: KubeProxyModeLeftovers, saveTimeout: 1500ms}").Replace(e2eNFTablesPolicy)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		daemon := exec.Command("ip", "netns", "exec", ns, self, "--policy", daemonPol, "--state-dir", filepath.Join(dir, "daemon-state"),
+			"--metrics-addr", "127.0.0.1:19808", "--node-name", kp.NodeName, "--proc-root", "/proc")
+		daemon.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+		daemonLog, err := os.Create(filepath.Join(dir, "daemon.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemon.Stdout, daemon.Stderr = daemonLog, daemonLog
+		if err := daemon.Start(); err != nil {
+			t.Fatal(err)
+		}
+		stopDaemon := func() {
+			if daemon.ProcessState == nil {
+				_ = daemon.Process.Signal(os.Interrupt)
+				done := make(chan struct{})
+				go func() { _ = daemon.Wait(); close(done) }()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					_ = daemon.Process.Kill()
+					<-done
+				}
+			}
+		}
+		t.Cleanup(func() {
+			stopDaemon()
+			if t.Failed() {
+				b, _ := os.ReadFile(daemonLog.Name())
+				t.Logf("daemon log:\n%s", b)
+			}
+		})
+		hc := cp.NetNS.HTTPClient(2 * time.Second)
+		daemonFinding := func() bool {
+			resp, err := hc.Get("http://127.0.0.1:19808/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return strings.Contains(string(b), `remediate_findings{rule="nft-integrity",severity="critical"} 1`)
+		}
+		waitUntil(t, 60*time.Second, "the daemon completed a cycle", func() bool {
+			resp, err := hc.Get("http://127.0.0.1:19808/readyz")
+			if err != nil {
+				return false
+			}
+			resp.Body.Close()
+			return resp.StatusCode == 200
+		})
+		if daemonFinding() {
+			t.Fatal("daemon reports the table missing before it was deleted")
+		}
+
 		// As between two daemon cycles: the last listing (shared for at most
 		// min(2s, interval/2)) has expired when the next cycle starts.
 		time.Sleep(interval)
@@ -239,14 +306,16 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 			t.Logf("healthz after the deletion: %+v %v", h, err)
 		}
 
+		waitUntil(t, interval+5*time.Second, "the daemon reports the missing table", daemonFinding)
+		t.Logf("daemon: remediate_findings{rule=nft-integrity,severity=critical} 1 after %v", time.Since(deleted).Round(time.Millisecond))
+		if d := time.Since(deleted); d > interval+3*time.Second {
+			t.Errorf("daemon reported it after %v, want within one interval (%v) plus the cycle's run time", d, interval)
+		}
+		stopDaemon()
+
 		// The same from the binary: remediate --once inside the namespace.
-		dir := t.TempDir()
 		pol := filepath.Join(dir, "policy.yaml")
 		if err := os.WriteFile(pol, []byte(e2eNFTablesPolicy), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		self, err := os.Executable()
-		if err != nil {
 			t.Fatal(err)
 		}
 		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "--once", "-o", "json", "--policy", pol,
