@@ -56,17 +56,15 @@ func init() {
 }
 
 func newKubeProxyNFTablesFailures(p *KubeProxyNFTablesFailuresParams, n *node.Node) (Detector, error) {
-	return &kubeProxyNFTablesFailures{p: *p, n: n, w: map[kubeproxy.Family]*window[nftFailureCounts]{}}, nil
+	return &kubeProxyNFTablesFailures{p: *p, n: n}, nil
 }
-
-type nftFailureCounts struct{ sync, cleanup float64 }
 
 type kubeProxyNFTablesFailures struct {
 	p KubeProxyNFTablesFailuresParams
 	n *node.Node
 
 	mu sync.Mutex
-	w  map[kubeproxy.Family]*window[nftFailureCounts]
+	w  counterWindows
 }
 
 func (d *kubeProxyNFTablesFailures) Detect(ctx context.Context) ([]Finding, error) {
@@ -100,31 +98,10 @@ func (d *kubeProxyNFTablesFailures) Detect(ctx context.Context) ([]Finding, erro
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Finding
-	for _, f := range m.FamilyNames() {
-		fm := m.Families[f]
-		var c nftFailureCounts
-		if fm.NFTablesSyncFailures != nil {
-			c.sync = *fm.NFTablesSyncFailures
-		}
-		if fm.NFTablesCleanupFailures != nil {
-			c.cleanup = *fm.NFTablesCleanupFailures
-		}
-		w := d.w[f]
-		if w == nil {
-			w = &window[nftFailureCounts]{}
-			d.w[f] = w
-		}
-		w.add(sc.Seq, sc.At, c, span)
-		oldest, newest, ok := w.ends()
-		if !ok {
-			continue
-		}
-		syncs, cleanups := newest.v.sync-oldest.v.sync, newest.v.cleanup-oldest.v.cleanup
-		if syncs < 0 || cleanups < 0 {
-			w.reset() // kube-proxy restarted: counters reset
-			continue
-		}
-		if fd := nftFailuresFinding(f, syncs, cleanups, newest.at.Sub(oldest.at), d.p); fd != nil {
+	for _, inc := range d.w.add(sc, span, func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
+		return fm.NFTablesSyncFailures, fm.NFTablesCleanupFailures
+	}) {
+		if fd := nftFailuresFinding(inc.family, inc.a, inc.b, inc.covered, d.p); fd != nil {
 			out = append(out, *fd)
 		}
 	}
