@@ -23,10 +23,10 @@ const ConntrackExhaustionName = "ConntrackExhaustion"
 const (
 	// ConntrackTableTarget is the finding about the table filling up or
 	// dropping.
-	ConntrackTableTarget = "conntrack/table"
+	ConntrackTableTarget = conntrack.TableTarget
 	// ConntrackDriftTarget is the finding "nf_conntrack_max is lower than
 	// what this daemon last set" (kube-proxy resets it when it restarts).
-	ConntrackDriftTarget = "conntrack/max-drift"
+	ConntrackDriftTarget = conntrack.DriftTarget
 )
 
 // ConntrackExhaustionParams are the thresholds of ConntrackExhaustion.
@@ -51,6 +51,17 @@ type ConntrackExhaustionParams struct {
 	// ReportDrift reports nf_conntrack_max being lower than the value
 	// RaiseConntrackMax last set (recorded in the state directory).
 	ReportDrift bool `yaml:"reportDrift"`
+}
+
+// SetDefaults sets the defaults of ConntrackExhaustion (registry.Defaulter).
+func (p *ConntrackExhaustionParams) SetDefaults() {
+	*p = ConntrackExhaustionParams{
+		UtilizationThreshold:      0.85,
+		CriticalUtilization:       0.95,
+		DropRateThreshold:         0.1,
+		InsertFailedRateThreshold: 1,
+		ReportDrift:               true,
+	}
 }
 
 // Validate implements policy.Validator.
@@ -80,25 +91,14 @@ func init() {
 		newConntrackExhaustion, Targets(finding.KindConntrackTable))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of ConntrackExhaustion.
-func (p *ConntrackExhaustionParams) SetDefaults() {
-	*p = ConntrackExhaustionParams{
-		UtilizationThreshold:      0.85,
-		CriticalUtilization:       0.95,
-		DropRateThreshold:         0.1,
-		InsertFailedRateThreshold: 1,
-		ReportDrift:               true,
-	}
-}
-
-func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
-	return &conntrackExhaustion{p: *p, n: n}, nil
-}
-
 // ctSample is one observation of the counters.
 type ctSample struct {
 	at    time.Time
 	stats conntrack.Stats
+}
+
+func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
+	return &conntrackExhaustion{p: *p, n: n}, nil
 }
 
 // conntrackExhaustion keeps the previous sample to turn counters into
@@ -191,14 +191,14 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	var out []Finding
 	if reasons, sev := judgeConntrack(d.p, u, rates, haveRates); len(reasons) > 0 {
 		ev := map[string]any{
-			"count":        u.Count,
-			"max":          u.Max,
-			"utilization":  round(u.Utilization(), 4),
-			"threshold":    d.p.UtilizationThreshold,
-			"drop":         st.Drop,
-			"earlyDrop":    st.EarlyDrop,
-			"insertFailed": st.InsertFailed,
-			"reasons":      reasons,
+			"count":               u.Count,
+			conntrack.EvidenceMax: u.Max,
+			"utilization":         round(u.Utilization(), 4),
+			"threshold":           d.p.UtilizationThreshold,
+			"drop":                st.Drop,
+			"earlyDrop":           st.EarlyDrop,
+			"insertFailed":        st.InsertFailed,
+			"reasons":             reasons,
 		}
 		if haveRates {
 			ev["dropRate"] = round(rates.Drop, 3)
@@ -236,11 +236,11 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 				Message: fmt.Sprintf("nf_conntrack_max is %d, lower than %d set by remediate at %s (a kube-proxy restart resets it to its own sizing)",
 					u.Max, rec.Max, rec.SetAt.UTC().Format(time.RFC3339)),
 				Evidence: map[string]any{
-					"max":         u.Max,
-					"count":       u.Count,
-					"lastSetMax":  rec.Max,
-					"lastSetAt":   rec.SetAt.UTC().Format(time.RFC3339),
-					"utilization": round(u.Utilization(), 4),
+					conntrack.EvidenceMax:        u.Max,
+					"count":                      u.Count,
+					conntrack.EvidenceLastSetMax: rec.Max,
+					"lastSetAt":                  rec.SetAt.UTC().Format(time.RFC3339),
+					"utilization":                round(u.Utilization(), 4),
 				},
 			})
 		}

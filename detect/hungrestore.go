@@ -13,12 +13,9 @@ import (
 )
 
 // RestoreNames are the argv[0] basenames of the iptables restore binaries,
-// the default of HungIPTablesRestore's names.
-var RestoreNames = []string{
-	"iptables-restore", "ip6tables-restore",
-	"iptables-legacy-restore", "ip6tables-legacy-restore",
-	"iptables-nft-restore", "ip6tables-nft-restore",
-}
+// the default of HungIPTablesRestore's names (procs.RestoreNames; kept here
+// for compatibility).
+var RestoreNames = procs.RestoreNames
 
 // HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
 type HungIPTablesRestoreParams struct {
@@ -29,6 +26,11 @@ type HungIPTablesRestoreParams struct {
 	// kube-proxy's restores wait at most 5s for the lock and normally
 	// finish in well under a second.
 	MinAge policy.Duration `yaml:"minAge"`
+}
+
+// SetDefaults sets the defaults of HungIPTablesRestore (registry.Defaulter).
+func (p *HungIPTablesRestoreParams) SetDefaults() {
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
 }
 
 // Validate implements policy.Validator.
@@ -60,18 +62,13 @@ func init() {
 		newHungIPTablesRestore, Targets(finding.KindProcess))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of HungIPTablesRestore.
-func (p *HungIPTablesRestoreParams) SetDefaults() {
-	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+type hungRestore struct {
+	p HungIPTablesRestoreParams
+	n *node.Node
 }
 
 func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
 	return &hungRestore{p: *p, n: n}, nil
-}
-
-type hungRestore struct {
-	p HungIPTablesRestoreParams
-	n *node.Node
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {

@@ -32,6 +32,11 @@ type IPVSStaleVirtualServerParams struct {
 	MaxFindings int `yaml:"maxFindings"`
 }
 
+// SetDefaults sets the defaults of IPVSStaleVirtualServer (registry.Defaulter).
+func (p *IPVSStaleVirtualServerParams) SetDefaults() {
+	*p = IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
 	_, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
@@ -46,9 +51,11 @@ func init() {
 		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleVirtualServer.
-func (p *IPVSStaleVirtualServerParams) SetDefaults() {
-	*p = IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+type ipvsStaleVirtualServer struct {
+	p       IPVSStaleVirtualServerParams
+	n       *node.Node
+	cidrs   []netip.Prefix
+	nodeIPs []netip.Addr
 }
 
 func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (Detector, error) {
@@ -61,32 +68,13 @@ func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (
 	return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
 }
 
-type ipvsStaleVirtualServer struct {
-	p       IPVSStaleVirtualServerParams
-	n       *node.Node
-	cidrs   []netip.Prefix
-	nodeIPs []netip.Addr
-}
-
 // VirtualServerTarget is the finding target of a virtual server:
 // "ipvs-vs/UDP/10.96.0.10:53".
-func VirtualServerTarget(vs ipvs.VirtualServer) string { return "ipvs-vs/" + vs.Key() }
+func VirtualServerTarget(vs ipvs.VirtualServer) string { return ipvs.VirtualRef{VS: vs}.Target() }
 
-// Managed reports whether addr is in kube-proxy's scope: one of cidrs or
-// nodeIPs, or a Service address in the view.
+// Managed is ipvs.Managed (kept for compatibility).
 func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipvs.Desired) bool {
-	addr = addr.Unmap()
-	for _, p := range cidrs {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	for _, ip := range nodeIPs {
-		if ip == addr {
-			return true
-		}
-	}
-	return d.IsServiceAddress(addr)
+	return ipvs.Managed(addr, cidrs, nodeIPs, d)
 }
 
 func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
@@ -116,7 +104,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}
-		ev := vsEvidence(vs)
+		ev := ipvs.VirtualRef{VS: vs}.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
 		out = append(out, Finding{

@@ -10,6 +10,7 @@ import (
 
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -23,6 +24,11 @@ type XtablesLockContentionParams struct {
 	MaxHold policy.Duration `yaml:"maxHold"`
 	// MaxWaiters is how many processes may wait for the lock at once.
 	MaxWaiters int `yaml:"maxWaiters"`
+}
+
+// SetDefaults sets the defaults of XtablesLockContention (registry.Defaulter).
+func (p *XtablesLockContentionParams) SetDefaults() {
+	*p = XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
 }
 
 // Validate implements policy.Validator.
@@ -43,21 +49,16 @@ func init() {
 		newXtablesLockContention, Targets(finding.KindProcess))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of XtablesLockContention.
-func (p *XtablesLockContentionParams) SetDefaults() {
-	*p = XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
-}
-
-func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
-	return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
-}
-
 type xtablesLock struct {
 	p XtablesLockContentionParams
 	n *node.Node
 
 	mu    sync.Mutex
 	since map[string]time.Time // holder target (or "lock/<dev>") -> first seen holding
+}
+
+func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
+	return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
 }
 
 // unknownHolder is the target when the lock is held by nobody visible
@@ -106,14 +107,14 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		why := fmt.Sprintf("in every cycle for %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 		ev := map[string]any{
-			"xtablesLock":      d.n.XtablesLock,
-			"lockDev":          l.Dev,
-			"lockPIDs":         l.LockPIDs,
-			"holdSeconds":      durSeconds(hold),
-			"holdTrackedSince": since[k].UTC().Format(time.RFC3339),
-			"holders":          holders,
-			"waiters":          waiters,
-			"waiterCount":      len(l.Waiters),
+			"xtablesLock":             d.n.XtablesLock,
+			"lockDev":                 l.Dev,
+			"lockPIDs":                l.LockPIDs,
+			procs.EvidenceHoldSeconds: durSeconds(hold),
+			"holdTrackedSince":        since[k].UTC().Format(time.RFC3339),
+			"holders":                 holders,
+			"waiters":                 waiters,
+			"waiterCount":             len(l.Waiters),
 		}
 		var msg string
 		if k == unknownHolder {

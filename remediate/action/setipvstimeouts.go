@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -22,6 +21,11 @@ type SetIPVSTimeoutsParams struct {
 	TCPTimeout policy.Duration `yaml:"tcpTimeout"`
 	// TCPFinTimeout, when set, is applied too; 0 (default) leaves it as is.
 	TCPFinTimeout policy.Duration `yaml:"tcpFinTimeout"`
+}
+
+// SetDefaults sets the defaults of SetIPVSTimeouts (registry.Defaulter).
+func (p *SetIPVSTimeoutsParams) SetDefaults() {
+	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
 }
 
 // Validate implements policy.Validator.
@@ -50,18 +54,13 @@ func init() {
 		newSetIPVSTimeouts, ActsOn(finding.KindIPVSTimeouts))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of SetIPVSTimeouts.
-func (p *SetIPVSTimeoutsParams) SetDefaults() {
-	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
+type setIPVSTimeouts struct {
+	p SetIPVSTimeoutsParams
+	n *node.Node
 }
 
 func newSetIPVSTimeouts(p *SetIPVSTimeoutsParams, n *node.Node) (Action, error) {
 	return &setIPVSTimeouts{p: *p, n: n}, nil
-}
-
-type setIPVSTimeouts struct {
-	p SetIPVSTimeoutsParams
-	n *node.Node
 }
 
 // IPVSTimeoutChange decides the SetTimeouts call for the current timeouts
@@ -94,7 +93,7 @@ func ipvsSecs(d time.Duration) int { return int(d / time.Second) }
 
 func (a *setIPVSTimeouts) current(ctx context.Context) (ipvs.Timeouts, ipvs.Timeouts, error) {
 	if a.n.IPVS == nil {
-		return ipvs.Timeouts{}, ipvs.Timeouts{}, detect.Skip("%s", a.n.Why("ipvs"))
+		return ipvs.Timeouts{}, ipvs.Timeouts{}, finding.Skip("%s", a.n.Why("ipvs"))
 	}
 	cur, err := a.n.IPVS.Timeouts(ctx)
 	if err != nil {
@@ -102,13 +101,13 @@ func (a *setIPVSTimeouts) current(ctx context.Context) (ipvs.Timeouts, ipvs.Time
 	}
 	set, ok := IPVSTimeoutChange(cur, a.p)
 	if !ok {
-		return cur, set, detect.Skip("IPVS timeouts already within bounds (UDP %s <= %s)", cur.UDP, a.p.UDPTimeout.Duration)
+		return cur, set, finding.Skip("IPVS timeouts already within bounds (UDP %s <= %s)", cur.UDP, a.p.UDPTimeout.Duration)
 	}
 	return cur, set, nil
 }
 
 // Plan implements Action.
-func (a *setIPVSTimeouts) Plan(ctx context.Context, _ detect.Finding) (Plan, error) {
+func (a *setIPVSTimeouts) Plan(ctx context.Context, _ finding.Finding) (Plan, error) {
 	cur, set, err := a.current(ctx)
 	if err != nil {
 		return Plan{}, err
@@ -133,7 +132,7 @@ func ipvsTimeoutDetails(cur, set ipvs.Timeouts) map[string]any {
 
 // Execute implements Action: it re-reads the timeouts, sets only what
 // changes, and reads them back to prove the kernel took them.
-func (a *setIPVSTimeouts) Execute(ctx context.Context, _ detect.Finding) (Result, error) {
+func (a *setIPVSTimeouts) Execute(ctx context.Context, _ finding.Finding) (Result, error) {
 	cur, set, err := a.current(ctx)
 	if err != nil {
 		return Result{}, err

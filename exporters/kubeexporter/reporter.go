@@ -1,4 +1,4 @@
-// Package report publishes the daemon's decisions to the cluster: an Event
+// Package kubeexporter publishes the daemon's decisions to the cluster: an Event
 // (events.k8s.io/v1) on the Node for every executed, dry-run, failed or
 // escalated decision (and storm hold-backs), deduplicated into series; the
 // KubeProxyDataplaneHealthy NodeCondition, turned with hysteresis as
@@ -8,7 +8,7 @@
 // The daemon calls Reporter.Report once per cycle with the cycle's report.
 // API failures never stop the loop: what could not be written is retried
 // next cycle.
-package report
+package kubeexporter
 
 import (
 	"context"
@@ -28,9 +28,10 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // Event reasons.
@@ -66,7 +67,7 @@ type Options struct {
 	// ConditionRules.
 	ConditionType  string
 	ConditionRules []string
-	MinSeverity    detect.Severity
+	MinSeverity    finding.Severity
 	Hysteresis     Hysteresis
 	// Heartbeat rewrites the condition at least this often, refreshing
 	// lastHeartbeatTime (default 5m).
@@ -75,7 +76,7 @@ type Options struct {
 	// finding (its detector having run) for this long (default 2m).
 	UncordonAfter time.Duration
 	// Firing, if set, publishes the rules firing on this node each cycle
-	// (clusterguard.Storm.Publish).
+	// (guardrails.Storm.Publish).
 	Firing func(ctx context.Context, rules []string) error
 	// Nodes, if set, is the watched Node (kube.NodeWatch): the per-cycle
 	// cordon check reads it instead of GETting the Node.
@@ -122,7 +123,7 @@ func New(cs kubernetes.Interface, o Options) *Reporter {
 		o.ConditionType = DefaultConditionType
 	}
 	if o.MinSeverity == "" {
-		o.MinSeverity = detect.Warning
+		o.MinSeverity = finding.Warning
 	}
 	if o.Hysteresis == (Hysteresis{}) {
 		o.Hysteresis = Hysteresis{ProblemAfter: time.Minute, ClearAfter: 5 * time.Minute}
@@ -187,7 +188,7 @@ func eventFor(d remediate.Decision) (typ, reason, outcome string, ok bool) {
 		return corev1.EventTypeNormal, ReasonDryRun, string(d.Outcome), true
 	case d.Outcome == remediate.OutcomeFailed:
 		return corev1.EventTypeWarning, ReasonFailed, string(d.Outcome), true
-	case d.Outcome == remediate.OutcomeBlocked && d.Guardrail == "storm-guard":
+	case d.Outcome == remediate.OutcomeBlocked && d.Guardrail == guardrails.GuardStorm:
 		return corev1.EventTypeWarning, ReasonStorm, "storm", true
 	}
 	return "", "", "", false
@@ -271,13 +272,13 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-func severityRank(s detect.Severity) int {
+func severityRank(s finding.Severity) int {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return 3
-	case detect.Warning:
+	case finding.Warning:
 		return 2
-	case detect.Info:
+	case finding.Info:
 		return 1
 	}
 	return 0
