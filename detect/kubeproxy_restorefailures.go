@@ -54,8 +54,6 @@ func init() {
 		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
 }
 
-type restoreCounts struct{ full, partial float64 }
-
 func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {
 	return &kubeProxyRestoreFailures{p: *p, n: n}, nil
 }
