@@ -179,6 +179,10 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 	if d.n.IPTables == nil {
 		return nil, Skip("%s", d.n.Why("iptables"))
 	}
+	mode := d.proxyMode(ctx)
+	if mode.mode == string(kubeproxy.ModeNFTables) {
+		return nil, Skip("kube-proxy runs in nftables mode (%s): its Service rules are nftables, checked by KubeProxyNFTablesIntegrity; KUBE-* iptables rules left over are reported by KubeProxyModeLeftovers", mode.note)
+	}
 	var (
 		out         []Finding
 		errs        *multierror.Error
@@ -220,10 +224,6 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 		if !r.cached && (r.err == nil || errors.Is(r.err, context.DeadlineExceeded) && ctx.Err() == nil) {
 			d.remember(key, r)
 		}
-	}
-	var mode proxyMode
-	if d.p.CheckServicesJump {
-		mode = d.proxyMode(ctx)
 	}
 	for _, fs := range d.p.Families {
 		fam := iptables.Family(fs)

@@ -74,8 +74,8 @@ func TestIPTablesRules(t *testing.T) {
 			want: []string{"iptables/IPv4/legacy/nat/PREROUTING/KUBE-SERVICES"}},
 		{name: "missing both jumps in nft", legacy: "", nft: "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\nCOMMIT\n",
 			want: []string{"iptables/IPv4/nft/nat/OUTPUT/KUBE-SERVICES", "iptables/IPv4/nft/nat/PREROUTING/KUBE-SERVICES"}},
-		{name: "jump check off outside iptables mode", legacy: noPrerouting, nft: emptyNFT,
-			set: func(p *IPTablesRulesParams) { p.ProxyMode = "nftables" }},
+		{name: "nftables mode: the whole detector skips", legacy: noPrerouting, nft: emptyNFT,
+			set: func(p *IPTablesRulesParams) { p.ProxyMode = "nftables" }, wantSkip: true},
 		{name: "jump check off when mode unknown", legacy: noPrerouting, nft: emptyNFT,
 			set: func(p *IPTablesRulesParams) { p.ProxyMode = "" }},
 		{name: "ipvs mode uses the same jumps", legacy: noPrerouting, nft: emptyNFT,
@@ -140,8 +140,14 @@ func TestIPTablesRules(t *testing.T) {
 					t.Errorf("finding = %+v", g)
 				}
 			}
-			// One save per backend per cycle.
-			if f.Calls(iptables.IPv4, iptables.Legacy) != 1 || f.Calls(iptables.IPv4, iptables.NFT) != 1 {
+			// One save per backend per cycle (none when skipped).
+			if skip && c.set != nil {
+				if f.Calls(iptables.IPv4, iptables.Legacy)+f.Calls(iptables.IPv4, iptables.NFT) != 0 {
+					t.Error("skipped detector ran a save")
+				}
+				return
+			}
+			if !skip && f.Calls(iptables.IPv4, iptables.Legacy) != 1 || f.Calls(iptables.IPv4, iptables.NFT) != 1 {
 				t.Errorf("save calls legacy %d nft %d", f.Calls(iptables.IPv4, iptables.Legacy), f.Calls(iptables.IPv4, iptables.NFT))
 			}
 		})
@@ -255,6 +261,7 @@ func TestIPTablesRulesProxyModeAuto(t *testing.T) {
 		kp         func(n *node.Node)
 		wantCheck  bool
 		wantSource string
+		wantSkip   string
 	}{
 		{name: "kube-proxy says iptables", kp: func(n *node.Node) {
 			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
@@ -265,7 +272,7 @@ func TestIPTablesRulesProxyModeAuto(t *testing.T) {
 			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
 			f.SetMode(kubeproxy.ModeNFTables, nil)
 			n.KubeProxy = f
-		}},
+		}, wantSkip: "kube-proxy runs in nftables mode (from kube-proxy /proxyMode)"},
 		{name: "kube-proxy unreachable: check anyway, say why", kp: func(n *node.Node) {
 			f := kubeproxy.NewFake(n.Clock, 30*time.Second)
 			f.SetMode("", errors.New("connection refused"))
@@ -287,6 +294,14 @@ func TestIPTablesRulesProxyModeAuto(t *testing.T) {
 				pp.Families, pp.Backends, pp.ProxyMode = []string{"IPv4"}, []string{"legacy"}, "auto"
 			})
 			got, err := d.Detect(context.Background())
+			if c.wantSkip != "" {
+				// nftables mode: the iptables rules are not kube-proxy's
+				// dataplane; the whole detector skips, saying so.
+				if r, ok := IsSkip(err); !ok || !strings.HasPrefix(r, c.wantSkip) {
+					t.Fatalf("err %v, want a skip starting %q", err, c.wantSkip)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -121,3 +121,59 @@ func (w *window[T]) ends() (oldest, newest sample[T], ok bool) {
 	}
 	return w.samples[0], w.samples[len(w.samples)-1], true
 }
+
+// counterPair is two cumulative counters of one family at one scrape.
+type counterPair struct{ a, b float64 }
+
+// familyIncrease is how much a family's two counters rose over the window.
+type familyIncrease struct {
+	family  kubeproxy.Family
+	a, b    float64
+	covered time.Duration
+}
+
+// counterWindows keeps, per IP family, a window of two failure counters
+// (iptables-restore full and partial failures; nftables sync and cleanup
+// failures) and turns scrapes into increases over the window. Its caller
+// serialises access.
+type counterWindows struct {
+	w map[kubeproxy.Family]*window[counterPair]
+}
+
+// add records the scrape's counters (get returns them for a family; nil
+// means absent, which from kube-proxy 1.33 means zero) and returns the
+// increase of each over span, for the families with two samples. A counter
+// that went down (kube-proxy restarted) restarts that family's window.
+func (c *counterWindows) add(sc *kubeproxy.Scrape, span time.Duration, get func(*kubeproxy.FamilyMetrics) (a, b *float64)) []familyIncrease {
+	if c.w == nil {
+		c.w = map[kubeproxy.Family]*window[counterPair]{}
+	}
+	var out []familyIncrease
+	for _, f := range sc.Metrics.FamilyNames() {
+		var v counterPair
+		a, b := get(sc.Metrics.Families[f])
+		if a != nil {
+			v.a = *a
+		}
+		if b != nil {
+			v.b = *b
+		}
+		w := c.w[f]
+		if w == nil {
+			w = &window[counterPair]{}
+			c.w[f] = w
+		}
+		w.add(sc.Seq, sc.At, v, span)
+		oldest, newest, ok := w.ends()
+		if !ok {
+			continue
+		}
+		da, db := newest.v.a-oldest.v.a, newest.v.b-oldest.v.b
+		if da < 0 || db < 0 {
+			w.reset()
+			continue
+		}
+		out = append(out, familyIncrease{family: f, a: da, b: db, covered: newest.at.Sub(oldest.at)})
+	}
+	return out
+}

@@ -54,11 +54,8 @@ func init() {
 		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
 }
 
-type restoreCounts struct{ full, partial float64 }
-
 func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {
-	return &kubeProxyRestoreFailures{p: *p, n: n,
-		w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
+	return &kubeProxyRestoreFailures{p: *p, n: n}, nil
 }
 
 type kubeProxyRestoreFailures struct {
@@ -66,7 +63,7 @@ type kubeProxyRestoreFailures struct {
 	n *node.Node
 
 	mu sync.Mutex
-	w  map[kubeproxy.Family]*window[restoreCounts]
+	w  counterWindows
 	judgement
 }
 
@@ -106,31 +103,10 @@ func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Finding
-	for _, f := range m.FamilyNames() {
-		fm := m.Families[f]
-		var c restoreCounts
-		if fm.RestoreFailures != nil {
-			c.full = *fm.RestoreFailures
-		}
-		if fm.PartialRestoreFailures != nil {
-			c.partial = *fm.PartialRestoreFailures
-		}
-		w := d.w[f]
-		if w == nil {
-			w = &window[restoreCounts]{}
-			d.w[f] = w
-		}
-		w.add(sc.Seq, sc.At, c, span)
-		oldest, newest, ok := w.ends()
-		if !ok {
-			continue
-		}
-		full, partial := newest.v.full-oldest.v.full, newest.v.partial-oldest.v.partial
-		if full < 0 || partial < 0 {
-			w.reset() // kube-proxy restarted: counters reset
-			continue
-		}
-		if fd := restoreFailuresFinding(f, full, partial, newest.at.Sub(oldest.at), d.p); fd != nil {
+	for _, inc := range d.w.add(sc, span, func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
+		return fm.RestoreFailures, fm.PartialRestoreFailures
+	}) {
+		if fd := restoreFailuresFinding(inc.family, inc.a, inc.b, inc.covered, d.p); fd != nil {
 			out = append(out, *fd)
 		}
 	}

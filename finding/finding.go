@@ -79,6 +79,12 @@ const (
 	// KindDataplanePort: one Service port of one family as programmed on
 	// the node ("dataplane/IPv4/ns/name:port").
 	KindDataplanePort Kind = "dataplane-service-port"
+	// KindNFTablesTable: one nftables table, present or expected
+	// ("nftables/ip/kube-proxy").
+	KindNFTablesTable Kind = "nftables-table"
+	// KindNFTablesChain: one base chain of an nftables table
+	// ("nftables/inet/firewall/input").
+	KindNFTablesChain Kind = "nftables-chain"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

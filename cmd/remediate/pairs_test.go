@@ -16,7 +16,7 @@ func TestPolicyCheckRefusesPairsThatCannotWork(t *testing.T) {
 	pairs := []struct{ det, act, feeders string }{
 		{"ConntrackExhaustion", "DeleteIPVSRealServer", "IPVSStaleRealServer"},
 		{"IPVSUDPDeadBackend", "DeleteIPVSVirtualServer", "IPVSStaleVirtualServer"},
-		{"ConntrackExhaustion", "KillProcess", "HungIPTablesRestore, XtablesLockContention"},
+		{"ConntrackExhaustion", "KillProcess", "HungIPTablesRestore, HungNFT, XtablesLockContention"},
 		{"KubeProxySyncStale", "FlushConntrack", "IPVSStaleRealServer, IPVSUDPDeadBackend"},
 		{"HungIPTablesRestore", "SetIPVSTimeouts", "IPVSUDPTimeoutHigh"},
 	}
@@ -53,7 +53,7 @@ func TestPolicyTypesShowsPairs(t *testing.T) {
 		t.Fatalf("types: %d", code)
 	}
 	for _, want := range []string{
-		"PAIRS", "KillProcess                      <- HungIPTablesRestore, XtablesLockContention",
+		"PAIRS", "KillProcess                      <- HungIPTablesRestore, HungNFT, XtablesLockContention",
 		"FlushConntrack                   <- IPVSStaleRealServer, IPVSUDPDeadBackend", "reports: process", "acts on: conntrack-table",
 	} {
 		if !strings.Contains(out, want) {

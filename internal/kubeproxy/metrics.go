@@ -25,6 +25,8 @@ const (
 	metricRestoreFailures = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
 	metricPartialFailures = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
 	metricRulesTotal      = "kubeproxy_sync_proxy_rules_iptables_total"
+	metricNFTSyncFailures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+	metricNFTCleanupFails = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
 )
 
 // FamilyLabel is the label kube-proxy 1.33+ puts on its per-family series.
@@ -154,6 +156,14 @@ type FamilyMetrics struct {
 	PartialRestoreFailures *float64
 	// RulesTotal is sync_proxy_rules_iptables_total by table.
 	RulesTotal map[string]float64
+	// NFTablesSyncFailures is sync_proxy_rules_nftables_sync_failures_total
+	// (nftables mode: a sync whose nft transaction failed, leaving the
+	// table as it was) and NFTablesCleanupFailures
+	// sync_proxy_rules_nftables_cleanup_failures_total (stale chains that
+	// could not be deleted). From 1.33 they are per-family vectors that
+	// appear with their first increment: absent means zero there.
+	NFTablesSyncFailures    *float64
+	NFTablesCleanupFailures *float64
 }
 
 // Metrics is one parsed scrape of kube-proxy's /metrics.
@@ -274,7 +284,8 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 				m.EndpointChangesPending = ptr(value(mf.GetType(), s))
 			case metricServicePending:
 				m.ServiceChangesPending = ptr(value(mf.GetType(), s))
-			case metricLastSync, metricLastQueued, metricRestoreFailures, metricPartialFailures, metricRulesTotal, metricSyncDuration:
+			case metricLastSync, metricLastQueued, metricRestoreFailures, metricPartialFailures, metricRulesTotal, metricSyncDuration,
+				metricNFTSyncFailures, metricNFTCleanupFails:
 				fm, ok := fam(s)
 				if !ok {
 					continue
@@ -288,6 +299,10 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 					fm.RestoreFailures = ptr(value(mf.GetType(), s))
 				case metricPartialFailures:
 					fm.PartialRestoreFailures = ptr(value(mf.GetType(), s))
+				case metricNFTSyncFailures:
+					fm.NFTablesSyncFailures = ptr(value(mf.GetType(), s))
+				case metricNFTCleanupFails:
+					fm.NFTablesCleanupFailures = ptr(value(mf.GetType(), s))
 				case metricRulesTotal:
 					table, _ := label(s, "table")
 					if fm.RulesTotal == nil {

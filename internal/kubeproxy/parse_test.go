@@ -323,3 +323,27 @@ rest_client_requests_total{code="404",host="a",method="GET"} 4
 		t.Errorf("synthetic: %v errors %v total %v", m.RESTRequests, m.RESTErrors(), m.RESTTotal())
 	}
 }
+
+func TestParseMetricsNFTablesMode(t *testing.T) {
+	m, err := ParseMetrics(bytes.NewReader(readFixture(t, "metrics-v1.34-nftables-healthy.txt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []Family{"IPv4", "IPv6"} {
+		fm := m.Families[f]
+		if fm == nil || fm.LastSync == nil {
+			t.Fatalf("%s: no sync timestamp", f)
+		}
+		if fm.NFTablesSyncFailures != nil || fm.NFTablesCleanupFailures != nil || fm.RestoreFailures != nil || fm.RulesTotal != nil {
+			t.Errorf("%s: healthy nftables mode has failure or iptables series: %+v", f, fm)
+		}
+	}
+	m, err = ParseMetrics(bytes.NewReader(readFixture(t, "metrics-v1.34-nftables-syncfailure.txt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPtr(t, "IPv4 NFTablesSyncFailures", m.Families["IPv4"].NFTablesSyncFailures, 1)
+	if m.Families["IPv6"].NFTablesSyncFailures != nil || m.Families["IPv4"].NFTablesCleanupFailures != nil {
+		t.Errorf("unexpected series: %+v %+v", m.Families["IPv6"], m.Families["IPv4"])
+	}
+}

@@ -76,6 +76,39 @@ func TestCaptureKubeProxyFixtures(t *testing.T) {
 		}
 		write("kube-proxy-v1.34.4-nftables-"+name, string(b))
 	}
+
+	// The table deleted by someone else (a firewall reload, nft flush
+	// ruleset), then an EndpointSlice change: kube-proxy's partial sync
+	// fails against the missing table and counts a sync failure.
+	if out, err := cp.NetNS.Command("nft", "delete", "table", "ip", "kube-proxy").CombinedOutput(); err != nil {
+		t.Fatalf("nft delete table: %v: %s", err, out)
+	}
+	es, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, "web-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.244.0.8"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
+	if _, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		resp, err := hc.Get(kp.MetricsURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{") {
+			write("kube-proxy-v1.34.4-nftables-metrics-syncfailure.txt", string(b))
+			write("kube-proxy-v1.34.4-ruleset-after-syncfailure.nft", nft("list", "ruleset"))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no nftables sync failure counted 60s after deleting the table and changing an EndpointSlice")
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // CreateKubeProxyFixtureObjects creates, in namespace ns: Service web

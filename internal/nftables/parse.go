@@ -162,7 +162,7 @@ type Rule struct {
 	Conditional bool `json:"conditional"`
 }
 
-// Unconditional reports whether the rule applies to every packet reaching
+// UnconditionalRefusal reports whether the rule applies to every packet reaching
 // it and ends in a drop or reject.
 func (r *Rule) UnconditionalRefusal() bool {
 	return !r.Conditional && r.Verdict != nil && r.Verdict.Terminal()
@@ -316,11 +316,11 @@ func Parse(r io.Reader) (*Ruleset, error) {
 			return nil, err
 		}
 		for i := 0; dec.More(); i++ {
-			var obj map[string]json.RawMessage
+			var obj jsonObject
 			if err := dec.Decode(&obj); err != nil {
 				return nil, fmt.Errorf("nft json: object %d: %w", i, err)
 			}
-			if err := rs.add(obj); err != nil {
+			if err := rs.add(&obj); err != nil {
 				return nil, fmt.Errorf("nft json: object %d: %w", i, err)
 			}
 		}
@@ -406,109 +406,110 @@ type jsonRule struct {
 	Expr    []any  `json:"expr"`
 }
 
-func decodeInto(raw json.RawMessage, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	return dec.Decode(v)
+// jsonObject is one element of the "nftables" array: exactly one of the
+// fields is set for the kinds modelled here; none for other kinds
+// (flowtable, counter, quota, ...). Decoding straight into it (rather than
+// into raw messages decoded again) halves the parse's allocations.
+type jsonObject struct {
+	Metainfo *struct {
+		Version string `json:"version"`
+	} `json:"metainfo"`
+	Table *jsonTable `json:"table"`
+	Chain *jsonChain `json:"chain"`
+	Set   *jsonSet   `json:"set"`
+	Map   *jsonSet   `json:"map"`
+	Rule  *jsonRule  `json:"rule"`
 }
 
-func (rs *Ruleset) add(obj map[string]json.RawMessage) error {
-	if len(obj) != 1 {
-		return fmt.Errorf("want one key per object, got %d", len(obj))
-	}
-	for kind, raw := range obj {
-		switch kind {
-		case "metainfo":
-			var m struct {
-				Version string `json:"version"`
-			}
-			if err := decodeInto(raw, &m); err != nil {
-				return fmt.Errorf("metainfo: %w", err)
-			}
-			rs.NFTVersion = m.Version
-		case "table":
-			var j jsonTable
-			if err := decodeInto(raw, &j); err != nil {
-				return fmt.Errorf("table: %w", err)
-			}
-			if j.Family == "" || j.Name == "" {
-				return errors.New("table without family or name")
-			}
-			if rs.Table(j.Family, j.Name) != nil {
-				return fmt.Errorf("table %s %s listed twice", j.Family, j.Name)
-			}
-			rs.Tables = append(rs.Tables, &Table{Family: j.Family, Name: j.Name, Handle: j.Handle, Comment: j.Comment,
-				Flags: strList(j.Flags), chains: map[string]*Chain{}, sets: map[string]*Set{}})
-		case "chain":
-			var j jsonChain
-			if err := decodeInto(raw, &j); err != nil {
-				return fmt.Errorf("chain: %w", err)
-			}
-			t, err := rs.tableOf(j.Family, j.Table)
-			if err != nil {
-				return fmt.Errorf("chain %q: %w", j.Name, err)
-			}
-			if j.Name == "" {
-				return fmt.Errorf("chain without name in table %s %s", j.Family, j.Table)
-			}
-			if t.chains[j.Name] != nil {
-				return fmt.Errorf("chain %q listed twice in table %s %s", j.Name, j.Family, j.Table)
-			}
-			c := &Chain{Family: j.Family, Table: j.Table, Name: j.Name, Handle: j.Handle, Comment: j.Comment}
-			if j.Hook != "" {
-				h := &Hook{Type: j.Type, Hook: j.Hook, Policy: j.Policy, Device: strings.Join(strList(j.Dev), ",")}
-				if j.Prio != nil {
-					h.Priority = *j.Prio
-				}
-				if h.Policy == "" {
-					h.Policy = "accept"
-				}
-				c.Hook = h
-			}
-			t.chains[c.Name] = c
-			t.Chains = append(t.Chains, c)
-		case "set", "map":
-			var j jsonSet
-			if err := decodeInto(raw, &j); err != nil {
-				return fmt.Errorf("%s: %w", kind, err)
-			}
-			t, err := rs.tableOf(j.Family, j.Table)
-			if err != nil {
-				return fmt.Errorf("%s %q: %w", kind, j.Name, err)
-			}
-			if j.Name == "" {
-				return fmt.Errorf("%s without name in table %s %s", kind, j.Family, j.Table)
-			}
-			if t.sets[j.Name] != nil {
-				return fmt.Errorf("set or map %q listed twice in table %s %s", j.Name, j.Family, j.Table)
-			}
-			s := &Set{Family: j.Family, Table: j.Table, Name: j.Name, Handle: j.Handle, IsMap: kind == "map",
-				KeyType: strList(j.Type), Flags: strList(j.Flags), Comment: j.Comment}
-			if s.IsMap {
-				s.ValueType = strings.Join(strList(j.Map), " . ")
-			}
-			for _, e := range j.Elem {
-				s.Elements = append(s.Elements, element(e, s.IsMap))
-			}
-			t.sets[s.Name] = s
-			t.Sets = append(t.Sets, s)
-		case "rule":
-			var j jsonRule
-			if err := decodeInto(raw, &j); err != nil {
-				return fmt.Errorf("rule: %w", err)
-			}
-			t, err := rs.tableOf(j.Family, j.Table)
-			if err != nil {
-				return fmt.Errorf("rule %d: %w", j.Handle, err)
-			}
-			c := t.chains[j.Chain]
-			if c == nil {
-				return fmt.Errorf("rule %d: no chain %q in table %s %s", j.Handle, j.Chain, j.Family, j.Table)
-			}
-			c.Rules = append(c.Rules, rule(j))
-		default:
-			rs.Skipped++
+func (rs *Ruleset) add(obj *jsonObject) error {
+	n := 0
+	for _, set := range []bool{obj.Metainfo != nil, obj.Table != nil, obj.Chain != nil, obj.Set != nil, obj.Map != nil, obj.Rule != nil} {
+		if set {
+			n++
 		}
+	}
+	switch {
+	case n == 0:
+		rs.Skipped++
+		return nil
+	case n > 1:
+		return fmt.Errorf("want one kind per object, got %d", n)
+	}
+	switch {
+	case obj.Metainfo != nil:
+		rs.NFTVersion = obj.Metainfo.Version
+	case obj.Table != nil:
+		j := obj.Table
+		if j.Family == "" || j.Name == "" {
+			return errors.New("table without family or name")
+		}
+		if rs.Table(j.Family, j.Name) != nil {
+			return fmt.Errorf("table %s %s listed twice", j.Family, j.Name)
+		}
+		rs.Tables = append(rs.Tables, &Table{Family: j.Family, Name: j.Name, Handle: j.Handle, Comment: j.Comment,
+			Flags: strList(j.Flags), chains: map[string]*Chain{}, sets: map[string]*Set{}})
+	case obj.Chain != nil:
+		j := obj.Chain
+		t, err := rs.tableOf(j.Family, j.Table)
+		if err != nil {
+			return fmt.Errorf("chain %q: %w", j.Name, err)
+		}
+		if j.Name == "" {
+			return fmt.Errorf("chain without name in table %s %s", j.Family, j.Table)
+		}
+		if t.chains[j.Name] != nil {
+			return fmt.Errorf("chain %q listed twice in table %s %s", j.Name, j.Family, j.Table)
+		}
+		c := &Chain{Family: j.Family, Table: j.Table, Name: j.Name, Handle: j.Handle, Comment: j.Comment}
+		if j.Hook != "" {
+			h := &Hook{Type: j.Type, Hook: j.Hook, Policy: j.Policy, Device: strings.Join(strList(j.Dev), ",")}
+			if j.Prio != nil {
+				h.Priority = *j.Prio
+			}
+			if h.Policy == "" {
+				h.Policy = "accept"
+			}
+			c.Hook = h
+		}
+		t.chains[c.Name] = c
+		t.Chains = append(t.Chains, c)
+	case obj.Set != nil || obj.Map != nil:
+		j, kind := obj.Set, "set"
+		if j == nil {
+			j, kind = obj.Map, "map"
+		}
+		t, err := rs.tableOf(j.Family, j.Table)
+		if err != nil {
+			return fmt.Errorf("%s %q: %w", kind, j.Name, err)
+		}
+		if j.Name == "" {
+			return fmt.Errorf("%s without name in table %s %s", kind, j.Family, j.Table)
+		}
+		if t.sets[j.Name] != nil {
+			return fmt.Errorf("set or map %q listed twice in table %s %s", j.Name, j.Family, j.Table)
+		}
+		s := &Set{Family: j.Family, Table: j.Table, Name: j.Name, Handle: j.Handle, IsMap: kind == "map",
+			KeyType: strList(j.Type), Flags: strList(j.Flags), Comment: j.Comment}
+		if s.IsMap {
+			s.ValueType = strings.Join(strList(j.Map), " . ")
+		}
+		s.Elements = make([]Element, 0, len(j.Elem))
+		for _, e := range j.Elem {
+			s.Elements = append(s.Elements, element(e, s.IsMap))
+		}
+		t.sets[s.Name] = s
+		t.Sets = append(t.Sets, s)
+	case obj.Rule != nil:
+		j := obj.Rule
+		t, err := rs.tableOf(j.Family, j.Table)
+		if err != nil {
+			return fmt.Errorf("rule %d: %w", j.Handle, err)
+		}
+		c := t.chains[j.Chain]
+		if c == nil {
+			return fmt.Errorf("rule %d: no chain %q in table %s %s", j.Handle, j.Chain, j.Family, j.Table)
+		}
+		c.Rules = append(c.Rules, rule(*j))
 	}
 	return nil
 }

@@ -324,3 +324,33 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestParseTruncatedAndCorrupted: every prefix of the real listing (in
+// 97-byte steps) and the listing with single bytes overwritten is an error
+// or a ruleset, never a panic; only the whole listing parses completely.
+func TestParseTruncatedAndCorrupted(t *testing.T) {
+	b, err := os.ReadFile(fixture)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < len(b)-2; i += 97 {
+		if _, err := ParseBytes(b[:i]); err == nil {
+			t.Fatalf("prefix of %d bytes parsed", i)
+		}
+	}
+	for i := 0; i < len(b); i += 211 {
+		c := append([]byte(nil), b...)
+		for _, x := range []byte{'{', '}', '[', ']', '"', '0', ':', ','} {
+			c[i] = x
+			if rs, err := ParseBytes(c); err == nil {
+				for _, tb := range rs.Tables {
+					if tb.Family == FamilyIP || tb.Family == FamilyIP6 {
+						if k, err := ParseKubeProxy(tb); err == nil {
+							_ = k.Programmed()
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -117,4 +117,24 @@ func TestRealAdapter(t *testing.T) {
 	if a == nil || a != b || d == nil || d.Seq != 2 {
 		t.Errorf("cache: %v %v %v", a, b, d)
 	}
+
+	// Duty cycle: a listing that took 300 ms is reused for at least
+	// 300ms/0.1 = 3 s, past the 2 s cache TTL.
+	slow := filepath.Join(dir, "slow")
+	if err := os.WriteFile(slow, []byte("#!/bin/sh\nsleep 0.3\necho '{\"nftables\": []}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sc := New(Config{Binary: slow, CacheTTL: 2 * time.Second, MaxDutyCycle: 0.1, Clock: clk})
+	first, err := sc.ListRuleset(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.SetTime(clk.Now().Add(2500 * time.Millisecond))
+	if again, _ := sc.ListRuleset(ctx); again != first {
+		t.Error("a slow listing was repeated within its duty cycle")
+	}
+	clk.SetTime(clk.Now().Add(20 * time.Second))
+	if later, _ := sc.ListRuleset(ctx); later == first || later.Seq != 2 {
+		t.Error("the listing was not repeated after its duty cycle")
+	}
 }

@@ -37,12 +37,19 @@ type KillProcessParams struct {
 	// target must run, with CAP_NET_ADMIN, immediately before every
 	// signal: argv[0] is chosen by the process, its executable is not.
 	Programs []string `yaml:"programs"`
+	// Parents restricts programs by their parent: a process whose argv[0]
+	// basename is a key may be killed only while its parent's command
+	// name (comm) is one of the listed names, re-checked before every
+	// signal. Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's
+	// sync may be killed, an administrator's nft never.
+	Parents map[string][]string `yaml:"parents"`
 }
 
 // SetDefaults sets the defaults of KillProcess (registry.Defaulter).
 func (p *KillProcessParams) SetDefaults() {
 	*p = KillProcessParams{
-		Names:       append([]string(nil), procs.RestoreNames...),
+		Names:       append(append([]string(nil), procs.RestoreNames...), "nft"),
+		Parents:     map[string][]string{"nft": {"kube-proxy"}},
 		GracePeriod: policy.D(5 * time.Second),
 		KillWait:    policy.D(5 * time.Second),
 		MinHoldTime: policy.D(30 * time.Second),
@@ -78,12 +85,17 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 	if p.MinHoldTime.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "minHoldTime", Msg: "must be >= 0"})
 	}
+	for name, parents := range p.Parents {
+		if len(parents) == 0 {
+			errs = append(errs, policy.FieldError{Field: "parents." + name, Msg: "must list at least one parent command name (remove the entry to allow any parent)"})
+		}
+	}
 	return errs
 }
 
 func init() {
 	Define("KillProcess",
-		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder, kube-proxy's stuck nft), re-checking identity, allowlist and required parent before each signal",
 		newKillProcess, ActsOn(finding.KindProcess))
 }
 
@@ -148,6 +160,9 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	}
 	if err := a.reach(cur, f); err != nil {
 		return procs.Process{}, err
+	}
+	if parents, ok := a.p.Parents[cur.Name()]; ok && !slices.Contains(parents, cur.ParentName) {
+		return procs.Process{}, finding.Skip("pid %d (%s) has parent %q (pid %d), not one of %v", pid, cur.Name(), cur.ParentName, cur.PPid, parents)
 	}
 	return cur, nil
 }

@@ -233,3 +233,39 @@ func TestKillProcessParamsValidate(t *testing.T) {
 		t.Errorf("empty = %v", errs)
 	}
 }
+
+// kube-proxy's stuck nft is killed like a hung iptables-restore, but only
+// while its parent is kube-proxy (re-checked before every signal); an
+// administrator's nft is refused.
+func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
+	nft := func(pid int32, parent string) procs.FakeProcess {
+		return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 60, ParentName: parent, Comm: "nft", State: "S",
+			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: t0.Add(-2 * time.Minute).UnixMilli()}}
+	}
+	ctx := context.Background()
+	f := procs.NewFake(selfPID)
+	f.Add(nft(700, "kube-proxy"))
+	f.Add(nft(701, "bash"))
+	a := newKill(t, f, nil)
+	if _, err := a.Execute(ctx, procFinding(701, t0.Add(-2*time.Minute).UnixMilli(), nil)); err == nil {
+		t.Fatal("an nft whose parent is bash was signalled")
+	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, `has parent "bash"`) {
+		t.Fatalf("refusal %v", err)
+	}
+	if len(f.Signals()) != 0 {
+		t.Fatalf("signals sent: %v", f.Signals())
+	}
+	res, err := a.Execute(ctx, procFinding(700, t0.Add(-2*time.Minute).UnixMilli(), nil))
+	if err != nil {
+		t.Fatalf("kube-proxy's nft: %v", err)
+	}
+	if got := sigs(f); !reflect.DeepEqual(got, []syscall.Signal{syscall.SIGTERM}) {
+		t.Errorf("signals %v (result %+v)", got, res)
+	}
+	// Without the Parents default, an nft is not even in the allowlist
+	// of a policy that lists only the restore programs.
+	b := newKill(t, procs.NewFake(selfPID), func(p *KillProcessParams) { p.Names = []string{"iptables-restore"} })
+	if _, err := b.Plan(ctx, procFinding(700, t0.Add(-2*time.Minute).UnixMilli(), nil)); err == nil {
+		t.Error("nft planned with a restore-only allowlist")
+	}
+}

@@ -64,7 +64,7 @@ func (p *RestartKubeProxyParams) Validate() []policy.FieldError {
 func init() {
 	Define("RestartKubeProxy",
 		"deletes this node's kube-proxy pod (DaemonSet-managed only) and waits for its replacement to be Ready",
-		newRestartKubeProxy, Disruptive(), ActsOn(finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer))
+		newRestartKubeProxy, Disruptive(), ActsOn(finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer, finding.KindNFTablesTable))
 }
 
 type restartKubeProxy struct {

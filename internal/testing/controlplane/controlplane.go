@@ -1,6 +1,7 @@
 // Package controlplane starts a real Kubernetes control plane (etcd and
-// kube-apiserver) and, on request, the real kube-proxy in iptables mode,
-// inside a network namespace the test creates, for end-to-end tests.
+// kube-apiserver) and, on request, the real kube-proxy in iptables mode
+// (default) or nftables mode (KubeProxyOptions.Mode), inside a network
+// namespace the test creates, for end-to-end tests.
 //
 // The binaries are built from pinned sources (Kubernetes v1.34.4, etcd
 // v3.6.4) by `make controlplane-bins` into <repo>/_output/bin (or the

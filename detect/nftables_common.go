@@ -1,0 +1,134 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// This file holds what the nftables detectors (KubeProxyNFTablesIntegrity,
+// NFTablesShadowing, KubeProxyModeLeftovers) share: the adapter, kube-proxy's
+// mode and the IP families it serves.
+
+// subsystemNFTables is the node.Unavailable key of the nftables adapter.
+const subsystemNFTables = "nftables"
+
+// nftOf returns the node's nftables adapter or a Skip saying why there is
+// none.
+func nftOf(n *node.Node) (nftables.Interface, error) {
+	if n.NFTables == nil {
+		return nil, Skip("%s", n.Why(subsystemNFTables))
+	}
+	return n.NFTables, nil
+}
+
+// listRuleset lists the ruleset; a missing nft is a Skip.
+func listRuleset(ctx context.Context, n *node.Node) (*nftables.Snapshot, error) {
+	nft, err := nftOf(n)
+	if err != nil {
+		return nil, err
+	}
+	s, err := nft.ListRuleset(ctx)
+	if err != nil {
+		if isUnavailable(err) {
+			return nil, Skip("%v", err)
+		}
+		return nil, fmt.Errorf("listing the nftables ruleset: %w", err)
+	}
+	return s, nil
+}
+
+func isUnavailable(err error) bool {
+	return err != nil && errors.Is(err, nftables.ErrUnavailable)
+}
+
+// NFTablesModeParams are the parameters the kube-proxy nftables detectors
+// share (each params struct carries them as its own proxyMode and
+// families fields): how kube-proxy's mode is learnt and which families it
+// serves.
+type NFTablesModeParams struct {
+	ProxyMode string
+	Families  []string
+}
+
+func (p NFTablesModeParams) validate() []policy.FieldError {
+	var errs []policy.FieldError
+	switch p.ProxyMode {
+	case "auto", "nftables":
+	default:
+		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto or nftables, not %q", p.ProxyMode)})
+	}
+	for i, f := range p.Families {
+		if f != "IPv4" && f != "IPv6" {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
+		}
+	}
+	return errs
+}
+
+// kubeProxyMode returns kube-proxy's mode per the policy, or an error
+// (a Skip) when it cannot be told.
+func kubeProxyMode(ctx context.Context, n *node.Node, policyMode string) (kubeproxy.Mode, string, error) {
+	if policyMode == "nftables" {
+		return kubeproxy.ModeNFTables, "from the policy", nil
+	}
+	kp, err := kubeProxyOf(n)
+	if err != nil {
+		return "", "", Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
+	}
+	m, err := kp.ProxyMode(ctx)
+	if err != nil {
+		return "", "", Skip("kube-proxy mode unknown (KubeProxyUnreachable reports it): %v", err)
+	}
+	return m, "from kube-proxy /proxyMode", nil
+}
+
+// servedFamilies returns the IP families kube-proxy serves, sorted, and
+// where that came from.
+func servedFamilies(ctx context.Context, n *node.Node, p NFTablesModeParams) ([]kubeproxy.Family, string, error) {
+	if len(p.Families) > 0 {
+		out := make([]kubeproxy.Family, 0, len(p.Families))
+		for _, f := range p.Families {
+			out = append(out, kubeproxy.Family(f))
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+		return out, "from the policy", nil
+	}
+	kp, err := kubeProxyOf(n)
+	if err != nil {
+		return nil, "", err
+	}
+	sc, err := kubeProxyScrape(ctx, n, kp)
+	if err != nil {
+		return nil, "", err
+	}
+	if !sc.Metrics.Labelled {
+		return []kubeproxy.Family{"IPv4"}, "IPv4 assumed (kube-proxy < 1.33 does not label families)", nil
+	}
+	var out []kubeproxy.Family
+	for _, f := range sc.Metrics.FamilyNames() {
+		if sc.Metrics.Families[f].LastSync != nil {
+			out = append(out, f)
+		}
+	}
+	return out, "families with a completed kube-proxy sync", nil
+}
+
+// nftFamily maps kube-proxy's family to its table's nftables family.
+func nftFamily(f kubeproxy.Family) nftables.Family {
+	if f == "IPv6" {
+		return nftables.FamilyIP6
+	}
+	return nftables.FamilyIP
+}
+
+// nftTarget is the target of a finding about a table: "nftables/ip/kube-proxy".
+func nftTarget(f nftables.Family, table string) string {
+	return "nftables/" + string(f) + "/" + table
+}
