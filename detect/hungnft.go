@@ -26,11 +26,16 @@ type HungNFTParams struct {
 	// kube-proxy transaction normally takes well under a second, seconds
 	// for tens of thousands of services).
 	MinAge policy.Duration `yaml:"minAge"`
+	// Programs are the executables (basenames of /proc/<pid>/exe) a
+	// reported process must run, with CAP_NET_ADMIN; anything else named
+	// nft is at most an info finding (argv[0] is chosen by the process).
+	Programs []string `yaml:"programs"`
 }
 
 // Validate implements policy.Validator.
 func (p *HungNFTParams) Validate() []policy.FieldError {
 	errs := validateNames("names", p.Names)
+	errs = append(errs, validateNames("programs", p.Programs)...)
 	if len(p.Parents) == 0 {
 		errs = append(errs, policy.FieldError{Field: "parents", Msg: "must name at least one parent program"})
 	}
@@ -47,7 +52,8 @@ func (p *HungNFTParams) Validate() []policy.FieldError {
 
 // SetDefaults implements registry.Defaulter.
 func (p *HungNFTParams) SetDefaults() {
-	*p = HungNFTParams{Names: []string{"nft"}, Parents: []string{"kube-proxy"}, MinAge: policy.D(30 * time.Second)}
+	*p = HungNFTParams{Names: []string{"nft"}, Parents: []string{"kube-proxy"}, MinAge: policy.D(30 * time.Second),
+		Programs: append([]string(nil), procs.NetfilterPrograms...)}
 }
 
 func init() {
@@ -71,12 +77,12 @@ func (d *hungNFT) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scanning processes: %w", err)
 	}
-	return hungNFTFindings(found, d.p, d.n.Clock.Now()), nil
+	return hungNFTFindings(found, d.p, d.n.Procs.SelfNetNS(), d.n.Clock.Now()), nil
 }
 
 // hungNFTFindings is the decision: the watched children of the watched
 // parents older than MinAge.
-func hungNFTFindings(found []procs.Process, p HungNFTParams, now time.Time) []Finding {
+func hungNFTFindings(found []procs.Process, p HungNFTParams, nodeNetNS string, now time.Time) []Finding {
 	var out []Finding
 	for _, pr := range found {
 		age := pr.Age(now)
@@ -92,6 +98,10 @@ func hungNFTFindings(found []procs.Process, p HungNFTParams, now time.Time) []Fi
 		}
 		ev := processEvidence(pr, now)
 		ev["minAgeSeconds"] = p.MinAge.Seconds()
+		if why := outOfReach(pr, p.Programs, nodeNetNS, ev); why != "" {
+			sev = Info
+			msg += "; not a target: " + why
+		}
 		out = append(out, Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev})
 	}
 	return out

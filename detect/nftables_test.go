@@ -293,9 +293,11 @@ func TestHungNFT(t *testing.T) {
 	now := time.Unix(1_795_443_431, 0)
 	proc := func(pid int32, parent string, age time.Duration, state string) procs.Process {
 		return procs.Process{Pid: pid, PPid: 10, ParentName: parent, Comm: "nft", State: state,
-			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: now.Add(-age).UnixMilli()}
+			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: now.Add(-age).UnixMilli(),
+			Exe: "/usr/sbin/nft", CapEff: procs.CapNetAdmin, NetNS: "net:[1]"}
 	}
 	f := procs.NewFake(1)
+	f.NetNS = "net:[1]"
 	for _, p := range []procs.Process{
 		proc(100, "kube-proxy", 2*time.Minute, "S"), // stuck child of kube-proxy
 		proc(101, "kube-proxy", 5*time.Minute, "D"), // stuck in the kernel
@@ -315,5 +317,21 @@ func TestHungNFT(t *testing.T) {
 		if f.Severity != want || !strings.Contains(f.Message, "a child of kube-proxy") {
 			t.Errorf("finding %+v", f)
 		}
+	}
+}
+
+// An nft-named child of kube-proxy whose executable is not nft (argv[0] is
+// chosen by the process) is at most info, never a target.
+func TestHungNFTImpostor(t *testing.T) {
+	now := time.Unix(1_795_443_431, 0)
+	f := procs.NewFake(1)
+	f.NetNS = "net:[1]"
+	f.Add(procs.FakeProcess{Process: procs.Process{Pid: 100, PPid: 10, ParentName: "kube-proxy", Comm: "nft", State: "S",
+		Cmdline: []string{"nft"}, CreateTimeMs: now.Add(-time.Hour).UnixMilli(),
+		Exe: "/usr/bin/sleep", CapEff: procs.CapNetAdmin, NetNS: "net:[1]"}})
+	n := &node.Node{Clock: clocktesting.NewFakeClock(now), Log: zap.NewNop(), Procs: f}
+	fs, err := newDetector(t, "HungNFT", n, nil).Detect(context.Background())
+	if err != nil || len(fs) != 1 || fs[0].Severity != Info || fs[0].Evidence["notATarget"] == nil {
+		t.Fatalf("impostor: %+v %v", fs, err)
 	}
 }

@@ -54,6 +54,7 @@ var paramDocs = map[string]string{
 	"detect.HungNFTParams.MinAge":                                "MinAge is how long an nft child must have run to be reported (a kube-proxy transaction normally takes well under a second, seconds for tens of thousands of services).",
 	"detect.HungNFTParams.Names":                                 "Names are the argv[0] basenames to watch (default [\"nft\"]: kube-proxy in nftables mode runs `nft -f -` for every sync, through knftables).",
 	"detect.HungNFTParams.Parents":                               "Parents are the parent command names (comm) whose children are watched (default [\"kube-proxy\"]): an administrator's interactive nft is none of our business.",
+	"detect.HungNFTParams.Programs":                              "Programs are the executables (basenames of /proc/<pid>/exe) a reported process must run, with CAP_NET_ADMIN; anything else named nft is at most an info finding (argv[0] is chosen by the process).",
 	"detect.IPTablesRulesParams.Backends":                        "Backends to check: legacy, nft. A backend whose save command is not installed is skipped and listed in the evidence.",
 	"detect.IPTablesRulesParams.CheckBackendMix":                 "CheckBackendMix reports KUBE-* rules present in both legacy and nft.",
 	"detect.IPTablesRulesParams.CheckFirewallDrop":               "CheckFirewallDrop reports a -j DROP in filter KUBE-FIREWALL with no mark match and no other condition (drops all traffic).",

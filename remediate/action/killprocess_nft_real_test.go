@@ -32,7 +32,13 @@ func TestRealStuckNFTChildOfKubeProxy(t *testing.T) {
 	}
 	dir := t.TempDir()
 	nft := filepath.Join(dir, "nft")
-	if err := os.Symlink(sleepBin, nft); err != nil {
+	// A copy, not a symlink: KillProcess checks the executable's name
+	// (/proc/PID/exe), which a symlink would resolve to sleep.
+	bin, err := os.ReadFile(sleepBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(nft, bin, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	kp := filepath.Join(dir, "kube-proxy")

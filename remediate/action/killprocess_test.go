@@ -240,10 +240,11 @@ func TestKillProcessParamsValidate(t *testing.T) {
 func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
 	nft := func(pid int32, parent string) procs.FakeProcess {
 		return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 60, ParentName: parent, Comm: "nft", State: "S",
-			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: t0.Add(-2 * time.Minute).UnixMilli()}}
+			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: t0.Add(-2 * time.Minute).UnixMilli(),
+			Exe: "/usr/sbin/nft", CapEff: procs.CapNetAdmin, NetNS: nodeNetNS}}
 	}
 	ctx := context.Background()
-	f := procs.NewFake(selfPID)
+	f := newFake()
 	f.Add(nft(700, "kube-proxy"))
 	f.Add(nft(701, "bash"))
 	a := newKill(t, f, nil)
