@@ -12,6 +12,7 @@ PKGS := ./...
 .PHONY: all build run test lint bench fuzz clean
 
 include tools/controlplane/controlplane.mk
+include tools/helm/helm.mk
 
 all: build
 
@@ -28,11 +29,12 @@ run: build
 
 # As root, the real control plane (kube-apiserver, etcd, kube-proxy built
 # from the Go module proxy, cached by the Go build cache) is built first so
-# the end-to-end tests run instead of skipping.
-test:
+# the end-to-end tests run instead of skipping. helm (for the chart tests)
+# is always built: cached, it is a link step.
+test: helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; \
 	  else echo "not root: kernel and control-plane tests will skip"; fi
-	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

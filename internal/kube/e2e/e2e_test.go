@@ -5,18 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap/zaptest"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -95,9 +97,12 @@ func TestClusterEndToEnd(t *testing.T) {
 	t.Run("apiserver-down", func(t *testing.T) { testAPIServerDown(t, cp) })
 }
 
-// testManifests: every object of both overlays passes server-side dry-run
-// apply; then the audit overlay is applied for real (the permission tests
-// need its RBAC and admission policy).
+// testManifests: every object of both overlays, and of the Helm chart
+// rendered in audit and enforce mode (its uninstall hook included), passes
+// server-side dry-run apply; the chart's objects as the apiserver would
+// store them (defaults filled in) equal the overlays' after
+// deploy.Normalize. Then the audit overlay is applied for real (the
+// permission tests need its RBAC and admission policy).
 func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
@@ -109,43 +114,118 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apply := func(overlay string, dryRun bool) {
-		m, err := deploy.Render(overlay)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, r := range m.Resources() {
-			js, err := r.MarshalJSON()
+	// apply server-side applies objs and returns what the apiserver
+	// answered (stored or, with dryRun, would store).
+	apply := func(what string, objs []*unstructured.Unstructured, dryRun bool) []*unstructured.Unstructured {
+		var out []*unstructured.Unstructured
+		for _, o := range objs {
+			js, err := o.MarshalJSON()
 			if err != nil {
 				t.Fatal(err)
 			}
-			gvk := r.GetGvk()
-			mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
+			gvk := o.GroupVersionKind()
+			mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if err != nil {
-				t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
+				t.Fatalf("%s %s: %v", what, deploy.ObjectKey(o), err)
 			}
 			var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
 			if mapping.Scope.Name() == "namespace" {
-				ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
+				ri = dyn.Resource(mapping.Resource).Namespace(o.GetNamespace())
 			}
 			opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
 			if dryRun {
 				opts.DryRun = []string{metav1.DryRunAll}
 			}
-			if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
-				t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
+			got, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, js, opts)
+			if err != nil {
+				t.Errorf("%s: server-side apply (dryRun=%v) of %s: %v", what, dryRun, deploy.ObjectKey(o), err)
+				continue
+			}
+			out = append(out, got)
+		}
+		return out
+	}
+	kustomized := func(overlay string) []*unstructured.Unstructured {
+		m, err := deploy.Render(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := deploy.KustomizeObjects(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return objs
+	}
+	kAudit := apply("audit", kustomized("audit"), true)
+	kEnforce := apply("enforce", kustomized("enforce"), true)
+
+	t.Run("helm", func(t *testing.T) {
+		helm, err := deploy.HelmBin()
+		if err != nil {
+			if os.Getenv("REMEDIATE_E2E_REQUIRED") != "" {
+				t.Fatalf("REMEDIATE_E2E_REQUIRED is set but: %v", err)
+			}
+			t.Skip(err)
+		}
+		for _, tc := range []struct {
+			name string
+			set  []string
+			want []*unstructured.Unstructured
+		}{{"audit", nil, kAudit}, {"enforce", []string{"--set", "enforce=true"}, kEnforce}} {
+			objs, err := deploy.RenderChart(ctx, helm, "kube-system", tc.set...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var installed []*unstructured.Unstructured
+			for _, o := range objs {
+				if !deploy.IsHook(o) {
+					installed = append(installed, o)
+				}
+			}
+			apply("chart "+tc.name+" (hooks)", objs, true)
+			got := apply("chart "+tc.name, installed, true)
+			if len(got) != len(installed) {
+				continue
+			}
+			want := tc.want
+			for _, o := range append(append([]*unstructured.Unstructured{}, want...), got...) {
+				stripServerFields(o)
+				deploy.Normalize(o)
+			}
+			wm, wkeys := deploy.ByKey(want)
+			gm, gkeys := deploy.ByKey(got)
+			if d := cmp.Diff(wkeys, gkeys); d != "" {
+				t.Errorf("%s: objects differ (-kustomize +chart):\n%s", tc.name, d)
+			}
+			for _, k := range wkeys {
+				if g, ok := gm[k]; ok {
+					if d := cmp.Diff(wm[k].Object, g.Object); d != "" {
+						t.Errorf("%s: %s as stored differs (-kustomize +chart):\n%s", tc.name, k, d)
+					}
+				}
 			}
 		}
-	}
-	apply("audit", true)
-	apply("enforce", true)
-	apply("audit", false)
-	// Nothing was created by the dry runs of the enforce overlay.
+	})
+
+	apply("audit", kustomized("audit"), false)
+	// Nothing was created by the dry runs.
 	cms, _ := cp.Client.CoreV1().ConfigMaps("kube-system").List(ctx, metav1.ListOptions{})
 	for _, cm := range cms.Items {
-		if strings.HasPrefix(cm.Name, "remediate-policy-enforce") {
+		if strings.HasPrefix(cm.Name, "remediate-policy-enforce") || cm.Name == "remediate-policy-audit" {
 			t.Errorf("dry run created %s", cm.Name)
 		}
+	}
+}
+
+// stripServerFields removes what the apiserver adds to every object
+// (identity, timestamps, field ownership, status), keeping spec defaults.
+func stripServerFields(o *unstructured.Unstructured) {
+	for _, f := range []string{"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"} {
+		unstructured.RemoveNestedField(o.Object, "metadata", f)
+	}
+	unstructured.RemoveNestedField(o.Object, "status")
+	if a := o.GetAnnotations(); len(a) == 0 {
+		unstructured.RemoveNestedField(o.Object, "metadata", "annotations")
 	}
 }
 
@@ -378,8 +458,6 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Fatalf("expired slot not taken over: %v", err)
 	}
 }
-
-func schemaGK(group, kind string) schema.GroupKind { return schema.GroupKind{Group: group, Kind: kind} }
 
 // testReporting: events are created and deduplicated into series, the
 // condition turns False after ProblemAfter and True again after
