@@ -143,6 +143,13 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
 	e.cur.Store(p)
+	if m := e.opts.Metrics; m != nil {
+		names := []string{GuardEscalation, GuardCooldown, GuardRuleRate, GuardNodeRate, GuardMaxTargets, GuardDryRun}
+		for _, g := range e.opts.Guardrails {
+			names = append(names, g.Name())
+		}
+		m.InitRules(p, names)
+	}
 	// A rule that is gone never steps its targets again, so nothing else
 	// would release what its attempts hold (a cluster budget slot).
 	keep := map[string]bool{}
@@ -252,7 +259,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
 	sortReport(rep)
 	saveErr := e.store.Save(st)
-	e.observe(rep, st, e.opts.Clock.Since(start))
+	e.observe(pol, rep, st, e.opts.Clock.Since(start))
 	if saveErr != nil {
 		return rep, fmt.Errorf("persisting guardrail state: %w", saveErr)
 	}
@@ -715,7 +722,7 @@ func (e *Engine) Close(ctx context.Context) {
 	}
 }
 
-func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
+func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Duration) {
 	m := e.opts.Metrics
 	if m == nil {
 		return
@@ -724,13 +731,14 @@ func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
 	m.Findings.Reset()
 	for _, f := range rep.Findings {
-		m.Findings.WithLabelValues(f.Rule, string(f.Severity)).Inc()
+		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
 	}
 	m.DetectorSkips.Reset()
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}
 	m.Escalated.Reset()
+	m.zeroEscalated(pol)
 	for k, ts := range st.Targets {
 		if ts.Phase == PhaseEscalated {
 			rule, _, _ := strings.Cut(k, "|")

@@ -2,6 +2,8 @@ package remediate
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/remediate-dev/remediate/policy"
 )
 
 // Metrics are the engine's Prometheus metrics. Register them on the
@@ -23,8 +25,8 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule and severity.",
-		}, []string{"rule", "severity"}),
+			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule, detector type and severity.",
+		}, []string{"rule", "detector", "severity"}),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "remediate_decisions_total", Help: "Decisions taken, by rule, action and outcome.",
 		}, []string{"rule", "action", "outcome"}),
@@ -60,4 +62,38 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads)
 	}
 	return m
+}
+
+// InitRules creates the series of p's rules at zero so that they are
+// exported before their first event (dashboards and alerts see them, and
+// increase() sees the first one): detector errors per rule, and for rules
+// with an action their decisions per outcome, action durations, blocks per
+// guardrail (names: the engine's chain) and escalated targets. Series of
+// rules a reload removed stay until the process restarts.
+func (m *Metrics) InitRules(p *policy.Policy, guardrails []string) {
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		m.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type)
+		if r.Action == nil {
+			continue
+		}
+		for _, o := range []Outcome{OutcomeExecuted, OutcomeDryRun, OutcomeBlocked, OutcomeFailed, OutcomeSkipped} {
+			m.Decisions.WithLabelValues(r.Name, r.Action.Type, string(o))
+		}
+		m.ActionDuration.WithLabelValues(r.Action.Type)
+		for _, g := range guardrails {
+			m.GuardrailBlocks.WithLabelValues(g, r.Name)
+		}
+	}
+	m.zeroEscalated(p)
+}
+
+// zeroEscalated sets remediate_escalated_targets to 0 for every rule with
+// an action (the gauge is rebuilt every cycle).
+func (m *Metrics) zeroEscalated(p *policy.Policy) {
+	for i := range p.Rules {
+		if p.Rules[i].Action != nil {
+			m.Escalated.WithLabelValues(p.Rules[i].Name).Set(0)
+		}
+	}
 }

@@ -309,7 +309,7 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Fatalf("healthz %d", c)
 	}
 	_, metrics := get("/metrics")
-	for _, m := range []string{"remediate_cycle_duration_seconds", `remediate_decisions_total{action="CLITestKill",outcome="skipped",rule="hung-restore"}`, `remediate_findings{rule="hung-restore",severity="critical"} 1`, `remediate_detector_skipped{detector="CLITestNeedsAPI",rule="api-check"} 1`} {
+	for _, m := range []string{"remediate_cycle_duration_seconds", `remediate_decisions_total{action="CLITestKill",outcome="skipped",rule="hung-restore"}`, `remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 1`, `remediate_detector_skipped{detector="CLITestNeedsAPI",rule="api-check"} 1`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
@@ -334,7 +334,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	waitFor(t, "file reload", func() bool { return logs.has(`"msg":"policy reloaded"`) })
 	waitFor(t, "new policy in effect", func() bool {
 		_, m := get("/metrics")
-		return strings.Contains(m, `remediate_findings{rule="hung-restore",severity="critical"} 3`)
+		return strings.Contains(m, `remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 3`)
 	})
 
 	cmd.Process.Signal(syscall.SIGTERM)
