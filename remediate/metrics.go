@@ -57,6 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "remediate_policy_reloads_total", Help: "Policy reload attempts by result (success, invalid).",
 		}, []string{"result"}),
 	}
+	// Exported from the start: the invalid-policy alert uses increase().
+	m.PolicyReloads.WithLabelValues("success")
+	m.PolicyReloads.WithLabelValues("invalid")
 	if reg != nil {
 		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
 			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads)

@@ -324,7 +324,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	waitFor(t, "rejected reload", func() bool { return logs.has("policy reload rejected") })
 	waitFor(t, "invalid reload metric", func() bool {
 		_, m := get("/metrics")
-		return strings.Contains(m, `remediate_policy_reloads_total{result="invalid"}`)
+		return strings.Contains(m, `remediate_policy_reloads_total{result="invalid"} 1`)
 	})
 	if c, _ := get("/healthz"); c != 200 {
 		t.Fatal("daemon unhealthy after a rejected reload")
