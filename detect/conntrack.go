@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -22,10 +23,10 @@ const ConntrackExhaustionName = "ConntrackExhaustion"
 const (
 	// ConntrackTableTarget is the finding about the table filling up or
 	// dropping.
-	ConntrackTableTarget = "conntrack/table"
+	ConntrackTableTarget = conntrack.TableTarget
 	// ConntrackDriftTarget is the finding "nf_conntrack_max is lower than
 	// what this daemon last set" (kube-proxy resets it when it restarts).
-	ConntrackDriftTarget = "conntrack/max-drift"
+	ConntrackDriftTarget = conntrack.DriftTarget
 )
 
 // ConntrackExhaustionParams are the thresholds of ConntrackExhaustion.
@@ -74,26 +75,24 @@ func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: ConntrackExhaustionName,
-		Doc:  "conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
-		NewParams: func() any {
-			return &ConntrackExhaustionParams{
-				UtilizationThreshold:      0.85,
-				CriticalUtilization:       0.95,
-				DropRateThreshold:         0.1,
-				InsertFailedRateThreshold: 1,
-				ReportDrift:               true,
-			}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*ConntrackExhaustionParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", ConntrackExhaustionName, params)
-			}
-			return &conntrackExhaustion{p: *p, n: n}, nil
-		},
-	})
+	Define(ConntrackExhaustionName,
+		"conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
+		newConntrackExhaustion, Targets(finding.KindConntrackTable))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of ConntrackExhaustion.
+func (p *ConntrackExhaustionParams) SetDefaults() {
+	*p = ConntrackExhaustionParams{
+		UtilizationThreshold:      0.85,
+		CriticalUtilization:       0.95,
+		DropRateThreshold:         0.1,
+		InsertFailedRateThreshold: 1,
+		ReportDrift:               true,
+	}
+}
+
+func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
+	return &conntrackExhaustion{p: *p, n: n}, nil
 }
 
 // ctSample is one observation of the counters.
@@ -192,14 +191,14 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	var out []Finding
 	if reasons, sev := judgeConntrack(d.p, u, rates, haveRates); len(reasons) > 0 {
 		ev := map[string]any{
-			"count":        u.Count,
-			"max":          u.Max,
-			"utilization":  round(u.Utilization(), 4),
-			"threshold":    d.p.UtilizationThreshold,
-			"drop":         st.Drop,
-			"earlyDrop":    st.EarlyDrop,
-			"insertFailed": st.InsertFailed,
-			"reasons":      reasons,
+			"count":               u.Count,
+			conntrack.EvidenceMax: u.Max,
+			"utilization":         round(u.Utilization(), 4),
+			"threshold":           d.p.UtilizationThreshold,
+			"drop":                st.Drop,
+			"earlyDrop":           st.EarlyDrop,
+			"insertFailed":        st.InsertFailed,
+			"reasons":             reasons,
 		}
 		if haveRates {
 			ev["dropRate"] = round(rates.Drop, 3)
@@ -237,11 +236,11 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 				Message: fmt.Sprintf("nf_conntrack_max is %d, lower than %d set by remediate at %s (a kube-proxy restart resets it to its own sizing)",
 					u.Max, rec.Max, rec.SetAt.UTC().Format(time.RFC3339)),
 				Evidence: map[string]any{
-					"max":         u.Max,
-					"count":       u.Count,
-					"lastSetMax":  rec.Max,
-					"lastSetAt":   rec.SetAt.UTC().Format(time.RFC3339),
-					"utilization": round(u.Utilization(), 4),
+					conntrack.EvidenceMax:        u.Max,
+					"count":                      u.Count,
+					conntrack.EvidenceLastSetMax: rec.Max,
+					"lastSetAt":                  rec.SetAt.UTC().Format(time.RFC3339),
+					"utilization":                round(u.Utilization(), 4),
 				},
 			})
 		}

@@ -2,51 +2,56 @@
 // (procfs, conntrack, iptables rules, kube-proxy's metrics, the cluster view)
 // into Findings. Detectors never change anything on the node.
 //
-// Each detector type registers itself by name (see Register) with a
-// parameter struct carrying its thresholds; the policy names the type and
-// sets the parameters, and the engine builds one Detector per rule with New.
-// A Detector instance lives until the policy is reloaded, so it may keep
-// state between cycles (rates, how long a lock has been held).
+// Each detector type registers itself in one line with Define: its name,
+// a one-line doc, a factory taking its parameter struct, and the kinds of
+// target its findings are about:
+//
+//	func init() {
+//		detect.Define("HungIPTablesRestore", "doc ...", newHungRestore, detect.Targets(finding.KindProcess))
+//	}
+//	func newHungRestore(p *HungIPTablesRestoreParams, n *node.Node) (detect.Detector, error)
+//
+// The parameter type is checked at compile time; its defaults come from
+// the type itself (a SetDefaults method on the pointer, see
+// registry.Defaulter), its validation from a Validate method
+// (policy.Validator). The policy names the type and sets the parameters,
+// and the engine builds one Detector per rule. A Detector instance lives
+// until the policy is reloaded, so it may keep state between cycles
+// (rates, how long a lock has been held).
 package detect
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/registry"
 )
 
-// Severity of a finding.
-type Severity string
-
-// Severities, in increasing order.
-const (
-	Info     Severity = "info"
-	Warning  Severity = "warning"
-	Critical Severity = "critical"
+// Compatibility aliases: the shared types live in package finding (the
+// leaf every layer may import). New code should use finding.* directly.
+type (
+	// Severity is finding.Severity.
+	Severity = finding.Severity
+	// Finding is finding.Finding.
+	Finding = finding.Finding
+	// SkipError is finding.SkipError.
+	SkipError = finding.SkipError
 )
 
-// Finding is one problem a detector sees now.
-//
-// Target is the stable identity of what the finding is about, unique within
-// the detector and the same from one cycle to the next while it is the same
-// thing: "process/1234@1763712000000" (PID and create time, so a reused PID
-// is a new target), "conntrack/table", "ipvs/UDP/10.96.0.10:53",
-// "kube-proxy/IPv4". The engine keys its per-target state machine on
-// (rule, Target).
-//
-// Evidence carries what an operator needs to judge the finding and what the
-// paired action needs to act (for example "pid" and "createTimeMs"). Values
-// must be JSON-encodable.
-type Finding struct {
-	Detector string         `json:"detector"`
-	Target   string         `json:"target"`
-	Severity Severity       `json:"severity"`
-	Message  string         `json:"message"`
-	Evidence map[string]any `json:"evidence,omitempty"`
-}
+// Compatibility aliases of the finding severities.
+const (
+	Info     = finding.Info
+	Warning  = finding.Warning
+	Critical = finding.Critical
+)
+
+// Skip is finding.Skip (compatibility forwarder).
+func Skip(format string, args ...any) error { return finding.Skip(format, args...) }
+
+// IsSkip is finding.IsSkip (compatibility forwarder).
+func IsSkip(err error) (string, bool) { return finding.IsSkip(err) }
 
 // Detector observes the node and reports what is wrong now. Detect must
 // honour ctx (it has a deadline) and must not block on the kernel without
@@ -66,13 +71,44 @@ type Type struct {
 	// New builds a detector from validated parameters (the value NewParams
 	// returned, filled from the policy) and the node's adapters.
 	New func(params any, n *node.Node) (Detector, error)
+	// Targets are the kinds of target this detector's findings are about.
+	// Empty means undeclared: the policy loader then cannot check which
+	// actions it can feed and lets any pairing through.
+	Targets []finding.Kind
+}
+
+// Option adds a declaration to a Define.
+type Option func(*Type)
+
+// Targets declares the kinds of target the detector's findings are about.
+func Targets(kinds ...finding.Kind) Option {
+	return func(t *Type) { t.Targets = append(t.Targets, kinds...) }
+}
+
+// Define registers a detector type: the one-line registration. The
+// factory's parameter type P is the policy's parameter block for this
+// type; defaults come from (*P).SetDefaults, if P has one. It panics on a
+// duplicate name (a programming error, found at init).
+func Define[P any](name, doc string, factory func(*P, *node.Node) (Detector, error), opts ...Option) {
+	t := Type{Name: name, Doc: doc,
+		NewParams: func() any { return registry.NewParams[P]() },
+		New:       registry.Untyped(name, factory)}
+	for _, o := range opts {
+		o(&t)
+	}
+	register(t)
 }
 
 var typeRegistry = registry.New[Type]("detector")
 
-// Register adds a detector type. It panics on a duplicate or incomplete
-// registration: that is a programming error, found at init.
-func Register(t Type) {
+// Register adds a detector type described by t.
+//
+// Deprecated: use Define, which checks the parameter type at compile
+// time. Register is kept so that detectors written against the older API
+// still build; it panics on a duplicate or incomplete registration.
+func Register(t Type) { register(t) }
+
+func register(t Type) {
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("detect: incomplete registration %+v", t))
 	}
@@ -84,24 +120,3 @@ func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
 
 // Types returns all registered types sorted by name.
 func Types() []Type { return typeRegistry.All() }
-
-// SkipError says a detector or action cannot run on this node and why (IPVS
-// unavailable, no cluster access, kube-proxy in another mode). It is not a
-// failure: reports list it as "skipped" with the reason.
-type SkipError struct{ Reason string }
-
-func (e *SkipError) Error() string { return "skipped: " + e.Reason }
-
-// Skip returns a *SkipError with a formatted reason.
-func Skip(format string, args ...any) error {
-	return &SkipError{Reason: fmt.Sprintf(format, args...)}
-}
-
-// IsSkip reports whether err is (or wraps) a SkipError and returns its reason.
-func IsSkip(err error) (string, bool) {
-	var s *SkipError
-	if errors.As(err, &s) {
-		return s.Reason, true
-	}
-	return "", false
-}

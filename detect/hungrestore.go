@@ -6,18 +6,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
 // RestoreNames are the argv[0] basenames of the iptables restore binaries,
-// the default of HungIPTablesRestore's names.
-var RestoreNames = []string{
-	"iptables-restore", "ip6tables-restore",
-	"iptables-legacy-restore", "ip6tables-legacy-restore",
-	"iptables-nft-restore", "ip6tables-nft-restore",
-}
+// the default of HungIPTablesRestore's names (procs.RestoreNames; kept here
+// for compatibility).
+var RestoreNames = procs.RestoreNames
 
 // HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
 type HungIPTablesRestoreParams struct {
@@ -54,20 +52,18 @@ func validateNames(field string, names []string) []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "HungIPTablesRestore",
-		Doc:  "iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
-		NewParams: func() any {
-			return &HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*HungIPTablesRestoreParams)
-			if !ok {
-				return nil, fmt.Errorf("HungIPTablesRestore: params are %T", params)
-			}
-			return &hungRestore{p: *p, n: n}, nil
-		},
-	})
+	Define("HungIPTablesRestore",
+		"iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
+		newHungIPTablesRestore, Targets(finding.KindProcess))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of HungIPTablesRestore.
+func (p *HungIPTablesRestoreParams) SetDefaults() {
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+}
+
+func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
+	return &hungRestore{p: *p, n: n}, nil
 }
 
 type hungRestore struct {

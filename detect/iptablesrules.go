@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-multierror"
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -105,31 +106,29 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPTablesRules",
-		Doc:  "kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES jumps, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
-		NewParams: func() any {
-			return &IPTablesRulesParams{
-				Families:          []string{"IPv4", "IPv6"},
-				Backends:          []string{"legacy", "nft"},
-				ProxyMode:         "iptables",
-				CheckServicesJump: true,
-				CheckFirewallDrop: true,
-				CheckBackendMix:   true,
-				MaxKubeRules:      10000,
-				MaxSaveDuration:   policy.D(2 * time.Second),
-				SaveTimeout:       policy.D(8 * time.Second),
-				MaxSaveDutyCycle:  0.1,
-			}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*IPTablesRulesParams)
-			if !ok {
-				return nil, fmt.Errorf("IPTablesRules: params are %T", params)
-			}
-			return &iptablesRules{p: *p, n: n}, nil
-		},
-	})
+	Define("IPTablesRules",
+		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES jumps, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
+		newIPTablesRules, Targets(finding.KindIPTablesRules))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPTablesRules.
+func (p *IPTablesRulesParams) SetDefaults() {
+	*p = IPTablesRulesParams{
+		Families:          []string{"IPv4", "IPv6"},
+		Backends:          []string{"legacy", "nft"},
+		ProxyMode:         "iptables",
+		CheckServicesJump: true,
+		CheckFirewallDrop: true,
+		CheckBackendMix:   true,
+		MaxKubeRules:      10000,
+		MaxSaveDuration:   policy.D(2 * time.Second),
+		SaveTimeout:       policy.D(8 * time.Second),
+		MaxSaveDutyCycle:  0.1,
+	}
+}
+
+func newIPTablesRules(p *IPTablesRulesParams, n *node.Node) (Detector, error) {
+	return &iptablesRules{p: *p, n: n}, nil
 }
 
 type iptablesRules struct {

@@ -122,16 +122,6 @@ func ipvsParsePrefixes(field string, in []string) ([]netip.Prefix, []policy.Fiel
 	return out, errs
 }
 
-// vsEvidence is the evidence every IPVS finding about a virtual server
-// carries; the IPVS actions read these keys.
-func vsEvidence(vs ipvs.VirtualServer) map[string]any {
-	return map[string]any{
-		"vsProtocol": vs.Protocol,
-		"vsAddress":  vs.Address.String(),
-		"vsPort":     int(vs.Port),
-	}
-}
-
 func ipvsMaxFindingsErr(n int) []policy.FieldError {
 	if n < 1 {
 		return []policy.FieldError{{Field: "maxFindings", Msg: "must be at least 1"}}

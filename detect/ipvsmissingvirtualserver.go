@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -30,21 +31,23 @@ func (p *IPVSMissingVirtualServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSMissingVirtualServer",
-		Doc:  "a Service with endpoints has no IPVS virtual server for one of its frontends",
-		NewParams: func() any {
-			return &IPVSMissingVirtualServerParams{RequireIPVSMode: true, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p := *params.(*IPVSMissingVirtualServerParams)
-			ips, errs := ipvsParseAddrs("nodeIPs", p.NodeIPs)
-			if len(errs) > 0 {
-				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
-			}
-			return &ipvsMissingVirtualServer{p: p, n: n, nodeIPs: ips}, nil
-		},
-	})
+	Define("IPVSMissingVirtualServer",
+		"a Service with endpoints has no IPVS virtual server for one of its frontends",
+		newIPVSMissingVirtualServer, Targets(finding.KindIPVSMissingVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSMissingVirtualServer.
+func (p *IPVSMissingVirtualServerParams) SetDefaults() {
+	*p = IPVSMissingVirtualServerParams{RequireIPVSMode: true, MaxFindings: 50}
+}
+
+func newIPVSMissingVirtualServer(pp *IPVSMissingVirtualServerParams, n *node.Node) (Detector, error) {
+	p := *pp
+	ips, errs := ipvsParseAddrs("nodeIPs", p.NodeIPs)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
+	}
+	return &ipvsMissingVirtualServer{p: p, n: n, nodeIPs: ips}, nil
 }
 
 type ipvsMissingVirtualServer struct {
@@ -86,7 +89,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 		if (fe.VS.Address.Is4() && !has4) || (fe.VS.Address.Is6() && !has6) {
 			continue
 		}
-		ev := vsEvidence(fe.VS)
+		ev := ipvs.VirtualRef{VS: fe.VS}.Evidence()
 		ev["service"] = fe.SP.ServiceName()
 		ev["portName"] = fe.SP.Port.Name
 		ev["frontend"] = fe.Kind

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -31,16 +33,18 @@ func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSStaleRealServer",
-		Doc:  "IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
-		NewParams: func() any {
-			return &IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsStaleRealServer{p: *params.(*IPVSStaleRealServerParams), n: n}, nil
-		},
-	})
+	Define("IPVSStaleRealServer",
+		"IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
+		newIPVSStaleRealServer, Targets(finding.KindIPVSRealServer, finding.KindConntrackBackend))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleRealServer.
+func (p *IPVSStaleRealServerParams) SetDefaults() {
+	*p = IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
+}
+
+func newIPVSStaleRealServer(p *IPVSStaleRealServerParams, n *node.Node) (Detector, error) {
+	return &ipvsStaleRealServer{p: *p, n: n}, nil
 }
 
 type ipvsStaleRealServer struct {
@@ -51,7 +55,7 @@ type ipvsStaleRealServer struct {
 // RealServerTarget is the finding target of a real server of a virtual
 // server: "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53".
 func RealServerTarget(vs ipvs.VirtualServer, rs ipvs.RealServer) string {
-	return "ipvs-rs/" + vs.Key() + "/" + rs.AddrPort().String()
+	return ipvs.RealRef{VS: vs, RS: rs}.Target()
 }
 
 func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
@@ -96,12 +100,9 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 			if len(bad) == len(rss) {
 				sev = Critical // every destination is stale: traffic is black-holed
 			}
-			ev := vsEvidence(vs)
-			ev["rsAddress"] = b.rs.Address.String()
-			ev["rsPort"] = int(b.rs.Port)
-			ev["backendIP"] = b.rs.Address.String()
-			ev["backendPort"] = int(b.rs.Port)
-			ev["protocol"] = vs.Protocol
+			ev := ipvs.RealRef{VS: vs, RS: b.rs}.Evidence()
+			// The backend too: FlushConntrack can act on a UDP one.
+			conntrack.BackendRef{Protocol: vs.Protocol, Backend: conntrack.Backend{IP: b.rs.Address, Port: b.rs.Port}}.PutEvidence(ev)
 			ev["service"] = fe.SP.ServiceName()
 			ev["portName"] = fe.SP.Port.Name
 			ev["frontend"] = fe.Kind
@@ -127,12 +128,8 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 	return out, nil
 }
 
-// Draining reports whether kube-proxy is gracefully terminating rs: weight
-// 0 with connections left, which kube-proxy does for TCP and SCTP only (UDP
-// real servers are removed at once).
-func Draining(vs ipvs.VirtualServer, rs ipvs.RealServer) bool {
-	return vs.Protocol != ipvs.UDP && rs.Weight == 0 && rs.ActiveConns+rs.InactiveConns > 0
-}
+// Draining is ipvs.Draining (kept for compatibility).
+func Draining(vs ipvs.VirtualServer, rs ipvs.RealServer) bool { return ipvs.Draining(vs, rs) }
 
 func ipvsExpectedList(sp *ipvs.ServicePort) []string {
 	out := make([]string, 0, len(sp.Expected))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -40,22 +41,24 @@ func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSStaleVirtualServer",
-		Doc:  "IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort",
-		NewParams: func() any {
-			return &IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p := *params.(*IPVSStaleVirtualServerParams)
-			cidrs, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
-			ips, e2 := ipvsParseAddrs("nodeIPs", p.NodeIPs)
-			if errs = append(errs, e2...); len(errs) > 0 {
-				return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
-			}
-			return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
-		},
-	})
+	Define("IPVSStaleVirtualServer",
+		"IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort",
+		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleVirtualServer.
+func (p *IPVSStaleVirtualServerParams) SetDefaults() {
+	*p = IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+}
+
+func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (Detector, error) {
+	p := *pp
+	cidrs, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
+	ips, e2 := ipvsParseAddrs("nodeIPs", p.NodeIPs)
+	if errs = append(errs, e2...); len(errs) > 0 {
+		return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
+	}
+	return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
 }
 
 type ipvsStaleVirtualServer struct {
@@ -67,23 +70,11 @@ type ipvsStaleVirtualServer struct {
 
 // VirtualServerTarget is the finding target of a virtual server:
 // "ipvs-vs/UDP/10.96.0.10:53".
-func VirtualServerTarget(vs ipvs.VirtualServer) string { return "ipvs-vs/" + vs.Key() }
+func VirtualServerTarget(vs ipvs.VirtualServer) string { return ipvs.VirtualRef{VS: vs}.Target() }
 
-// Managed reports whether addr is in kube-proxy's scope: one of cidrs or
-// nodeIPs, or a Service address in the view.
+// Managed is ipvs.Managed (kept for compatibility).
 func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipvs.Desired) bool {
-	addr = addr.Unmap()
-	for _, p := range cidrs {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	for _, ip := range nodeIPs {
-		if ip == addr {
-			return true
-		}
-	}
-	return d.IsServiceAddress(addr)
+	return ipvs.Managed(addr, cidrs, nodeIPs, d)
 }
 
 func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
@@ -113,7 +104,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}
-		ev := vsEvidence(vs)
+		ev := ipvs.VirtualRef{VS: vs}.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
 		out = append(out, Finding{

@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -44,16 +46,18 @@ func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSUDPDeadBackend",
-		Doc:  "UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
-		NewParams: func() any {
-			return &IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsUDPDeadBackend{p: *params.(*IPVSUDPDeadBackendParams), n: n}, nil
-		},
-	})
+	Define("IPVSUDPDeadBackend",
+		"UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
+		newIPVSUDPDeadBackend, Targets(finding.KindConntrackBackend))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSUDPDeadBackend.
+func (p *IPVSUDPDeadBackendParams) SetDefaults() {
+	*p = IPVSUDPDeadBackendParams{RequireIPVSMode: true, MinConnections: 1, MaxClients: 20, MaxFindings: 50}
+}
+
+func newIPVSUDPDeadBackend(p *IPVSUDPDeadBackendParams, n *node.Node) (Detector, error) {
+	return &ipvsUDPDeadBackend{p: *p, n: n}, nil
 }
 
 type ipvsUDPDeadBackend struct {
@@ -64,7 +68,7 @@ type ipvsUDPDeadBackend struct {
 // DeadBackendTarget is the finding target for UDP entries pinned to a dead
 // backend: "ipvs-conn/UDP/10.244.0.12:53".
 func DeadBackendTarget(proto string, backend netip.AddrPort) string {
-	return "ipvs-conn/" + proto + "/" + backend.String()
+	return conntrack.BackendRef{Protocol: proto, Backend: conntrack.Backend{IP: backend.Addr(), Port: backend.Port()}}.Target()
 }
 
 type ipvsDeadBackend struct {
@@ -178,27 +182,27 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		if len(shown) > d.p.MaxClients {
 			shown = shown[:d.p.MaxClients]
 		}
+		ev := map[string]any{
+			"connections":             b.conns,
+			"templates":               b.templates,
+			"clientCount":             len(clients),
+			"clientCountIsLowerBound": b.clientsTruncated,
+			"clients":                 shown,
+			"virtualServers":          vsKeys,
+			"stillRealServerIn":       still,
+			"expireNodestConn":        expireNodest,
+			"services":                ipvsSortedKeys(b.services),
+			"reason":                  b.reason,
+		}
+		ref := conntrack.BackendRef{Protocol: ipvs.UDP, Backend: conntrack.Backend{IP: b.backend.Addr(), Port: b.backend.Port()}}
+		ref.PutEvidence(ev)
 		out = append(out, Finding{
 			Detector: "IPVSUDPDeadBackend",
-			Target:   DeadBackendTarget(ipvs.UDP, b.backend),
+			Target:   ref.Target(),
 			Severity: Critical,
 			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s%s",
 				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services), hint),
-			Evidence: map[string]any{
-				"backendIP":               b.backend.Addr().String(),
-				"backendPort":             int(b.backend.Port()),
-				"protocol":                ipvs.UDP,
-				"connections":             b.conns,
-				"templates":               b.templates,
-				"clientCount":             len(clients),
-				"clientCountIsLowerBound": b.clientsTruncated,
-				"clients":                 shown,
-				"virtualServers":          vsKeys,
-				"stillRealServerIn":       still,
-				"expireNodestConn":        expireNodest,
-				"services":                ipvsSortedKeys(b.services),
-				"reason":                  b.reason,
-			},
+			Evidence: ev,
 		})
 		if len(out) >= d.p.MaxFindings {
 			break

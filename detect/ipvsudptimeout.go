@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -31,16 +32,18 @@ func (p *IPVSUDPTimeoutHighParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "IPVSUDPTimeoutHigh",
-		Doc:  "the IPVS UDP timeout is above the policy's ceiling",
-		NewParams: func() any {
-			return &IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &ipvsUDPTimeoutHigh{p: *params.(*IPVSUDPTimeoutHighParams), n: n}, nil
-		},
-	})
+	Define("IPVSUDPTimeoutHigh",
+		"the IPVS UDP timeout is above the policy's ceiling",
+		newIPVSUDPTimeoutHigh, Targets(finding.KindIPVSTimeouts))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of IPVSUDPTimeoutHigh.
+func (p *IPVSUDPTimeoutHighParams) SetDefaults() {
+	*p = IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
+}
+
+func newIPVSUDPTimeoutHigh(p *IPVSUDPTimeoutHighParams, n *node.Node) (Detector, error) {
+	return &ipvsUDPTimeoutHigh{p: *p, n: n}, nil
 }
 
 type ipvsUDPTimeoutHigh struct {
@@ -49,7 +52,7 @@ type ipvsUDPTimeoutHigh struct {
 }
 
 // TimeoutsTarget is the finding target for IPVS's global timeouts.
-const TimeoutsTarget = "ipvs/timeouts"
+const TimeoutsTarget = ipvs.TimeoutsTarget
 
 func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, false); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -13,14 +14,13 @@ import (
 type KubeProxyUnhealthyParams struct{}
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyUnhealthy",
-		Doc:       "kube-proxy's /healthz reports it unhealthy (per IP family from 1.33; a node being deleted is not a fault)",
-		NewParams: func() any { return &KubeProxyUnhealthyParams{} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyUnhealthy{n: n}, nil
-		},
-	})
+	Define("KubeProxyUnhealthy",
+		"kube-proxy's /healthz reports it unhealthy (per IP family from 1.33; a node being deleted is not a fault)",
+		newKubeProxyUnhealthy, Targets(finding.KindKubeProxy))
+}
+
+func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector, error) {
+	return &kubeProxyUnhealthy{n: n}, nil
 }
 
 type kubeProxyUnhealthy struct{ n *node.Node }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -27,14 +28,18 @@ func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyEndpointChangesPending",
-		Doc:       "kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
-		NewParams: func() any { return &KubeProxyEndpointChangesPendingParams{Scrapes: 3} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyPending{p: *params.(*KubeProxyEndpointChangesPendingParams), n: n}, nil
-		},
-	})
+	Define("KubeProxyEndpointChangesPending",
+		"kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
+		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KubeProxyEndpointChangesPending.
+func (p *KubeProxyEndpointChangesPendingParams) SetDefaults() {
+	*p = KubeProxyEndpointChangesPendingParams{Scrapes: 3}
+}
+
+func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
+	return &kubeProxyPending{p: *p, n: n}, nil
 }
 
 type kubeProxyPending struct {

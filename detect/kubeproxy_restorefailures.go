@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -43,15 +44,19 @@ func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyRestoreFailures",
-		Doc:       "kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
-		NewParams: func() any { return &KubeProxyRestoreFailuresParams{MaxPartialFailures: 2} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyRestoreFailures{p: *params.(*KubeProxyRestoreFailuresParams), n: n,
-				w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
-		},
-	})
+	Define("KubeProxyRestoreFailures",
+		"kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
+		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KubeProxyRestoreFailures.
+func (p *KubeProxyRestoreFailuresParams) SetDefaults() {
+	*p = KubeProxyRestoreFailuresParams{MaxPartialFailures: 2}
+}
+
+func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {
+	return &kubeProxyRestoreFailures{p: *p, n: n,
+		w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
 }
 
 type restoreCounts struct{ full, partial float64 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -35,14 +36,18 @@ func (p *KubeProxyRuleBloatParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyRuleBloat",
-		Doc:       "kube-proxy owns more iptables rules in a table (sync_proxy_rules_iptables_total) than a limit (per IP family, iptables mode)",
-		NewParams: func() any { return &KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyRuleBloat{p: *params.(*KubeProxyRuleBloatParams), n: n}, nil
-		},
-	})
+	Define("KubeProxyRuleBloat",
+		"kube-proxy owns more iptables rules in a table (sync_proxy_rules_iptables_total) than a limit (per IP family, iptables mode)",
+		newKubeProxyRuleBloat, Targets(finding.KindKubeProxy))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KubeProxyRuleBloat.
+func (p *KubeProxyRuleBloatParams) SetDefaults() {
+	*p = KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000}
+}
+
+func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector, error) {
+	return &kubeProxyRuleBloat{p: *p, n: n}, nil
 }
 
 type kubeProxyRuleBloat struct {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -45,15 +46,19 @@ func (p *KubeProxySyncSlowParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxySyncSlow",
-		Doc:       "kube-proxy's recent sync duration quantile (from histogram deltas over a window) exceeds a fraction of syncPeriod (per IP family)",
-		NewParams: func() any { return &KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5, MinSyncs: 3} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxySyncSlow{p: *params.(*KubeProxySyncSlowParams), n: n,
-				hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
-		},
-	})
+	Define("KubeProxySyncSlow",
+		"kube-proxy's recent sync duration quantile (from histogram deltas over a window) exceeds a fraction of syncPeriod (per IP family)",
+		newKubeProxySyncSlow, Targets(finding.KindKubeProxy))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KubeProxySyncSlow.
+func (p *KubeProxySyncSlowParams) SetDefaults() {
+	*p = KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5, MinSyncs: 3}
+}
+
+func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, error) {
+	return &kubeProxySyncSlow{p: *p, n: n,
+		hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
 }
 
 type kubeProxySyncSlow struct {

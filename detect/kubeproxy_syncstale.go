@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -38,15 +39,19 @@ func (p *KubeProxySyncStaleParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxySyncStale",
-		Doc:       "a kube-proxy sync queued after the last successful one has not completed for factor x syncPeriod (per IP family)",
-		NewParams: func() any { return &KubeProxySyncStaleParams{Factor: 1, RequireQueued: true} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxySyncStale{p: *params.(*KubeProxySyncStaleParams), n: n,
-				pending: map[kubeproxy.Family]pendingSync{}}, nil
-		},
-	})
+	Define("KubeProxySyncStale",
+		"a kube-proxy sync queued after the last successful one has not completed for factor x syncPeriod (per IP family)",
+		newKubeProxySyncStale, Targets(finding.KindKubeProxy))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KubeProxySyncStale.
+func (p *KubeProxySyncStaleParams) SetDefaults() {
+	*p = KubeProxySyncStaleParams{Factor: 1, RequireQueued: true}
+}
+
+func newKubeProxySyncStale(p *KubeProxySyncStaleParams, n *node.Node) (Detector, error) {
+	return &kubeProxySyncStale{p: *p, n: n,
+		pending: map[kubeproxy.Family]pendingSync{}}, nil
 }
 
 // pendingSync remembers, for the last successful sync seen, the queued

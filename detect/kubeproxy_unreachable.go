@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -13,14 +14,13 @@ import (
 type KubeProxyUnreachableParams struct{}
 
 func init() {
-	Register(Type{
-		Name:      "KubeProxyUnreachable",
-		Doc:       "kube-proxy's metrics or healthz endpoint refuses, times out, or answers something malformed or oversized",
-		NewParams: func() any { return &KubeProxyUnreachableParams{} },
-		New: func(params any, n *node.Node) (Detector, error) {
-			return &kubeProxyUnreachable{n: n}, nil
-		},
-	})
+	Define("KubeProxyUnreachable",
+		"kube-proxy's metrics or healthz endpoint refuses, times out, or answers something malformed or oversized",
+		newKubeProxyUnreachable, Targets(finding.KindKubeProxy))
+}
+
+func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detector, error) {
+	return &kubeProxyUnreachable{n: n}, nil
 }
 
 type kubeProxyUnreachable struct{ n *node.Node }

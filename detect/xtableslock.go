@@ -8,7 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -37,20 +39,18 @@ func (p *XtablesLockContentionParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "XtablesLockContention",
-		Doc:  "a process holding the xtables lock longer than maxHold, or maxWaiters processes waiting for it; one finding per real holder",
-		NewParams: func() any {
-			return &XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
-		},
-		New: func(params any, n *node.Node) (Detector, error) {
-			p, ok := params.(*XtablesLockContentionParams)
-			if !ok {
-				return nil, fmt.Errorf("XtablesLockContention: params are %T", params)
-			}
-			return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
-		},
-	})
+	Define("XtablesLockContention",
+		"a process holding the xtables lock longer than maxHold, or maxWaiters processes waiting for it; one finding per real holder",
+		newXtablesLockContention, Targets(finding.KindProcess))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of XtablesLockContention.
+func (p *XtablesLockContentionParams) SetDefaults() {
+	*p = XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
+}
+
+func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
+	return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
 }
 
 type xtablesLock struct {
@@ -107,14 +107,14 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		why := fmt.Sprintf("in every cycle for %s (max %s); %d waiting (max %d)", hold.Round(time.Second), d.p.MaxHold.Duration, len(l.Waiters), d.p.MaxWaiters)
 		ev := map[string]any{
-			"xtablesLock":      d.n.XtablesLock,
-			"lockDev":          l.Dev,
-			"lockPIDs":         l.LockPIDs,
-			"holdSeconds":      durSeconds(hold),
-			"holdTrackedSince": since[k].UTC().Format(time.RFC3339),
-			"holders":          holders,
-			"waiters":          waiters,
-			"waiterCount":      len(l.Waiters),
+			"xtablesLock":             d.n.XtablesLock,
+			"lockDev":                 l.Dev,
+			"lockPIDs":                l.LockPIDs,
+			procs.EvidenceHoldSeconds: durSeconds(hold),
+			"holdTrackedSince":        since[k].UTC().Format(time.RFC3339),
+			"holders":                 holders,
+			"waiters":                 waiters,
+			"waiterCount":             len(l.Waiters),
 		}
 		var msg string
 		if k == unknownHolder {

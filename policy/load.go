@@ -120,10 +120,28 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	for _, fe := range validatePolicy(p) {
 		d.errAt(fe.Field, fe.Msg)
 	}
+	d.checkPairs(p)
 	if len(d.errs) > 0 {
 		return nil, d.result()
 	}
 	return p, nil
+}
+
+// checkPairs refuses rules whose detector cannot feed their action, when
+// the catalog can tell.
+func (d *decoder) checkPairs(p *Policy) {
+	pc, ok := d.cat.(PairChecker)
+	if !ok {
+		return
+	}
+	for i, r := range p.Rules {
+		if r.Action == nil || r.Detector.Params == nil || r.Action.Params == nil {
+			continue // unknown type: already reported
+		}
+		if msg := pc.CheckPair(r.Detector.Type, r.Action.Type); msg != "" {
+			d.errAt(fmt.Sprintf("rules[%d].action.type", i), msg)
+		}
+	}
 }
 
 func yamlSyntaxError(name string, err error) *Error {

@@ -25,3 +25,12 @@ type Catalog interface {
 	DetectorTypes() []string
 	ActionTypes() []string
 }
+
+// PairChecker is implemented by catalogs that know which detector types can
+// feed which action types. CheckPair returns "" when findings of detector
+// type det can feed action type act, else why not (naming the detectors
+// that can); the loader reports it at the rule's action type. Only called
+// for types the catalog knows.
+type PairChecker interface {
+	CheckPair(det, act string) string
+}

@@ -1,7 +1,12 @@
 package remediate
 
 import (
+	"fmt"
+	"slices"
+	"strings"
+
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
 )
@@ -47,3 +52,73 @@ func (Catalog) ActionTypes() []string {
 	}
 	return out
 }
+
+var _ policy.PairChecker = Catalog{}
+
+// CheckPair implements policy.PairChecker: "" when findings of detector
+// type det can feed action type act, else why not, naming the detectors
+// that can.
+func (Catalog) CheckPair(det, act string) string {
+	dt, ok1 := detect.Lookup(det)
+	at, ok2 := action.Lookup(act)
+	if !ok1 || !ok2 || at.CanActOn(dt.Name, dt.Targets) {
+		return ""
+	}
+	feeders := Feeders(at)
+	can := "no registered detector can"
+	if len(feeders) > 0 {
+		can = "detectors that can: " + strings.Join(feeders, ", ")
+	}
+	return fmt.Sprintf("detector %s cannot feed action %s: it reports %s targets, the action acts on %s (%s)",
+		det, act, kindList(dt.Targets), actsOn(at), can)
+}
+
+// Feeders returns the detector types whose findings can feed action type
+// at, sorted by name. Detectors that declare no target kinds are left out
+// unless the action takes anything (they are not judged, not known to fit).
+func Feeders(at action.Type) []string {
+	var out []string
+	for _, dt := range detect.Types() {
+		known := len(dt.Targets) > 0 || !at.Declared() || at.ActsOnAny || slices.Contains(at.ActsOnDetectors, dt.Name)
+		if known && at.CanActOn(dt.Name, dt.Targets) {
+			out = append(out, dt.Name)
+		}
+	}
+	return out
+}
+
+// actsOn describes what an action type can act on, for messages and
+// `remediate policy types` (ActsOn).
+func actsOn(at action.Type) string {
+	switch {
+	case !at.Declared():
+		return "anything (undeclared)"
+	case at.ActsOnAny:
+		return "any finding"
+	}
+	parts := []string{}
+	if len(at.ActsOn) > 0 {
+		parts = append(parts, kindList(at.ActsOn))
+	}
+	if len(at.ActsOnDetectors) > 0 {
+		parts = append(parts, "findings of "+strings.Join(at.ActsOnDetectors, ", "))
+	}
+	return strings.Join(parts, " or ")
+}
+
+// ActsOn is the exported form of actsOn.
+func ActsOn(at action.Type) string { return actsOn(at) }
+
+func kindList(ks []finding.Kind) string {
+	if len(ks) == 0 {
+		return "undeclared"
+	}
+	s := make([]string, len(ks))
+	for i, k := range ks {
+		s[i] = string(k)
+	}
+	return strings.Join(s, ", ")
+}
+
+// KindList names target kinds for messages ("undeclared" when empty).
+func KindList(ks []finding.Kind) string { return kindList(ks) }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -261,6 +262,7 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "DETECTORS:")
 		for _, t := range detect.Types() {
 			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, t.Doc)
+			fmt.Fprintf(stdout, "  %-32s   reports: %s\n", "", remediate.KindList(t.Targets))
 		}
 		fmt.Fprintln(stdout, "ACTIONS:")
 		for _, t := range action.Types() {
@@ -269,6 +271,11 @@ func runPolicy(args []string, stdout, stderr io.Writer) int {
 				d += " [disruptive: needs a cluster budget slot]"
 			}
 			fmt.Fprintf(stdout, "  %-32s %s\n", t.Name, d)
+			fmt.Fprintf(stdout, "  %-32s   acts on: %s\n", "", remediate.ActsOn(t))
+		}
+		fmt.Fprintln(stdout, "PAIRS (action <- detectors whose findings can feed it; `policy check` refuses other pairs):")
+		for _, t := range action.Types() {
+			fmt.Fprintf(stdout, "  %-32s <- %s\n", t.Name, strings.Join(remediate.Feeders(t), ", "))
 		}
 		return exitOK
 	}

@@ -251,3 +251,27 @@ func KubeIPVSInterfacePresent(procRoot string) (bool, error) {
 	}
 	return false, sc.Err()
 }
+
+// Draining reports whether kube-proxy is gracefully terminating rs: weight
+// 0 with connections left, which kube-proxy does for TCP and SCTP only (UDP
+// real servers are removed at once).
+func Draining(vs VirtualServer, rs RealServer) bool {
+	return vs.Protocol != UDP && rs.Weight == 0 && rs.ActiveConns+rs.InactiveConns > 0
+}
+
+// Managed reports whether addr is in kube-proxy's scope: one of cidrs or
+// nodeIPs, or a Service address in the view.
+func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *Desired) bool {
+	addr = addr.Unmap()
+	for _, p := range cidrs {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	for _, ip := range nodeIPs {
+		if ip == addr {
+			return true
+		}
+	}
+	return d.IsServiceAddress(addr)
+}

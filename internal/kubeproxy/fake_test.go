@@ -53,3 +53,14 @@ func TestFake(t *testing.T) {
 		t.Errorf("calls %d %d %d", f.MetricsCalls, f.HealthzCalls, f.ProxyModeCalls)
 	}
 }
+
+func TestFamilyTarget(t *testing.T) {
+	for _, f := range []Family{"IPv4", "IPv6", Unlabelled} {
+		if got, err := FamilyFromTarget(f.Target()); err != nil || got != f {
+			t.Errorf("FamilyFromTarget(%q) = %q, %v", f.Target(), got, err)
+		}
+	}
+	if _, err := FamilyFromTarget("kube-proxy/IPv5"); err == nil {
+		t.Error("accepted IPv5")
+	}
+}

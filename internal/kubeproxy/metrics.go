@@ -9,6 +9,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/remediate-dev/remediate/finding"
 )
 
 // Metric names read from kube-proxy (all kubeproxy_-prefixed).
@@ -42,6 +44,23 @@ func (f Family) Target() string {
 		return "kube-proxy"
 	}
 	return "kube-proxy/" + string(f)
+}
+
+// Kind is finding.KindKubeProxy: a Family is the typed reference of the
+// kube-proxy findings, Target its encoding and FamilyFromTarget its
+// decoding.
+func (Family) Kind() finding.Kind { return finding.KindKubeProxy }
+
+// FamilyFromTarget decodes a target written by Family.Target.
+func FamilyFromTarget(t string) (Family, error) {
+	if t == "kube-proxy" {
+		return Unlabelled, nil
+	}
+	f, ok := strings.CutPrefix(t, "kube-proxy/")
+	if !ok || (f != "IPv4" && f != "IPv6") {
+		return "", fmt.Errorf("target %q is not a kube-proxy IP family", t)
+	}
+	return Family(f), nil
 }
 
 // String names the family for messages.

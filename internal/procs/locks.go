@@ -127,28 +127,14 @@ func ParseLockLine(line string) (Lock, error) {
 	return l, nil
 }
 
-// Target returns the finding target of a process: "process/<pid>@<ms>".
+// Target returns the finding target of a process: "process/<pid>@<ms>"
+// (Ref.Target).
 func Target(pid int32, createTimeMs int64) string {
-	return fmt.Sprintf("process/%d@%d", pid, createTimeMs)
+	return Ref{Pid: pid, CreateTimeMs: createTimeMs}.Target()
 }
 
-// ParseTarget is the inverse of Target.
+// ParseTarget is the inverse of Target (ParseRef).
 func ParseTarget(t string) (pid int32, createTimeMs int64, err error) {
-	rest, ok := strings.CutPrefix(t, "process/")
-	if !ok {
-		return 0, 0, fmt.Errorf("target %q is not a process target", t)
-	}
-	ps, cs, ok := strings.Cut(rest, "@")
-	if !ok {
-		return 0, 0, fmt.Errorf("target %q has no create time", t)
-	}
-	p, err := strconv.ParseInt(ps, 10, 32)
-	if err != nil || p <= 0 {
-		return 0, 0, fmt.Errorf("target %q: bad pid", t)
-	}
-	c, err := strconv.ParseInt(cs, 10, 64)
-	if err != nil || c <= 0 {
-		return 0, 0, fmt.Errorf("target %q: bad create time", t)
-	}
-	return int32(p), c, nil
+	r, err := ParseRef(t)
+	return r.Pid, r.CreateTimeMs, err
 }

@@ -13,8 +13,9 @@ package action
 import (
 	"context"
 	"fmt"
+	"slices"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/registry"
 )
@@ -38,10 +39,10 @@ type Result struct {
 type Action interface {
 	// Plan returns what Execute would do for f. It must not change anything.
 	// An error means the action cannot apply (for example the target is
-	// gone or ambiguous); return detect.Skip(...) to say so without failing.
-	Plan(ctx context.Context, f detect.Finding) (Plan, error)
+	// gone or ambiguous); return finding.Skip(...) to say so without failing.
+	Plan(ctx context.Context, f finding.Finding) (Plan, error)
 	// Execute performs the action, bounded by ctx's deadline.
-	Execute(ctx context.Context, f detect.Finding) (Result, error)
+	Execute(ctx context.Context, f finding.Finding) (Result, error)
 }
 
 // Type describes a registered action type.
@@ -57,13 +58,87 @@ type Type struct {
 	NewParams func() any
 	// New builds the action from validated parameters and the node adapters.
 	New func(params any, n *node.Node) (Action, error)
+
+	// ActsOn are the kinds of target the action understands: a finding
+	// about any other kind cannot feed it.
+	ActsOn []finding.Kind
+	// ActsOnDetectors are detector types the action accepts whatever
+	// kinds they declare.
+	ActsOnDetectors []string
+	// ActsOnAny: the action acts on the node, whatever the finding is
+	// about (CordonNode).
+	ActsOnAny bool
+}
+
+// Declared reports whether the type says what it can act on. An
+// undeclared type (registered with the deprecated Register and no ActsOn)
+// is not checked by the policy loader.
+func (t Type) Declared() bool {
+	return t.ActsOnAny || len(t.ActsOn) > 0 || len(t.ActsOnDetectors) > 0
+}
+
+// CanActOn reports whether findings of detector type det, whose targets
+// are of the given kinds, can feed this action. An undeclared action, or
+// a detector that declares no kinds, is not judged (true).
+func (t Type) CanActOn(det string, kinds []finding.Kind) bool {
+	if !t.Declared() || t.ActsOnAny || slices.Contains(t.ActsOnDetectors, det) {
+		return true
+	}
+	if len(kinds) == 0 {
+		return true
+	}
+	for _, k := range kinds {
+		if slices.Contains(t.ActsOn, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// Option adds a declaration to a Define.
+type Option func(*Type)
+
+// Disruptive marks the action as needing a cluster-wide budget slot.
+func Disruptive() Option { return func(t *Type) { t.Disruptive = true } }
+
+// ActsOn declares the kinds of target the action can act on.
+func ActsOn(kinds ...finding.Kind) Option {
+	return func(t *Type) { t.ActsOn = append(t.ActsOn, kinds...) }
+}
+
+// ActsOnDetectors declares detector types the action accepts by name.
+func ActsOnDetectors(types ...string) Option {
+	return func(t *Type) { t.ActsOnDetectors = append(t.ActsOnDetectors, types...) }
+}
+
+// ActsOnAnyFinding declares that the action acts on the node whatever the
+// finding is about.
+func ActsOnAnyFinding() Option { return func(t *Type) { t.ActsOnAny = true } }
+
+// Define registers an action type: the one-line registration. The
+// factory's parameter type P is the policy's parameter block for this
+// type; defaults come from (*P).SetDefaults, if P has one. It panics on a
+// duplicate name (a programming error, found at init).
+func Define[P any](name, doc string, factory func(*P, *node.Node) (Action, error), opts ...Option) {
+	t := Type{Name: name, Doc: doc,
+		NewParams: func() any { return registry.NewParams[P]() },
+		New:       registry.Untyped(name, factory)}
+	for _, o := range opts {
+		o(&t)
+	}
+	register(t)
 }
 
 var typeRegistry = registry.New[Type]("action")
 
-// Register adds a action type. It panics on a duplicate or incomplete
-// registration: that is a programming error, found at init.
-func Register(t Type) {
+// Register adds an action type described by t.
+//
+// Deprecated: use Define, which checks the parameter type at compile
+// time. Register is kept so that actions written against the older API
+// still build; it panics on a duplicate or incomplete registration.
+func Register(t Type) { register(t) }
+
+func register(t Type) {
 	if t.Name == "" || t.NewParams == nil || t.New == nil {
 		panic(fmt.Sprintf("action: incomplete registration %+v", t))
 	}

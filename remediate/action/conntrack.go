@@ -2,18 +2,15 @@ package action
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/shirou/gopsutil/v3/common"
 	"github.com/shirou/gopsutil/v3/mem"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -38,10 +35,13 @@ const (
 // IP alone it would name every UDP conversation the node answers. Entries
 // are matched on the reply source only (as `conntrack -D --reply-src`), so
 // direct, un-NATed UDP flows to the dead pod IP go too; they are as stale.
+//
+// The keys are conntrack.BackendRef's encoding; these names stay for
+// compatibility.
 const (
-	EvidenceBackendIP   = "backendIP"
-	EvidenceBackendPort = "backendPort"
-	EvidenceProtocol    = "protocol"
+	EvidenceBackendIP   = conntrack.EvidenceBackendIP
+	EvidenceBackendPort = conntrack.EvidenceBackendPort
+	EvidenceProtocol    = conntrack.EvidenceProtocol
 )
 
 // RaiseConntrackMaxParams bound RaiseConntrackMax.
@@ -97,34 +97,30 @@ func (p *FlushConntrackParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: RaiseConntrackMaxName,
-		Doc:  "raise nf_conntrack_max by a factor or step (never lower; bounded by a ceiling and a share of node memory), optionally hashsize to max/4",
-		NewParams: func() any {
-			return &RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*RaiseConntrackMaxParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", RaiseConntrackMaxName, params)
-			}
-			return &raiseConntrackMax{p: *p, n: n, memTotal: hostMemTotal(n.ProcRoot)}, nil
-		},
-	})
-	Register(Type{
-		Name: FlushConntrackName,
-		Doc:  "delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
-		NewParams: func() any {
-			return &FlushConntrackParams{MaxEntries: 50_000}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*FlushConntrackParams)
-			if !ok {
-				return nil, fmt.Errorf("%s: unexpected params %T", FlushConntrackName, params)
-			}
-			return &flushConntrack{p: *p, n: n, isLocal: localAddr}, nil
-		},
-	})
+	Define(RaiseConntrackMaxName,
+		"raise nf_conntrack_max by a factor or step (never lower; bounded by a ceiling and a share of node memory), optionally hashsize to max/4",
+		newRaiseConntrackMax, ActsOn(finding.KindConntrackTable))
+	Define(FlushConntrackName,
+		"delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
+		newFlushConntrack, ActsOn(finding.KindConntrackBackend))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of RaiseConntrackMax.
+func (p *RaiseConntrackMaxParams) SetDefaults() {
+	*p = RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
+}
+
+func newRaiseConntrackMax(p *RaiseConntrackMaxParams, n *node.Node) (Action, error) {
+	return &raiseConntrackMax{p: *p, n: n, memTotal: hostMemTotal(n.ProcRoot)}, nil
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of FlushConntrack.
+func (p *FlushConntrackParams) SetDefaults() {
+	*p = FlushConntrackParams{MaxEntries: 50_000}
+}
+
+func newFlushConntrack(p *FlushConntrackParams, n *node.Node) (Action, error) {
+	return &flushConntrack{p: *p, n: n, isLocal: localAddr}, nil
 }
 
 // hostMemTotal reads MemTotal from <procRoot>/meminfo through gopsutil.
@@ -187,17 +183,17 @@ func (a *raiseConntrackMax) growth(cur uint64) uint64 {
 	return uint64(v)
 }
 
-func (a *raiseConntrackMax) compute(ctx context.Context, f detect.Finding) (maxPlan, error) {
+func (a *raiseConntrackMax) compute(ctx context.Context, f finding.Finding) (maxPlan, error) {
 	ct := a.n.Conntrack
 	if ct == nil {
-		return maxPlan{}, detect.Skip("%s", a.n.Why("conntrack"))
+		return maxPlan{}, finding.Skip("%s", a.n.Why("conntrack"))
 	}
 	cur, err := ct.Max(ctx)
 	if err != nil {
 		return maxPlan{}, fmt.Errorf("read nf_conntrack_max: %w", err)
 	}
 	if cur == 0 {
-		return maxPlan{}, detect.Skip("nf_conntrack_max reads 0: refusing to size from nothing")
+		return maxPlan{}, finding.Skip("nf_conntrack_max reads 0: refusing to size from nothing")
 	}
 	var hash uint64
 	if a.p.RaiseHashsize {
@@ -210,20 +206,20 @@ func (a *raiseConntrackMax) compute(ctx context.Context, f detect.Finding) (maxP
 		return maxPlan{}, err
 	}
 	target, restore := a.growth(cur), false
-	if f.Target == detect.ConntrackDriftTarget {
-		last, ok := evidenceUint(f.Evidence, "lastSetMax")
-		if !ok || last == 0 {
-			return maxPlan{}, detect.Skip("drift finding without lastSetMax evidence")
+	if f.Target == conntrack.DriftTarget {
+		last, err := finding.EvidenceInt(f.Evidence, conntrack.EvidenceLastSetMax)
+		if err != nil || last <= 0 {
+			return maxPlan{}, finding.Skip("drift finding without lastSetMax evidence")
 		}
-		target, restore = last, true
-	} else if seen, ok := evidenceUint(f.Evidence, "max"); ok && cur > seen {
+		target, restore = uint64(last), true
+	} else if seen, err := finding.EvidenceInt(f.Evidence, conntrack.EvidenceMax); err == nil && seen >= 0 && cur > uint64(seen) {
 		// Someone raised it since detection: the finding is stale.
-		return maxPlan{}, detect.Skip("nf_conntrack_max changed since detection (%d -> %d): waiting for a fresh detection", seen, cur)
+		return maxPlan{}, finding.Skip("nf_conntrack_max changed since detection (%d -> %d): waiting for a fresh detection", seen, cur)
 	}
 	mp, reason, ok := planConntrackMax(a.p, cur, target, memTotal, hash)
 	mp.Restore = restore
 	if !ok {
-		return mp, detect.Skip("%s", reason)
+		return mp, finding.Skip("%s", reason)
 	}
 	return mp, nil
 }
@@ -258,7 +254,7 @@ func (mp maxPlan) details() map[string]any {
 }
 
 // Plan implements Action.
-func (a *raiseConntrackMax) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+func (a *raiseConntrackMax) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
 	mp, err := a.compute(ctx, f)
 	if err != nil {
 		return Plan{}, err
@@ -269,7 +265,7 @@ func (a *raiseConntrackMax) Plan(ctx context.Context, f detect.Finding) (Plan, e
 // Execute implements Action: it re-reads the current values, writes the new
 // max, reads it back, then the hashsize. A hashsize failure after the max
 // was raised is reported in the result (the max change stands).
-func (a *raiseConntrackMax) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *raiseConntrackMax) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	mp, err := a.compute(ctx, f)
 	if err != nil {
 		return Result{}, err
@@ -320,76 +316,25 @@ func localAddr(ip netip.Addr) (bool, error) {
 	return false, nil
 }
 
-// backendFromEvidence reads the dead backend from a finding.
+// backendFromEvidence reads the dead backend from a finding
+// (conntrack.BackendRef) and refuses anything but UDP: a TCP finding is
+// refused, never widened.
 func backendFromEvidence(ev map[string]any) (conntrack.Backend, error) {
-	var b conntrack.Backend
-	if proto, ok := ev[EvidenceProtocol]; ok {
-		if s, _ := proto.(string); !strings.EqualFold(s, "udp") {
-			return b, fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", proto)
-		}
+	r, err := conntrack.DecodeBackendRef(ev)
+	if err == nil && r.Protocol != "" && r.Protocol != "UDP" {
+		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[EvidenceProtocol])
 	}
-	raw, ok := ev[EvidenceBackendIP]
-	if !ok {
-		return b, fmt.Errorf("finding has no %q evidence", EvidenceBackendIP)
-	}
-	s, ok := raw.(string)
-	if !ok {
-		return b, fmt.Errorf("evidence %q is %T, want a string", EvidenceBackendIP, raw)
-	}
-	ip, err := netip.ParseAddr(s)
-	if err != nil {
-		return b, fmt.Errorf("evidence %q: %w", EvidenceBackendIP, err)
-	}
-	b.IP = ip.Unmap()
-	if _, present := ev[EvidenceBackendPort]; present {
-		port, ok := evidenceUint(ev, EvidenceBackendPort)
-		if !ok || port > 65535 {
-			return b, fmt.Errorf("evidence %q = %v is not a port", EvidenceBackendPort, ev[EvidenceBackendPort])
-		}
-		b.Port = uint16(port)
-	}
-	return b, b.Validate()
+	return r.Backend, err
 }
 
-// evidenceUint reads a non-negative integer from evidence, whatever numeric
-// type it has (in-process detectors) or float64/json.Number/string (after a
-// JSON round trip).
-func evidenceUint(ev map[string]any, key string) (uint64, bool) {
-	switch v := ev[key].(type) {
-	case int:
-		return uint64(v), v >= 0
-	case int32:
-		return uint64(v), v >= 0
-	case int64:
-		return uint64(v), v >= 0
-	case uint:
-		return uint64(v), true
-	case uint16:
-		return uint64(v), true
-	case uint32:
-		return uint64(v), true
-	case uint64:
-		return v, true
-	case float64:
-		return uint64(v), v >= 0 && v == math.Trunc(v) && v < 1<<53
-	case json.Number:
-		n, err := strconv.ParseUint(string(v), 10, 64)
-		return n, err == nil
-	case string:
-		n, err := strconv.ParseUint(v, 10, 64)
-		return n, err == nil
-	}
-	return 0, false
-}
-
-func (a *flushConntrack) backend(f detect.Finding) (conntrack.Interface, conntrack.Backend, error) {
+func (a *flushConntrack) backend(f finding.Finding) (conntrack.Interface, conntrack.Backend, error) {
 	ct := a.n.Conntrack
 	if ct == nil {
-		return nil, conntrack.Backend{}, detect.Skip("%s", a.n.Why("conntrack"))
+		return nil, conntrack.Backend{}, finding.Skip("%s", a.n.Why("conntrack"))
 	}
 	b, err := backendFromEvidence(f.Evidence)
 	if err != nil {
-		return nil, b, detect.Skip("cannot name the dead backend: %v", err)
+		return nil, b, finding.Skip("cannot name the dead backend: %v", err)
 	}
 	if b.Port == 0 {
 		// A hostNetwork backend has the node's address: without a port,
@@ -400,7 +345,7 @@ func (a *flushConntrack) backend(f detect.Finding) (conntrack.Interface, conntra
 			return nil, b, err
 		}
 		if local {
-			return nil, b, detect.Skip("backend %s is an address of this node: refusing to flush by IP alone (needs backendPort)", b.IP)
+			return nil, b, finding.Skip("backend %s is an address of this node: refusing to flush by IP alone (needs backendPort)", b.IP)
 		}
 	}
 	return ct, b, nil
@@ -408,7 +353,7 @@ func (a *flushConntrack) backend(f detect.Finding) (conntrack.Interface, conntra
 
 // Plan implements Action: it counts (streaming, kernel-filtered) what would
 // be deleted, deleting nothing.
-func (a *flushConntrack) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+func (a *flushConntrack) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
 	ct, b, err := a.backend(f)
 	if err != nil {
 		return Plan{}, err
@@ -418,7 +363,7 @@ func (a *flushConntrack) Plan(ctx context.Context, f detect.Finding) (Plan, erro
 		return Plan{}, err
 	}
 	if n == 0 {
-		return Plan{}, detect.Skip("no UDP conntrack entries with reply source %s", b)
+		return Plan{}, finding.Skip("no UDP conntrack entries with reply source %s", b)
 	}
 	d := map[string]any{"backend": b.String(), "matching": n, "maxEntries": a.p.MaxEntries}
 	if n > a.p.MaxEntries {
@@ -429,7 +374,7 @@ func (a *flushConntrack) Plan(ctx context.Context, f detect.Finding) (Plan, erro
 }
 
 // Execute implements Action.
-func (a *flushConntrack) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *flushConntrack) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	ct, b, err := a.backend(f)
 	if err != nil {
 		return Result{}, err

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/clock"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -53,15 +53,13 @@ func (p *CordonNodeParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "CordonNode",
-		Doc:        "cordons this node (optionally tainting it) and uncordons it once the finding has resolved; off unless enabled",
-		Disruptive: true,
-		NewParams:  func() any { return &CordonNodeParams{} },
-		New: func(params any, n *node.Node) (Action, error) {
-			return &cordonNode{p: *params.(*CordonNodeParams), n: n}, nil
-		},
-	})
+	Define("CordonNode",
+		"cordons this node (optionally tainting it) and uncordons it once the finding has resolved; off unless enabled",
+		newCordonNode, Disruptive(), ActsOnAnyFinding())
+}
+
+func newCordonNode(p *CordonNodeParams, n *node.Node) (Action, error) {
+	return &cordonNode{p: *p, n: n}, nil
 }
 
 type cordonNode struct {
@@ -78,25 +76,25 @@ func (a *cordonNode) taint() *corev1.Taint {
 
 func (a *cordonNode) check(ctx context.Context) (*corev1.Node, error) {
 	if !a.p.Enabled {
-		return nil, detect.Skip("CordonNode is off (set enabled: true in the rule's action to allow it)")
+		return nil, finding.Skip("CordonNode is off (set enabled: true in the rule's action to allow it)")
 	}
 	if a.n.Kube == nil {
-		return nil, detect.Skip("%s", a.n.Why("kubernetes"))
+		return nil, finding.Skip("%s", a.n.Why("kubernetes"))
 	}
 	nd, err := a.n.Kube.CoreV1().Nodes().Get(ctx, a.n.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("reading node %s: %w", a.n.Name, err)
 	}
 	if rec, ours := kube.CordonedBy(nd); ours {
-		return nil, detect.Skip("node %s is already cordoned by remediate (%s on %s)", a.n.Name, rec.Detector, rec.Target)
+		return nil, finding.Skip("node %s is already cordoned by remediate (%s on %s)", a.n.Name, rec.Detector, rec.Target)
 	}
 	if nd.Spec.Unschedulable {
-		return nil, detect.Skip("node %s is already cordoned by someone else; leaving it alone", a.n.Name)
+		return nil, finding.Skip("node %s is already cordoned by someone else; leaving it alone", a.n.Name)
 	}
 	return nd, nil
 }
 
-func (a *cordonNode) Plan(ctx context.Context, _ detect.Finding) (Plan, error) {
+func (a *cordonNode) Plan(ctx context.Context, _ finding.Finding) (Plan, error) {
 	if _, err := a.check(ctx); err != nil {
 		return Plan{}, err
 	}
@@ -107,7 +105,7 @@ func (a *cordonNode) Plan(ctx context.Context, _ detect.Finding) (Plan, error) {
 	return Plan{Summary: s + " (undone when the finding resolves)"}, nil
 }
 
-func (a *cordonNode) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *cordonNode) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	if _, err := a.check(ctx); err != nil {
 		return Result{}, err
 	}
@@ -117,7 +115,7 @@ func (a *cordonNode) Execute(ctx context.Context, f detect.Finding) (Result, err
 	}
 	prev, err := kube.Cordon(ctx, a.n.Kube, a.n.Name, kube.CordonRecord{Detector: f.Detector, Target: f.Target, Time: clk.Now(), Taint: a.taint()})
 	if errors.Is(err, kube.ErrCordonedByOther) {
-		return Result{}, detect.Skip("node %s was cordoned by someone else meanwhile; leaving it alone", a.n.Name)
+		return Result{}, finding.Skip("node %s was cordoned by someone else meanwhile; leaving it alone", a.n.Name)
 	}
 	if err != nil {
 		return Result{}, err

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -30,19 +30,20 @@ func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "DeleteIPVSRealServer",
-		Doc:        "delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
-		Disruptive: true,
-		NewParams: func() any {
-			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := *params.(*DeleteIPVSRealServerParams)
-			return &deleteIPVSRealServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
-		},
-	})
+	Define("DeleteIPVSRealServer",
+		"delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
+		newDeleteIPVSRealServer, Disruptive(), ActsOn(finding.KindIPVSRealServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSRealServer.
+func (p *DeleteIPVSRealServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
+}
+
+func newDeleteIPVSRealServer(pp *DeleteIPVSRealServerParams, n *node.Node) (Action, error) {
+	p := *pp
+	return &deleteIPVSRealServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
 }
 
 type deleteIPVSRealServer struct {
@@ -54,27 +55,24 @@ type deleteIPVSRealServer struct {
 // check re-reads the kernel and the view and returns the real server as the
 // kernel has it now, with its classification, or a skip saying why it must
 // not be deleted.
-func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now time.Time) (ipvs.VirtualServer, ipvs.RealServer, string, error) {
+func (a *deleteIPVSRealServer) check(ctx context.Context, f finding.Finding, now time.Time) (ipvs.VirtualServer, ipvs.RealServer, string, error) {
 	var vs ipvs.VirtualServer
 	var rs ipvs.RealServer
 	if a.n.IPVS == nil {
-		return vs, rs, "", detect.Skip("%s", a.n.Why("ipvs"))
+		return vs, rs, "", finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	vs, err := ipvsVSFromEvidence(f.Evidence)
+	ref, err := ipvs.DecodeRealRef(f.Evidence)
 	if err != nil {
 		return vs, rs, "", fmt.Errorf("finding %s: %w", f.Target, err)
 	}
-	want, err := ipvsRSFromEvidence(f.Evidence)
-	if err != nil {
-		return vs, rs, "", fmt.Errorf("finding %s: %w", f.Target, err)
-	}
+	vs, want := ref.VS, ref.RS
 	if err := ipvsViewGate(a.n); err != nil {
 		return vs, rs, "", err
 	}
 	rss, err := a.n.IPVS.RealServers(ctx, vs)
 	if err != nil {
 		if isIPVSNotFound(err) {
-			return vs, rs, "", detect.Skip("virtual server %s no longer exists", vs.Key())
+			return vs, rs, "", finding.Skip("virtual server %s no longer exists", vs.Key())
 		}
 		return vs, rs, "", ipvsSkipOrErr("listing real servers of "+vs.Key(), err)
 	}
@@ -85,22 +83,22 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now 
 		}
 	}
 	if !found {
-		return vs, rs, "", detect.Skip("real server %s of %s no longer exists", want.AddrPort(), vs.Key())
+		return vs, rs, "", finding.Skip("real server %s of %s no longer exists", want.AddrPort(), vs.Key())
 	}
 	fe, ok := ipvs.NewDesired(a.n.Cluster, nil).Lookup(vs)
 	if !ok {
-		return vs, rs, "", detect.Skip("virtual server %s matches no Service in the view now: not editing it", vs.Key())
+		return vs, rs, "", finding.Skip("virtual server %s matches no Service in the view now: not editing it", vs.Key())
 	}
 	if len(fe.SP.Endpoints) == 0 {
-		return vs, rs, "", detect.Skip("the view has no endpoints at all for %s port %q: not trusting it to delete %s",
+		return vs, rs, "", finding.Skip("the view has no endpoints at all for %s port %q: not trusting it to delete %s",
 			fe.SP.ServiceName(), fe.SP.Port.Name, rs.AddrPort())
 	}
 	class := fe.SP.Classify(rs.AddrPort())
 	if class == ipvs.BackendExpected {
-		return vs, rs, class, detect.Skip("%s is now an expected endpoint of %s: keeping it", rs.AddrPort(), fe.SP.ServiceName())
+		return vs, rs, class, finding.Skip("%s is now an expected endpoint of %s: keeping it", rs.AddrPort(), fe.SP.ServiceName())
 	}
-	if detect.Draining(vs, rs) && !a.p.DeleteDraining {
-		return vs, rs, class, detect.Skip("%s is draining (weight 0, %d connections): kube-proxy removes it when drained",
+	if ipvs.Draining(vs, rs) && !a.p.DeleteDraining {
+		return vs, rs, class, finding.Skip("%s is draining (weight 0, %d connections): kube-proxy removes it when drained",
 			rs.AddrPort(), rs.ActiveConns+rs.InactiveConns)
 	}
 	if !ipvs.Dead(class) {
@@ -113,7 +111,7 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now 
 			}
 		}
 		if !covered {
-			return vs, rs, class, detect.Skip("%s still serves and no expected endpoint of %s is programmed in %s: deleting it would black-hole traffic",
+			return vs, rs, class, finding.Skip("%s still serves and no expected endpoint of %s is programmed in %s: deleting it would black-hole traffic",
 				rs.AddrPort(), fe.SP.ServiceName(), vs.Key())
 		}
 	}
@@ -121,7 +119,7 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f detect.Finding, now 
 }
 
 // Plan implements Action.
-func (a *deleteIPVSRealServer) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+func (a *deleteIPVSRealServer) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
 	now := ipvsClock(a.n).Now()
 	vs, rs, class, err := a.check(ctx, f, now)
 	if err != nil {
@@ -150,7 +148,7 @@ func ipvsRSDetails(vs ipvs.VirtualServer, rs ipvs.RealServer, class string) map[
 }
 
 // Execute implements Action.
-func (a *deleteIPVSRealServer) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *deleteIPVSRealServer) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	now := ipvsClock(a.n).Now()
 	vs, rs, class, err := a.check(ctx, f, now)
 	if err != nil {
@@ -161,7 +159,7 @@ func (a *deleteIPVSRealServer) Execute(ctx context.Context, f detect.Finding) (R
 	}
 	if err := a.n.IPVS.DeleteRealServer(ctx, vs, rs); err != nil {
 		if isIPVSNotFound(err) {
-			return Result{}, detect.Skip("real server %s of %s vanished before deletion: %v", rs.AddrPort(), vs.Key(), err)
+			return Result{}, finding.Skip("real server %s of %s vanished before deletion: %v", rs.AddrPort(), vs.Key(), err)
 		}
 		return Result{}, ipvsSkipOrErr(fmt.Sprintf("deleting real server %s of %s", rs.AddrPort(), vs.Key()), err)
 	}

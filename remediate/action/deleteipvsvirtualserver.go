@@ -7,7 +7,7 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -45,35 +45,36 @@ func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "DeleteIPVSVirtualServer",
-		Doc:        "delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
-		Disruptive: true,
-		NewParams: func() any {
-			b := defaultIPVSDeleteBounds()
-			return &DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
-				ManagedCIDRs: []string{"10.96.0.0/12"}}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := *params.(*DeleteIPVSVirtualServerParams)
-			a := &deleteIPVSVirtualServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}
-			for _, s := range p.ManagedCIDRs {
-				pr, err := netip.ParsePrefix(s)
-				if err != nil {
-					return nil, fmt.Errorf("managedCIDRs: %w", err)
-				}
-				a.cidrs = append(a.cidrs, pr.Masked())
-			}
-			for _, s := range p.NodeIPs {
-				ip, err := netip.ParseAddr(s)
-				if err != nil {
-					return nil, fmt.Errorf("nodeIPs: %w", err)
-				}
-				a.nodeIPs = append(a.nodeIPs, ip.Unmap())
-			}
-			return a, nil
-		},
-	})
+	Define("DeleteIPVSVirtualServer",
+		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
+		newDeleteIPVSVirtualServer, Disruptive(), ActsOn(finding.KindIPVSVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSVirtualServer.
+func (p *DeleteIPVSVirtualServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
+		ManagedCIDRs: []string{"10.96.0.0/12"}}
+}
+
+func newDeleteIPVSVirtualServer(pp *DeleteIPVSVirtualServerParams, n *node.Node) (Action, error) {
+	p := *pp
+	a := &deleteIPVSVirtualServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}
+	for _, s := range p.ManagedCIDRs {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("managedCIDRs: %w", err)
+		}
+		a.cidrs = append(a.cidrs, pr.Masked())
+	}
+	for _, s := range p.NodeIPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("nodeIPs: %w", err)
+		}
+		a.nodeIPs = append(a.nodeIPs, ip.Unmap())
+	}
+	return a, nil
 }
 
 type deleteIPVSVirtualServer struct {
@@ -91,26 +92,27 @@ func ipvsAddrPort(vs ipvs.VirtualServer) string {
 }
 
 // check re-reads the kernel and the view right before acting.
-func (a *deleteIPVSVirtualServer) check(ctx context.Context, f detect.Finding, now time.Time) (ipvs.VirtualServer, []ipvs.RealServer, error) {
+func (a *deleteIPVSVirtualServer) check(ctx context.Context, f finding.Finding, now time.Time) (ipvs.VirtualServer, []ipvs.RealServer, error) {
 	if a.n.IPVS == nil {
-		return ipvs.VirtualServer{}, nil, detect.Skip("%s", a.n.Why("ipvs"))
+		return ipvs.VirtualServer{}, nil, finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	vs, err := ipvsVSFromEvidence(f.Evidence)
+	ref, err := ipvs.DecodeVirtualRef(f.Evidence)
 	if err != nil {
-		return vs, nil, fmt.Errorf("finding %s: %w", f.Target, err)
+		return ipvs.VirtualServer{}, nil, fmt.Errorf("finding %s: %w", f.Target, err)
 	}
+	vs := ref.VS
 	if err := ipvsViewGate(a.n); err != nil {
 		return vs, nil, err
 	}
 	desired := ipvs.NewDesired(a.n.Cluster, a.nodeIPs)
 	if desired.Empty() {
-		return vs, nil, detect.Skip("the cluster view has no Services at all (not even default/kubernetes): refusing to delete against it")
+		return vs, nil, finding.Skip("the cluster view has no Services at all (not even default/kubernetes): refusing to delete against it")
 	}
 	if fe, ok := desired.Lookup(vs); ok {
-		return vs, nil, detect.Skip("the cluster view says %s should exist (%s of %s): not deleting it", vs.Key(), fe.Kind, fe.SP.ServiceName())
+		return vs, nil, finding.Skip("the cluster view says %s should exist (%s of %s): not deleting it", vs.Key(), fe.Kind, fe.SP.ServiceName())
 	}
-	if !detect.Managed(vs.Address, a.cidrs, a.nodeIPs, desired) {
-		return vs, nil, detect.Skip("%s is outside managedCIDRs and nodeIPs: not kube-proxy's, not deleting it", vs.Key())
+	if !ipvs.Managed(vs.Address, a.cidrs, a.nodeIPs, desired) {
+		return vs, nil, finding.Skip("%s is outside managedCIDRs and nodeIPs: not kube-proxy's, not deleting it", vs.Key())
 	}
 	vss, err := a.n.IPVS.VirtualServers(ctx)
 	if err != nil {
@@ -123,12 +125,12 @@ func (a *deleteIPVSVirtualServer) check(ctx context.Context, f detect.Finding, n
 		}
 	}
 	if !found {
-		return vs, nil, detect.Skip("virtual server %s no longer exists", vs.Key())
+		return vs, nil, finding.Skip("virtual server %s no longer exists", vs.Key())
 	}
 	rss, err := a.n.IPVS.RealServers(ctx, vs)
 	if err != nil {
 		if isIPVSNotFound(err) {
-			return vs, nil, detect.Skip("virtual server %s no longer exists", vs.Key())
+			return vs, nil, finding.Skip("virtual server %s no longer exists", vs.Key())
 		}
 		return vs, nil, ipvsSkipOrErr("listing real servers of "+vs.Key(), err)
 	}
@@ -153,7 +155,7 @@ func ipvsVSDetails(vs ipvs.VirtualServer, rss []ipvs.RealServer) map[string]any 
 }
 
 // Plan implements Action.
-func (a *deleteIPVSVirtualServer) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
+func (a *deleteIPVSVirtualServer) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
 	now := ipvsClock(a.n).Now()
 	vs, rss, err := a.check(ctx, f, now)
 	if err != nil {
@@ -169,7 +171,7 @@ func (a *deleteIPVSVirtualServer) Plan(ctx context.Context, f detect.Finding) (P
 }
 
 // Execute implements Action.
-func (a *deleteIPVSVirtualServer) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *deleteIPVSVirtualServer) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	now := ipvsClock(a.n).Now()
 	vs, rss, err := a.check(ctx, f, now)
 	if err != nil {
@@ -180,7 +182,7 @@ func (a *deleteIPVSVirtualServer) Execute(ctx context.Context, f detect.Finding)
 	}
 	if err := a.n.IPVS.DeleteVirtualServer(ctx, vs); err != nil {
 		if isIPVSNotFound(err) {
-			return Result{}, detect.Skip("virtual server %s vanished before deletion: %v", vs.Key(), err)
+			return Result{}, finding.Skip("virtual server %s vanished before deletion: %v", vs.Key(), err)
 		}
 		return Result{}, ipvsSkipOrErr("deleting virtual server "+vs.Key(), err)
 	}

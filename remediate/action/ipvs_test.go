@@ -259,7 +259,8 @@ func TestDeleteIPVSRealServer(t *testing.T) {
 				c.prep(w)
 			}
 			a := newIPVSAction(t, "DeleteIPVSRealServer", w.node, c.set)
-			vs, _ := ipvsVSFromEvidence(c.finding.Evidence)
+			ref, _ := ipvs.DecodeVirtualRef(c.finding.Evidence)
+			vs := ref.VS
 			rs := c.finding.Evidence["rsAddress"].(string)
 			_, planErr := a.Plan(ctx, c.finding)
 			res, err := a.Execute(ctx, c.finding)

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -58,25 +58,23 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "KillProcess",
-		Doc:  "SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
-		NewParams: func() any {
-			return &KillProcessParams{
-				Names:       append([]string(nil), detect.RestoreNames...),
-				GracePeriod: policy.D(5 * time.Second),
-				KillWait:    policy.D(5 * time.Second),
-				MinHoldTime: policy.D(30 * time.Second),
-			}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p, ok := params.(*KillProcessParams)
-			if !ok {
-				return nil, fmt.Errorf("KillProcess: params are %T", params)
-			}
-			return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
-		},
-	})
+	Define("KillProcess",
+		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder), re-checking identity and allowlist before each signal",
+		newKillProcess, ActsOn(finding.KindProcess))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of KillProcess.
+func (p *KillProcessParams) SetDefaults() {
+	*p = KillProcessParams{
+		Names:       append([]string(nil), procs.RestoreNames...),
+		GracePeriod: policy.D(5 * time.Second),
+		KillWait:    policy.D(5 * time.Second),
+		MinHoldTime: policy.D(30 * time.Second),
+	}
+}
+
+func newKillProcess(p *KillProcessParams, n *node.Node) (Action, error) {
+	return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
 }
 
 type killProcess struct {
@@ -85,76 +83,73 @@ type killProcess struct {
 	poll time.Duration
 }
 
-// check resolves the finding's target to the live process and applies
-// every refusal rule. It returns a detect.Skip error when the action must
-// not (or need not) act.
-func (a *killProcess) check(ctx context.Context, f detect.Finding) (procs.Process, error) {
+// target decodes the finding's process reference (once per Plan or
+// Execute); a finding about anything else is a skip.
+func (a *killProcess) target(f finding.Finding) (procs.Ref, error) {
 	if a.n.Procs == nil {
-		return procs.Process{}, detect.Skip("%s", a.n.Why("procs"))
+		return procs.Ref{}, finding.Skip("%s", a.n.Why("procs"))
 	}
-	pid, ct, err := procs.ParseTarget(f.Target)
+	ref, err := procs.ParseRef(f.Target)
 	if err != nil {
-		return procs.Process{}, detect.Skip("not a process target: %v", err)
+		return ref, finding.Skip("not a process target: %v", err)
 	}
+	return ref, nil
+}
+
+// check resolves the process reference to the live process and applies
+// every refusal rule. It returns a finding.Skip error when the action must
+// not (or need not) act.
+func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Finding) (procs.Process, error) {
+	if a.n.Procs == nil {
+		return procs.Process{}, finding.Skip("%s", a.n.Why("procs"))
+	}
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	if pid == 1 {
-		return procs.Process{}, detect.Skip("refusing to signal pid 1")
+		return procs.Process{}, finding.Skip("refusing to signal pid 1")
 	}
 	if pid == a.n.Procs.Self() {
-		return procs.Process{}, detect.Skip("refusing to signal remediate itself (pid %d)", pid)
+		return procs.Process{}, finding.Skip("refusing to signal remediate itself (pid %d)", pid)
 	}
 	if err := a.holdCheck(f); err != nil {
 		return procs.Process{}, err
 	}
 	cur, err := a.n.Procs.Get(ctx, pid)
 	if errors.Is(err, procs.ErrNotFound) {
-		return procs.Process{}, detect.Skip("pid %d is gone", pid)
+		return procs.Process{}, finding.Skip("pid %d is gone", pid)
 	}
 	if err != nil {
 		return procs.Process{}, fmt.Errorf("re-reading pid %d: %w", pid, err)
 	}
 	if cur.CreateTimeMs != ct {
-		return procs.Process{}, detect.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
+		return procs.Process{}, finding.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
 	}
 	if !slices.Contains(a.p.Names, cur.Name()) {
-		return procs.Process{}, detect.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
+		return procs.Process{}, finding.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
 	}
 	return cur, nil
 }
 
 // holdCheck applies MinHoldTime to lock-holder findings.
-func (a *killProcess) holdCheck(f detect.Finding) error {
-	v, ok := f.Evidence["holdSeconds"]
-	if !ok {
+func (a *killProcess) holdCheck(f finding.Finding) error {
+	if _, ok := f.Evidence[procs.EvidenceHoldSeconds]; !ok {
 		return nil
 	}
-	hold, ok := number(v)
-	if !ok {
-		return detect.Skip("evidence holdSeconds is %T, not a number", v)
+	hold, err := finding.EvidenceNumber(f.Evidence, procs.EvidenceHoldSeconds)
+	if err != nil {
+		return finding.Skip("%v", err)
 	}
 	if d := time.Duration(hold * float64(time.Second)); d < a.p.MinHoldTime.Duration {
-		return detect.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
+		return finding.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
 	}
 	return nil
 }
 
-func number(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case float32:
-		return float64(x), true
-	case int:
-		return float64(x), true
-	case int32:
-		return float64(x), true
-	case int64:
-		return float64(x), true
+func (a *killProcess) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
+	ref, err := a.target(f)
+	if err != nil {
+		return Plan{}, err
 	}
-	return 0, false
-}
-
-func (a *killProcess) Plan(ctx context.Context, f detect.Finding) (Plan, error) {
-	p, err := a.check(ctx, f)
+	p, err := a.check(ctx, ref, f)
 	if err != nil {
 		return Plan{}, err
 	}
@@ -176,9 +171,13 @@ func details(p procs.Process) map[string]any {
 	}
 }
 
-func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, error) {
+func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, error) {
 	start := time.Now()
-	pid, ct, _ := procs.ParseTarget(f.Target)
+	ref, err := a.target(f)
+	if err != nil {
+		return Result{}, err
+	}
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	goneNow := func() bool {
 		alive, err := procs.Alive(ctx, a.n.Procs, pid, ct)
 		return err == nil && !alive
@@ -189,13 +188,13 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 		wait time.Duration
 	}{{syscall.SIGTERM, a.p.GracePeriod.Duration}, {syscall.SIGKILL, a.p.KillWait.Duration}} {
 		// Re-check identity and allowlist immediately before each signal.
-		p, err := a.check(ctx, f)
+		p, err := a.check(ctx, ref, f)
 		if err != nil {
 			if len(sent) == 0 {
 				return Result{}, err
 			}
 			if goneNow() {
-				return a.gone(f, sent, start), nil
+				return a.gone(ref, sent, start), nil
 			}
 			// Still there but no longer eligible (exec'd into another
 			// program): a failure, not a skip.
@@ -204,9 +203,9 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 		if err := a.n.Procs.Signal(ctx, p.Pid, p.CreateTimeMs, step.sig); err != nil {
 			if errors.Is(err, procs.ErrNotFound) || errors.Is(err, procs.ErrNotSame) {
 				if len(sent) > 0 {
-					return a.gone(f, sent, start), nil
+					return a.gone(ref, sent, start), nil
 				}
-				return Result{}, detect.Skip("pid %d is gone: %v", p.Pid, err)
+				return Result{}, finding.Skip("pid %d is gone: %v", p.Pid, err)
 			}
 			return Result{}, fmt.Errorf("sending %s to pid %d: %w", signalName(step.sig), p.Pid, err)
 		}
@@ -216,7 +215,7 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", strings.Join(p.Cmdline, " ")))
 		}
 		if a.waitGone(ctx, p, step.wait) {
-			r := a.gone(f, sent, start)
+			r := a.gone(ref, sent, start)
 			r.Details["cmdline"] = strings.Join(p.Cmdline, " ")
 			r.Details["name"] = p.Name()
 			return r, nil
@@ -232,8 +231,8 @@ func (a *killProcess) Execute(ctx context.Context, f detect.Finding) (Result, er
 	return Result{}, fmt.Errorf("pid %d still running %s after SIGTERM and SIGKILL (state %s)", pid, a.p.KillWait.Duration, state)
 }
 
-func (a *killProcess) gone(f detect.Finding, sent []string, start time.Time) Result {
-	pid, ct, _ := procs.ParseTarget(f.Target)
+func (a *killProcess) gone(ref procs.Ref, sent []string, start time.Time) Result {
+	pid, ct := ref.Pid, ref.CreateTimeMs
 	return Result{
 		Summary: fmt.Sprintf("pid %d is gone after %s", pid, strings.Join(sent, ", ")),
 		Details: map[string]any{

@@ -49,7 +49,7 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	return a
 }
 
-func finding(pid int32, ct int64, ev map[string]any) detect.Finding {
+func procFinding(pid int32, ct int64, ev map[string]any) detect.Finding {
 	return detect.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct), Evidence: ev}
 }
 
@@ -65,7 +65,7 @@ func TestKillProcessPlanHasNoSideEffects(t *testing.T) {
 	f := procs.NewFake(selfPID)
 	p := restoreProc(200)
 	f.Add(p)
-	plan, err := newKill(t, f, nil).Plan(context.Background(), finding(200, p.CreateTimeMs, nil))
+	plan, err := newKill(t, f, nil).Plan(context.Background(), procFinding(200, p.CreateTimeMs, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,39 +93,39 @@ func TestKillProcessExecute(t *testing.T) {
 		wantAlive bool
 	}{
 		{name: "exits on SIGTERM", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: finding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+			f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "ignores SIGTERM, SIGKILL after grace", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.IgnoreTERM = true
 			f.Add(p)
-		}, f: finding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}},
+		}, f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}},
 		{name: "unkillable (D state) is a failure", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.Unkillable = true
 			p.State = "D"
 			f.Add(p)
-		}, f: finding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}, wantErr: "state D", wantAlive: true},
+		}, f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL}, wantErr: "state D", wantAlive: true},
 		{name: "pid reused by another process", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.CreateTimeMs += 1000
 			f.Add(p)
-		}, f: finding(200, ct, nil), wantSkip: "now another process", wantAlive: true},
-		{name: "already gone", setup: func(f *procs.Fake) {}, f: finding(200, ct, nil), wantSkip: "gone"},
+		}, f: procFinding(200, ct, nil), wantSkip: "now another process", wantAlive: true},
+		{name: "already gone", setup: func(f *procs.Fake) {}, f: procFinding(200, ct, nil), wantSkip: "gone"},
 		{name: "not in allowlist", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.Cmdline = []string{"/usr/bin/sleep", "300"}
 			f.Add(p)
-		}, f: finding(200, ct, nil), wantSkip: "not in the allowlist", wantAlive: true},
+		}, f: procFinding(200, ct, nil), wantSkip: "not in the allowlist", wantAlive: true},
 		{name: "never pid 1", setup: func(f *procs.Fake) { f.Add(restoreProc(1)) },
-			f: finding(1, ct, nil), wantSkip: "pid 1", wantAlive: true},
+			f: procFinding(1, ct, nil), wantSkip: "pid 1", wantAlive: true},
 		{name: "never itself", setup: func(f *procs.Fake) { f.Add(restoreProc(selfPID)) },
-			f: finding(selfPID, ct, nil), wantSkip: "itself", wantAlive: true},
+			f: procFinding(selfPID, ct, nil), wantSkip: "itself", wantAlive: true},
 		{name: "not a process target", setup: func(f *procs.Fake) {},
 			f: detect.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
 		{name: "lock holder under minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: finding(200, ct, map[string]any{"holdSeconds": 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
+			f: procFinding(200, ct, map[string]any{"holdSeconds": 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
 		{name: "lock holder over minHoldTime (JSON number)", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: finding(200, ct, map[string]any{"holdSeconds": float64(31)}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+			f: procFinding(200, ct, map[string]any{"holdSeconds": float64(31)}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "execs another program after SIGTERM: no SIGKILL", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.IgnoreTERM = true
@@ -135,7 +135,7 @@ func TestKillProcessExecute(t *testing.T) {
 				q.Cmdline = []string{"bash"}
 				f.Add(q)
 			}
-		}, f: finding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}, wantErr: "not sending SIGKILL", wantAlive: true},
+		}, f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}, wantErr: "not sending SIGKILL", wantAlive: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

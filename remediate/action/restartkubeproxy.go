@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -56,23 +56,23 @@ func (p *RestartKubeProxyParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name:       "RestartKubeProxy",
-		Doc:        "deletes this node's kube-proxy pod (DaemonSet-managed only) and waits for its replacement to be Ready",
-		Disruptive: true,
-		NewParams: func() any {
-			return &RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
-				ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			p := params.(*RestartKubeProxyParams)
-			sel, err := labels.Parse(p.LabelSelector)
-			if err != nil {
-				return nil, fmt.Errorf("labelSelector: %w", err)
-			}
-			return &restartKubeProxy{p: *p, sel: sel, n: n}, nil
-		},
-	})
+	Define("RestartKubeProxy",
+		"deletes this node's kube-proxy pod (DaemonSet-managed only) and waits for its replacement to be Ready",
+		newRestartKubeProxy, Disruptive(), ActsOn(finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of RestartKubeProxy.
+func (p *RestartKubeProxyParams) SetDefaults() {
+	*p = RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
+		ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
+}
+
+func newRestartKubeProxy(p *RestartKubeProxyParams, n *node.Node) (Action, error) {
+	sel, err := labels.Parse(p.LabelSelector)
+	if err != nil {
+		return nil, fmt.Errorf("labelSelector: %w", err)
+	}
+	return &restartKubeProxy{p: *p, sel: sel, n: n}, nil
 }
 
 type restartKubeProxy struct {
@@ -93,7 +93,7 @@ func (a *restartKubeProxy) clock() clock.PassiveClock {
 // whose deletion restarts nothing), is a refusal.
 func (a *restartKubeProxy) target(ctx context.Context) (*corev1.Pod, error) {
 	if a.n.Kube == nil {
-		return nil, detect.Skip("%s", a.n.Why("kubernetes"))
+		return nil, finding.Skip("%s", a.n.Why("kubernetes"))
 	}
 	pods, err := kubeProxyPods(ctx, a.n.Kube, a.p.Namespace, a.sel, a.n.Name)
 	if err != nil {
@@ -107,9 +107,9 @@ func (a *restartKubeProxy) target(ctx context.Context) (*corev1.Pod, error) {
 	}
 	switch {
 	case len(live) == 0 && len(pods) > 0:
-		return nil, detect.Skip("kube-proxy pod %s/%s on node %s is already terminating", pods[0].Namespace, pods[0].Name, a.n.Name)
+		return nil, finding.Skip("kube-proxy pod %s/%s on node %s is already terminating", pods[0].Namespace, pods[0].Name, a.n.Name)
 	case len(live) == 0:
-		return nil, detect.Skip("no pod matching %q in namespace %s on node %s", a.p.LabelSelector, a.p.Namespace, a.n.Name)
+		return nil, finding.Skip("no pod matching %q in namespace %s on node %s", a.p.LabelSelector, a.p.Namespace, a.n.Name)
 	case len(live) > 1:
 		names := make([]string, len(live))
 		for i, p := range live {
@@ -120,7 +120,7 @@ func (a *restartKubeProxy) target(ctx context.Context) (*corev1.Pod, error) {
 	}
 	pod := live[0]
 	if c := metav1.GetControllerOf(&pod); c == nil || c.Kind != "DaemonSet" {
-		return nil, detect.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart kube-proxy", pod.Namespace, pod.Name)
+		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart kube-proxy", pod.Namespace, pod.Name)
 	}
 	return &pod, nil
 }
@@ -143,7 +143,7 @@ func kubeProxyPods(ctx context.Context, cs kubernetes.Interface, ns string, sel 
 	return out, nil
 }
 
-func (a *restartKubeProxy) Plan(ctx context.Context, _ detect.Finding) (Plan, error) {
+func (a *restartKubeProxy) Plan(ctx context.Context, _ finding.Finding) (Plan, error) {
 	pod, err := a.target(ctx)
 	if err != nil {
 		return Plan{}, err
@@ -155,7 +155,7 @@ func (a *restartKubeProxy) Plan(ctx context.Context, _ detect.Finding) (Plan, er
 	}, nil
 }
 
-func (a *restartKubeProxy) Execute(ctx context.Context, _ detect.Finding) (Result, error) {
+func (a *restartKubeProxy) Execute(ctx context.Context, _ finding.Finding) (Result, error) {
 	// Re-check right before acting: the pod may have been replaced since
 	// Plan.
 	pod, err := a.target(ctx)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -44,16 +44,18 @@ func (p *SetIPVSTimeoutsParams) Validate() []policy.FieldError {
 }
 
 func init() {
-	Register(Type{
-		Name: "SetIPVSTimeouts",
-		Doc:  "lower the IPVS UDP timeout (never below 1s; TCP and TCP-FIN only if set), journaling the previous values",
-		NewParams: func() any {
-			return &SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
-		},
-		New: func(params any, n *node.Node) (Action, error) {
-			return &setIPVSTimeouts{p: *params.(*SetIPVSTimeoutsParams), n: n}, nil
-		},
-	})
+	Define("SetIPVSTimeouts",
+		"lower the IPVS UDP timeout (never below 1s; TCP and TCP-FIN only if set), journaling the previous values",
+		newSetIPVSTimeouts, ActsOn(finding.KindIPVSTimeouts))
+}
+
+// SetDefaults implements registry.Defaulter: the defaults of SetIPVSTimeouts.
+func (p *SetIPVSTimeoutsParams) SetDefaults() {
+	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
+}
+
+func newSetIPVSTimeouts(p *SetIPVSTimeoutsParams, n *node.Node) (Action, error) {
+	return &setIPVSTimeouts{p: *p, n: n}, nil
 }
 
 type setIPVSTimeouts struct {
@@ -91,7 +93,7 @@ func ipvsSecs(d time.Duration) int { return int(d / time.Second) }
 
 func (a *setIPVSTimeouts) current(ctx context.Context) (ipvs.Timeouts, ipvs.Timeouts, error) {
 	if a.n.IPVS == nil {
-		return ipvs.Timeouts{}, ipvs.Timeouts{}, detect.Skip("%s", a.n.Why("ipvs"))
+		return ipvs.Timeouts{}, ipvs.Timeouts{}, finding.Skip("%s", a.n.Why("ipvs"))
 	}
 	cur, err := a.n.IPVS.Timeouts(ctx)
 	if err != nil {
@@ -99,13 +101,13 @@ func (a *setIPVSTimeouts) current(ctx context.Context) (ipvs.Timeouts, ipvs.Time
 	}
 	set, ok := IPVSTimeoutChange(cur, a.p)
 	if !ok {
-		return cur, set, detect.Skip("IPVS timeouts already within bounds (UDP %s <= %s)", cur.UDP, a.p.UDPTimeout.Duration)
+		return cur, set, finding.Skip("IPVS timeouts already within bounds (UDP %s <= %s)", cur.UDP, a.p.UDPTimeout.Duration)
 	}
 	return cur, set, nil
 }
 
 // Plan implements Action.
-func (a *setIPVSTimeouts) Plan(ctx context.Context, _ detect.Finding) (Plan, error) {
+func (a *setIPVSTimeouts) Plan(ctx context.Context, _ finding.Finding) (Plan, error) {
 	cur, set, err := a.current(ctx)
 	if err != nil {
 		return Plan{}, err
@@ -130,7 +132,7 @@ func ipvsTimeoutDetails(cur, set ipvs.Timeouts) map[string]any {
 
 // Execute implements Action: it re-reads the timeouts, sets only what
 // changes, and reads them back to prove the kernel took them.
-func (a *setIPVSTimeouts) Execute(ctx context.Context, _ detect.Finding) (Result, error) {
+func (a *setIPVSTimeouts) Execute(ctx context.Context, _ finding.Finding) (Result, error) {
 	cur, set, err := a.current(ctx)
 	if err != nil {
 		return Result{}, err

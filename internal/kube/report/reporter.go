@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate"
 )
@@ -66,7 +66,7 @@ type Options struct {
 	// ConditionRules.
 	ConditionType  string
 	ConditionRules []string
-	MinSeverity    detect.Severity
+	MinSeverity    finding.Severity
 	Hysteresis     Hysteresis
 	// Heartbeat rewrites the condition at least this often, refreshing
 	// lastHeartbeatTime (default 5m).
@@ -122,7 +122,7 @@ func New(cs kubernetes.Interface, o Options) *Reporter {
 		o.ConditionType = DefaultConditionType
 	}
 	if o.MinSeverity == "" {
-		o.MinSeverity = detect.Warning
+		o.MinSeverity = finding.Warning
 	}
 	if o.Hysteresis == (Hysteresis{}) {
 		o.Hysteresis = Hysteresis{ProblemAfter: time.Minute, ClearAfter: 5 * time.Minute}
@@ -271,13 +271,13 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-func severityRank(s detect.Severity) int {
+func severityRank(s finding.Severity) int {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return 3
-	case detect.Warning:
+	case finding.Warning:
 		return 2
-	case detect.Info:
+	case finding.Info:
 		return 1
 	}
 	return 0

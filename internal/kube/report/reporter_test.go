@@ -11,7 +11,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate"
 )
@@ -24,7 +24,7 @@ func TestReporterFake(t *testing.T) {
 	r := New(cs, Options{Node: "n1", Clock: clk, Hysteresis: Hysteresis{ProblemAfter: time.Minute, ClearAfter: 2 * time.Minute},
 		Firing: func(_ context.Context, rules []string) error { published = rules; return nil }})
 	sick := &remediate.Report{
-		Findings:  []remediate.ReportFinding{{Rule: "stale", Finding: detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "no sync for 90s"}}},
+		Findings:  []remediate.ReportFinding{{Rule: "stale", Finding: finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: finding.Critical, Message: "no sync for 90s"}}},
 		Decisions: []remediate.Decision{{Rule: "stale", Action: "RestartKubeProxy", Target: "kube-proxy/IPv4", Outcome: remediate.OutcomeDryRun, Reason: "audit mode: would delete pod"}},
 	}
 	for i := 0; i < 3; i++ {
@@ -95,7 +95,7 @@ func TestReporterUncordon(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := New(cs, Options{Node: "n1", Clock: clk, UncordonAfter: time.Minute})
-	firing := &remediate.Report{Findings: []remediate.ReportFinding{{Rule: "cordon", Finding: detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: detect.Warning}}}}
+	firing := &remediate.Report{Findings: []remediate.ReportFinding{{Rule: "cordon", Finding: finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Severity: finding.Warning}}}}
 	skipped := &remediate.Report{Skipped: []remediate.SkippedCheck{{Rule: "cordon", Detector: "KubeProxySyncStale", Reason: "no cluster access"}}}
 	clean := &remediate.Report{}
 	steps := []struct {
