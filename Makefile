@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test lint bench fuzz clean
+.PHONY: all build run test lint bench fuzz clean image
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -18,6 +18,19 @@ all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/remediate
+
+# Release binaries for the image's platforms, static, version stamped from
+# git, and one SPDX SBOM of the modules linked into them (tools/sbom).
+# deploy/Dockerfile builds the same for a container engine.
+IMAGE_ARCHES ?= amd64 arm64
+image:
+	@mkdir -p bin
+	@for arch in $(IMAGE_ARCHES); do \
+	  echo "bin/remediate-linux-$$arch ($(VERSION))"; \
+	  CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" \
+	    -o bin/remediate-linux-$$arch ./cmd/remediate || exit 1; \
+	done
+	$(GO) run ./tools/sbom -o bin/remediate.spdx.json $(addprefix bin/remediate-linux-,$(IMAGE_ARCHES))
 
 # The main job: one detection pass on this machine with the example audit
 # policy, forced dry-run. Exit 2 means "findings present", which is a
