@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test lint bench fuzz clean image
+.PHONY: all build run test test-vm lint bench fuzz clean image
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -48,6 +48,14 @@ test: helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; \
 	  else echo "not root: kernel and control-plane tests will skip"; fi
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; \
+	  else echo "not root: the IPVS VM lane (make test-vm) is not run"; fi
+
+# The IPVS real-kernel lane: the TestVM* tests of VM_PKGS run inside a QEMU
+# VM booting Debian's cloud kernel (which has ip_vs); see tools/vm/README.md.
+VM_PKGS ?= ./internal/ipvs ./detect ./remediate/action
+test-vm:
+	GO=$(GO) tools/vm/run.sh $(VM_PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -53,6 +53,17 @@ type ConntrackExhaustionParams struct {
 	ReportDrift bool `yaml:"reportDrift"`
 }
 
+// SetDefaults sets the defaults of ConntrackExhaustion (registry.Defaulter).
+func (p *ConntrackExhaustionParams) SetDefaults() {
+	*p = ConntrackExhaustionParams{
+		UtilizationThreshold:      0.85,
+		CriticalUtilization:       0.95,
+		DropRateThreshold:         0.1,
+		InsertFailedRateThreshold: 1,
+		ReportDrift:               true,
+	}
+}
+
 // Validate implements policy.Validator.
 func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -80,25 +91,14 @@ func init() {
 		newConntrackExhaustion, Targets(finding.KindConntrackTable))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of ConntrackExhaustion.
-func (p *ConntrackExhaustionParams) SetDefaults() {
-	*p = ConntrackExhaustionParams{
-		UtilizationThreshold:      0.85,
-		CriticalUtilization:       0.95,
-		DropRateThreshold:         0.1,
-		InsertFailedRateThreshold: 1,
-		ReportDrift:               true,
-	}
-}
-
-func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
-	return &conntrackExhaustion{p: *p, n: n}, nil
-}
-
 // ctSample is one observation of the counters.
 type ctSample struct {
 	at    time.Time
 	stats conntrack.Stats
+}
+
+func newConntrackExhaustion(p *ConntrackExhaustionParams, n *node.Node) (Detector, error) {
+	return &conntrackExhaustion{p: *p, n: n}, nil
 }
 
 // conntrackExhaustion keeps the previous sample to turn counters into

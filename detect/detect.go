@@ -22,7 +22,6 @@ package detect
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -78,45 +77,35 @@ type Type struct {
 }
 
 // Option adds a declaration to a Define.
-type Option func(*Type)
+type Option = func(*Type)
 
 // Targets declares the kinds of target the detector's findings are about.
 func Targets(kinds ...finding.Kind) Option {
 	return func(t *Type) { t.Targets = append(t.Targets, kinds...) }
 }
 
+var registered = registry.NewTypes("detect", "detector", func(t Type) string { return t.Name },
+	func(t Type) bool { return t.Name != "" && t.NewParams != nil && t.New != nil })
+
+// Lookup returns the registered type with that name.
+func Lookup(name string) (Type, bool) { return registered.Get(name) }
+
+// Types returns all registered types sorted by name.
+func Types() []Type { return registered.All() }
+
 // Define registers a detector type: the one-line registration. The
 // factory's parameter type P is the policy's parameter block for this
 // type; defaults come from (*P).SetDefaults, if P has one. It panics on a
 // duplicate name (a programming error, found at init).
 func Define[P any](name, doc string, factory func(*P, *node.Node) (Detector, error), opts ...Option) {
-	t := Type{Name: name, Doc: doc,
-		NewParams: func() any { return registry.NewParams[P]() },
-		New:       registry.Untyped(name, factory)}
-	for _, o := range opts {
-		o(&t)
-	}
-	register(t)
+	t := Type{Name: name, Doc: doc}
+	t.NewParams, t.New = registry.Typed(name, factory)
+	registered.Add(t, opts...)
 }
-
-var typeRegistry = registry.New[Type]("detector")
 
 // Register adds a detector type described by t.
 //
 // Deprecated: use Define, which checks the parameter type at compile
 // time. Register is kept so that detectors written against the older API
 // still build; it panics on a duplicate or incomplete registration.
-func Register(t Type) { register(t) }
-
-func register(t Type) {
-	if t.Name == "" || t.NewParams == nil || t.New == nil {
-		panic(fmt.Sprintf("detect: incomplete registration %+v", t))
-	}
-	typeRegistry.Add(t.Name, t)
-}
-
-// Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
-
-// Types returns all registered types sorted by name.
-func Types() []Type { return typeRegistry.All() }
+func Register(t Type) { registered.Add(t) }

@@ -28,6 +28,11 @@ type HungIPTablesRestoreParams struct {
 	MinAge policy.Duration `yaml:"minAge"`
 }
 
+// SetDefaults sets the defaults of HungIPTablesRestore (registry.Defaulter).
+func (p *HungIPTablesRestoreParams) SetDefaults() {
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+}
+
 // Validate implements policy.Validator.
 func (p *HungIPTablesRestoreParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -57,18 +62,13 @@ func init() {
 		newHungIPTablesRestore, Targets(finding.KindProcess))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of HungIPTablesRestore.
-func (p *HungIPTablesRestoreParams) SetDefaults() {
-	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute)}
+type hungRestore struct {
+	p HungIPTablesRestoreParams
+	n *node.Node
 }
 
 func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
 	return &hungRestore{p: *p, n: n}, nil
-}
-
-type hungRestore struct {
-	p HungIPTablesRestoreParams
-	n *node.Node
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {

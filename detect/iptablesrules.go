@@ -64,6 +64,22 @@ type IPTablesRulesParams struct {
 	MaxSaveDutyCycle float64 `yaml:"maxSaveDutyCycle"`
 }
 
+// SetDefaults sets the defaults of IPTablesRules (registry.Defaulter).
+func (p *IPTablesRulesParams) SetDefaults() {
+	*p = IPTablesRulesParams{
+		Families:          []string{"IPv4", "IPv6"},
+		Backends:          []string{"legacy", "nft"},
+		ProxyMode:         "iptables",
+		CheckServicesJump: true,
+		CheckFirewallDrop: true,
+		CheckBackendMix:   true,
+		MaxKubeRules:      10000,
+		MaxSaveDuration:   policy.D(2 * time.Second),
+		SaveTimeout:       policy.D(8 * time.Second),
+		MaxSaveDutyCycle:  0.1,
+	}
+}
+
 // Validate implements policy.Validator.
 func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -111,32 +127,16 @@ func init() {
 		newIPTablesRules, Targets(finding.KindIPTablesRules))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPTablesRules.
-func (p *IPTablesRulesParams) SetDefaults() {
-	*p = IPTablesRulesParams{
-		Families:          []string{"IPv4", "IPv6"},
-		Backends:          []string{"legacy", "nft"},
-		ProxyMode:         "iptables",
-		CheckServicesJump: true,
-		CheckFirewallDrop: true,
-		CheckBackendMix:   true,
-		MaxKubeRules:      10000,
-		MaxSaveDuration:   policy.D(2 * time.Second),
-		SaveTimeout:       policy.D(8 * time.Second),
-		MaxSaveDutyCycle:  0.1,
-	}
-}
-
-func newIPTablesRules(p *IPTablesRulesParams, n *node.Node) (Detector, error) {
-	return &iptablesRules{p: *p, n: n}, nil
-}
-
 type iptablesRules struct {
 	p IPTablesRulesParams
 	n *node.Node
 
 	mu   sync.Mutex
 	last map[string]*saveResult // family/backend -> last save
+}
+
+func newIPTablesRules(p *IPTablesRulesParams, n *node.Node) (Detector, error) {
+	return &iptablesRules{p: *p, n: n}, nil
 }
 
 // saveResult is one save run (or its failure) and when it started.

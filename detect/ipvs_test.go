@@ -521,6 +521,17 @@ func TestIPVSUDPDeadBackend(t *testing.T) {
 		if still := fs[0].Evidence["stillRealServerIn"].([]string); len(still) != 0 {
 			t.Errorf("stillRealServerIn = %v", still)
 		}
+		// With expire_nodest_conn=1 those entries expire on their next
+		// packet (measured in the VM): nobody is pinned, no finding.
+		sys := filepath.Join(w.node.ProcRoot, "sys", "net", "ipv4", "vs")
+		if err := os.MkdirAll(sys, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sys, "expire_nodest_conn"), []byte("1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		fs, err = newIPVSDetector(t, "IPVSUDPDeadBackend", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{}, "")
 	})
 	t.Run("entries to a terminating pod that still serves are not dead", func(t *testing.T) {
 		w := ipvsCoreDNSRollout(t)

@@ -24,6 +24,11 @@ type IPVSMissingVirtualServerParams struct {
 	MaxFindings int `yaml:"maxFindings"`
 }
 
+// SetDefaults sets the defaults of IPVSMissingVirtualServer (registry.Defaulter).
+func (p *IPVSMissingVirtualServerParams) SetDefaults() {
+	*p = IPVSMissingVirtualServerParams{RequireIPVSMode: true, MaxFindings: 50}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSMissingVirtualServerParams) Validate() []policy.FieldError {
 	_, errs := ipvsParseAddrs("nodeIPs", p.NodeIPs)
@@ -36,9 +41,10 @@ func init() {
 		newIPVSMissingVirtualServer, Targets(finding.KindIPVSMissingVirtualServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSMissingVirtualServer.
-func (p *IPVSMissingVirtualServerParams) SetDefaults() {
-	*p = IPVSMissingVirtualServerParams{RequireIPVSMode: true, MaxFindings: 50}
+type ipvsMissingVirtualServer struct {
+	p       IPVSMissingVirtualServerParams
+	n       *node.Node
+	nodeIPs []netip.Addr
 }
 
 func newIPVSMissingVirtualServer(pp *IPVSMissingVirtualServerParams, n *node.Node) (Detector, error) {
@@ -48,12 +54,6 @@ func newIPVSMissingVirtualServer(pp *IPVSMissingVirtualServerParams, n *node.Nod
 		return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
 	}
 	return &ipvsMissingVirtualServer{p: p, n: n, nodeIPs: ips}, nil
-}
-
-type ipvsMissingVirtualServer struct {
-	p       IPVSMissingVirtualServerParams
-	n       *node.Node
-	nodeIPs []netip.Addr
 }
 
 // Detect reports frontends of Services that have expected endpoints but no

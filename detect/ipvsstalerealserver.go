@@ -27,6 +27,11 @@ type IPVSStaleRealServerParams struct {
 	MaxFindings int `yaml:"maxFindings"`
 }
 
+// SetDefaults sets the defaults of IPVSStaleRealServer (registry.Defaulter).
+func (p *IPVSStaleRealServerParams) SetDefaults() {
+	*p = IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
 	return ipvsMaxFindingsErr(p.MaxFindings)
@@ -38,18 +43,13 @@ func init() {
 		newIPVSStaleRealServer, Targets(finding.KindIPVSRealServer, finding.KindConntrackBackend))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleRealServer.
-func (p *IPVSStaleRealServerParams) SetDefaults() {
-	*p = IPVSStaleRealServerParams{RequireIPVSMode: true, MaxFindings: 50}
+type ipvsStaleRealServer struct {
+	p IPVSStaleRealServerParams
+	n *node.Node
 }
 
 func newIPVSStaleRealServer(p *IPVSStaleRealServerParams, n *node.Node) (Detector, error) {
 	return &ipvsStaleRealServer{p: *p, n: n}, nil
-}
-
-type ipvsStaleRealServer struct {
-	p IPVSStaleRealServerParams
-	n *node.Node
 }
 
 // RealServerTarget is the finding target of a real server of a virtual

@@ -32,6 +32,11 @@ type IPVSStaleVirtualServerParams struct {
 	MaxFindings int `yaml:"maxFindings"`
 }
 
+// SetDefaults sets the defaults of IPVSStaleVirtualServer (registry.Defaulter).
+func (p *IPVSStaleVirtualServerParams) SetDefaults() {
+	*p = IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
 	_, errs := ipvsParsePrefixes("managedCIDRs", p.ManagedCIDRs)
@@ -46,9 +51,11 @@ func init() {
 		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSStaleVirtualServer.
-func (p *IPVSStaleVirtualServerParams) SetDefaults() {
-	*p = IPVSStaleVirtualServerParams{RequireIPVSMode: true, ManagedCIDRs: []string{"10.96.0.0/12"}, MaxFindings: 50}
+type ipvsStaleVirtualServer struct {
+	p       IPVSStaleVirtualServerParams
+	n       *node.Node
+	cidrs   []netip.Prefix
+	nodeIPs []netip.Addr
 }
 
 func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (Detector, error) {
@@ -59,13 +66,6 @@ func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (
 		return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
 	}
 	return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
-}
-
-type ipvsStaleVirtualServer struct {
-	p       IPVSStaleVirtualServerParams
-	n       *node.Node
-	cidrs   []netip.Prefix
-	nodeIPs []netip.Addr
 }
 
 // VirtualServerTarget is the finding target of a virtual server:

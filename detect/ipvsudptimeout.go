@@ -23,6 +23,11 @@ type IPVSUDPTimeoutHighParams struct {
 	Ceiling policy.Duration `yaml:"ceiling"`
 }
 
+// SetDefaults sets the defaults of IPVSUDPTimeoutHigh (registry.Defaulter).
+func (p *IPVSUDPTimeoutHighParams) SetDefaults() {
+	*p = IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
+}
+
 // Validate implements policy.Validator.
 func (p *IPVSUDPTimeoutHighParams) Validate() []policy.FieldError {
 	if p.Ceiling.Duration < ipvs.MinUDPTimeout {
@@ -37,18 +42,13 @@ func init() {
 		newIPVSUDPTimeoutHigh, Targets(finding.KindIPVSTimeouts))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of IPVSUDPTimeoutHigh.
-func (p *IPVSUDPTimeoutHighParams) SetDefaults() {
-	*p = IPVSUDPTimeoutHighParams{RequireIPVSMode: true, Ceiling: policy.D(60 * time.Second)}
+type ipvsUDPTimeoutHigh struct {
+	p IPVSUDPTimeoutHighParams
+	n *node.Node
 }
 
 func newIPVSUDPTimeoutHigh(p *IPVSUDPTimeoutHighParams, n *node.Node) (Detector, error) {
 	return &ipvsUDPTimeoutHigh{p: *p, n: n}, nil
-}
-
-type ipvsUDPTimeoutHigh struct {
-	p IPVSUDPTimeoutHighParams
-	n *node.Node
 }
 
 // TimeoutsTarget is the finding target for IPVS's global timeouts.

@@ -19,11 +19,11 @@ func init() {
 		newKubeProxyUnhealthy, Targets(finding.KindKubeProxy))
 }
 
+type kubeProxyUnhealthy struct{ n *node.Node }
+
 func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector, error) {
 	return &kubeProxyUnhealthy{n: n}, nil
 }
-
-type kubeProxyUnhealthy struct{ n *node.Node }
 
 func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 	kp, err := kubeProxyOf(d.n)

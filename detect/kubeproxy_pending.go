@@ -19,6 +19,11 @@ type KubeProxyEndpointChangesPendingParams struct {
 	Scrapes int `yaml:"scrapes"`
 }
 
+// SetDefaults sets the defaults of KubeProxyEndpointChangesPending (registry.Defaulter).
+func (p *KubeProxyEndpointChangesPendingParams) SetDefaults() {
+	*p = KubeProxyEndpointChangesPendingParams{Scrapes: 3}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 	if p.Scrapes < 2 || p.Scrapes > 100 {
@@ -33,15 +38,6 @@ func init() {
 		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxyEndpointChangesPending.
-func (p *KubeProxyEndpointChangesPendingParams) SetDefaults() {
-	*p = KubeProxyEndpointChangesPendingParams{Scrapes: 3}
-}
-
-func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
-	return &kubeProxyPending{p: *p, n: n}, nil
-}
-
 type kubeProxyPending struct {
 	p KubeProxyEndpointChangesPendingParams
 	n *node.Node
@@ -49,6 +45,10 @@ type kubeProxyPending struct {
 	mu      sync.Mutex
 	lastSeq uint64
 	values  []float64 // last p.Scrapes values, oldest first
+}
+
+func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
+	return &kubeProxyPending{p: *p, n: n}, nil
 }
 
 func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {

@@ -28,6 +28,11 @@ type KubeProxyRestoreFailuresParams struct {
 	MaxPartialFailures int `yaml:"maxPartialFailures"`
 }
 
+// SetDefaults sets the defaults of KubeProxyRestoreFailures (registry.Defaulter).
+func (p *KubeProxyRestoreFailuresParams) SetDefaults() {
+	*p = KubeProxyRestoreFailuresParams{MaxPartialFailures: 2}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -49,17 +54,12 @@ func init() {
 		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxyRestoreFailures.
-func (p *KubeProxyRestoreFailuresParams) SetDefaults() {
-	*p = KubeProxyRestoreFailuresParams{MaxPartialFailures: 2}
-}
+type restoreCounts struct{ full, partial float64 }
 
 func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {
 	return &kubeProxyRestoreFailures{p: *p, n: n,
 		w: map[kubeproxy.Family]*window[restoreCounts]{}}, nil
 }
-
-type restoreCounts struct{ full, partial float64 }
 
 type kubeProxyRestoreFailures struct {
 	p KubeProxyRestoreFailuresParams

@@ -21,6 +21,11 @@ type KubeProxyRuleBloatParams struct {
 	MaxRules int `yaml:"maxRules"`
 }
 
+// SetDefaults sets the defaults of KubeProxyRuleBloat (registry.Defaulter).
+func (p *KubeProxyRuleBloatParams) SetDefaults() {
+	*p = KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxyRuleBloatParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -41,18 +46,13 @@ func init() {
 		newKubeProxyRuleBloat, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxyRuleBloat.
-func (p *KubeProxyRuleBloatParams) SetDefaults() {
-	*p = KubeProxyRuleBloatParams{Table: "nat", MaxRules: 100000}
+type kubeProxyRuleBloat struct {
+	p KubeProxyRuleBloatParams
+	n *node.Node
 }
 
 func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector, error) {
 	return &kubeProxyRuleBloat{p: *p, n: n}, nil
-}
-
-type kubeProxyRuleBloat struct {
-	p KubeProxyRuleBloatParams
-	n *node.Node
 }
 
 func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {

@@ -27,6 +27,11 @@ type KubeProxySyncSlowParams struct {
 	MinSyncs int `yaml:"minSyncs"`
 }
 
+// SetDefaults sets the defaults of KubeProxySyncSlow (registry.Defaulter).
+func (p *KubeProxySyncSlowParams) SetDefaults() {
+	*p = KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5, MinSyncs: 3}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxySyncSlowParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -51,22 +56,17 @@ func init() {
 		newKubeProxySyncSlow, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxySyncSlow.
-func (p *KubeProxySyncSlowParams) SetDefaults() {
-	*p = KubeProxySyncSlowParams{Quantile: 0.99, Fraction: 0.5, MinSyncs: 3}
-}
-
-func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, error) {
-	return &kubeProxySyncSlow{p: *p, n: n,
-		hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
-}
-
 type kubeProxySyncSlow struct {
 	p KubeProxySyncSlowParams
 	n *node.Node
 
 	mu   sync.Mutex
 	hist map[kubeproxy.Family]*window[kubeproxy.Histogram]
+}
+
+func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, error) {
+	return &kubeProxySyncSlow{p: *p, n: n,
+		hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
 }
 
 func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {

@@ -30,6 +30,11 @@ type KubeProxySyncStaleParams struct {
 	RequireQueued bool `yaml:"requireQueued"`
 }
 
+// SetDefaults sets the defaults of KubeProxySyncStale (registry.Defaulter).
+func (p *KubeProxySyncStaleParams) SetDefaults() {
+	*p = KubeProxySyncStaleParams{Factor: 1, RequireQueued: true}
+}
+
 // Validate implements policy.Validator.
 func (p *KubeProxySyncStaleParams) Validate() []policy.FieldError {
 	if p.Factor < 0.1 || p.Factor > 100 {
@@ -44,22 +49,17 @@ func init() {
 		newKubeProxySyncStale, Targets(finding.KindKubeProxy))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KubeProxySyncStale.
-func (p *KubeProxySyncStaleParams) SetDefaults() {
-	*p = KubeProxySyncStaleParams{Factor: 1, RequireQueued: true}
-}
-
-func newKubeProxySyncStale(p *KubeProxySyncStaleParams, n *node.Node) (Detector, error) {
-	return &kubeProxySyncStale{p: *p, n: n,
-		pending: map[kubeproxy.Family]pendingSync{}}, nil
-}
-
 // pendingSync remembers, for the last successful sync seen, the queued
 // timestamp first seen after it: an estimate (never too early) of when the
 // pending work was queued. The last_queued gauge alone moves with every new
 // change, so it cannot tell how long work has been waiting.
 type pendingSync struct {
 	lastSync, since float64
+}
+
+func newKubeProxySyncStale(p *KubeProxySyncStaleParams, n *node.Node) (Detector, error) {
+	return &kubeProxySyncStale{p: *p, n: n,
+		pending: map[kubeproxy.Family]pendingSync{}}, nil
 }
 
 type kubeProxySyncStale struct {

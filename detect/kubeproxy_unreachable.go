@@ -19,11 +19,11 @@ func init() {
 		newKubeProxyUnreachable, Targets(finding.KindKubeProxy))
 }
 
+type kubeProxyUnreachable struct{ n *node.Node }
+
 func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detector, error) {
 	return &kubeProxyUnreachable{n: n}, nil
 }
-
-type kubeProxyUnreachable struct{ n *node.Node }
 
 func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 	kp, err := kubeProxyOf(d.n)

@@ -26,6 +26,11 @@ type XtablesLockContentionParams struct {
 	MaxWaiters int `yaml:"maxWaiters"`
 }
 
+// SetDefaults sets the defaults of XtablesLockContention (registry.Defaulter).
+func (p *XtablesLockContentionParams) SetDefaults() {
+	*p = XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
+}
+
 // Validate implements policy.Validator.
 func (p *XtablesLockContentionParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -44,21 +49,16 @@ func init() {
 		newXtablesLockContention, Targets(finding.KindProcess))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of XtablesLockContention.
-func (p *XtablesLockContentionParams) SetDefaults() {
-	*p = XtablesLockContentionParams{MaxHold: policy.D(30 * time.Second), MaxWaiters: 3}
-}
-
-func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
-	return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
-}
-
 type xtablesLock struct {
 	p XtablesLockContentionParams
 	n *node.Node
 
 	mu    sync.Mutex
 	since map[string]time.Time // holder target (or "lock/<dev>") -> first seen holding
+}
+
+func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
+	return &xtablesLock{p: *p, n: n, since: map[string]time.Time{}}, nil
 }
 
 // unknownHolder is the target when the lock is held by nobody visible

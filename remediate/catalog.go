@@ -70,7 +70,7 @@ func (Catalog) CheckPair(det, act string) string {
 		can = "detectors that can: " + strings.Join(feeders, ", ")
 	}
 	return fmt.Sprintf("detector %s cannot feed action %s: it reports %s targets, the action acts on %s (%s)",
-		det, act, kindList(dt.Targets), actsOn(at), can)
+		det, act, KindList(dt.Targets), ActsOn(at), can)
 }
 
 // Feeders returns the detector types whose findings can feed action type
@@ -87,9 +87,9 @@ func Feeders(at action.Type) []string {
 	return out
 }
 
-// actsOn describes what an action type can act on, for messages and
-// `remediate policy types` (ActsOn).
-func actsOn(at action.Type) string {
+// ActsOn describes what an action type can act on, for messages and
+// `remediate policy types`.
+func ActsOn(at action.Type) string {
 	switch {
 	case !at.Declared():
 		return "anything (undeclared)"
@@ -98,7 +98,7 @@ func actsOn(at action.Type) string {
 	}
 	parts := []string{}
 	if len(at.ActsOn) > 0 {
-		parts = append(parts, kindList(at.ActsOn))
+		parts = append(parts, KindList(at.ActsOn))
 	}
 	if len(at.ActsOnDetectors) > 0 {
 		parts = append(parts, "findings of "+strings.Join(at.ActsOnDetectors, ", "))
@@ -106,10 +106,8 @@ func actsOn(at action.Type) string {
 	return strings.Join(parts, " or ")
 }
 
-// ActsOn is the exported form of actsOn.
-func ActsOn(at action.Type) string { return actsOn(at) }
-
-func kindList(ks []finding.Kind) string {
+// KindList names target kinds for messages ("undeclared" when empty).
+func KindList(ks []finding.Kind) string {
 	if len(ks) == 0 {
 		return "undeclared"
 	}
@@ -119,6 +117,3 @@ func kindList(ks []finding.Kind) string {
 	}
 	return strings.Join(s, ", ")
 }
-
-// KindList names target kinds for messages ("undeclared" when empty).
-func KindList(ks []finding.Kind) string { return kindList(ks) }

@@ -14,9 +14,11 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -37,8 +39,11 @@ type Options struct {
 	ForceDryRun bool
 	// Once makes every rule's `for` count as met (remediate --once).
 	Once bool
-	// Guardrails are checked after the built-in ones and before the
-	// dry-run guardrail (cluster-wide budget, API freshness, ...).
+	// Cluster holds the cluster guardrails (opt-out, API freshness, storm
+	// guard, budget); guardrails.Chain puts them in order.
+	Cluster guardrails.Cluster
+	// Guardrails are extra guardrails, checked after the storm guard and
+	// before the budget (guardrails.Cluster.Extra).
 	Guardrails []Guardrail
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
@@ -206,7 +211,7 @@ func build(p *policy.Policy, n *node.Node) ([]*ruleRuntime, error) {
 
 // detResult is one detector's outcome in a cycle.
 type detResult struct {
-	findings []detect.Finding
+	findings []finding.Finding
 	err      error
 	skip     string
 }
@@ -267,7 +272,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 }
 
 func maxWindow(p *policy.Policy) time.Duration {
-	w := nodeRateWindow
+	w := guardrails.NodeRateWindow
 	for _, r := range p.Rules {
 		w = max(w, r.RateLimit.Per.Duration, r.Cooldown.Duration)
 	}
@@ -313,7 +318,7 @@ func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Du
 	}()
 	select {
 	case r := <-ch:
-		if reason, ok := detect.IsSkip(r.err); ok {
+		if reason, ok := finding.IsSkip(r.err); ok {
 			return detResult{skip: reason}
 		}
 		return r
@@ -343,15 +348,15 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 		if c.e.opts.Metrics != nil {
 			c.e.opts.Metrics.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type).Inc()
 		}
-		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: detect.Finding{
-			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: detect.Warning,
+		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: finding.Finding{
+			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: finding.Warning,
 			Message:  fmt.Sprintf("detector %s failed: %v", r.Detector.Type, res.err),
 			Evidence: map[string]any{"detectorType": r.Detector.Type, "error": res.err.Error()},
 		}})
 		return
 	}
 
-	present := map[string]detect.Finding{}
+	present := map[string]finding.Finding{}
 	var order []string
 	for _, f := range res.findings {
 		if f.Detector == "" {
@@ -388,13 +393,13 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 	for _, target := range order {
 		f, isPresent := present[target]
 		if !isPresent {
-			f = detect.Finding{Detector: r.Detector.Type, Target: target}
+			f = finding.Finding{Detector: r.Detector.Type, Target: target}
 		}
 		c.target(ctx, rr, f, isPresent, timing, log)
 	}
 }
 
-func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, present bool, tm Timing, log *zap.Logger) {
+func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f finding.Finding, present bool, tm Timing, log *zap.Logger) {
 	r := rr.rule
 	key := r.Name + "|" + f.Target
 	prev := c.st.Targets[key]
@@ -440,7 +445,7 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f detect.Finding, p
 			dec.Reason = fmt.Sprintf("verifying: re-check at %s", next.VerifyAt.UTC().Format(time.RFC3339))
 		case PhaseEscalated:
 			dec.Outcome = OutcomeBlocked
-			dec.Guardrail = GuardEscalation
+			dec.Guardrail = guardrails.GuardEscalation
 			dec.Reason = fmt.Sprintf("escalated after %d failed attempts (last: %s); acting again only after the finding clears", next.Attempts, next.LastError)
 		default:
 			dec.Reason = "no action due in phase " + string(next.Phase)
@@ -469,213 +474,11 @@ func (c *cycle) count(rule, act string, o Outcome) {
 	}
 }
 
-func (c *cycle) escalate(r *policy.Rule, f detect.Finding, actName string, ts TargetState, log *zap.Logger) {
+func (c *cycle) escalate(r *policy.Rule, f finding.Finding, actName string, ts TargetState, log *zap.Logger) {
 	log.Error("target escalated: attempts exhausted, no more actions until the finding clears",
 		zap.String("target", f.Target), zap.Int("attempts", ts.Attempts), zap.String("lastError", ts.LastError))
 	c.e.journal(journal.Record{Kind: journal.KindEscalated, Rule: r.Name, Target: f.Target, Action: actName,
 		Summary: fmt.Sprintf("escalated after %d failed attempts", ts.Attempts), Error: ts.LastError}, c.rep)
-}
-
-// guardrails returns the chain for this cycle, in order.
-func (c *cycle) guardrails(why string) []Guardrail {
-	g := []Guardrail{
-		escalationGuard{c.st},
-		cooldownGuard{c.st},
-		ruleRateGuard{c.st},
-		nodeRateGuard{c.st, c.pol.Guardrails.MaxActionsPerHour},
-		maxTargetsGuard{c.pol.Guardrails.MaxTargetsPerCycle, c.acted},
-	}
-	g = append(g, c.e.opts.Guardrails...)
-	return append(g, dryRunGuard{why})
-}
-
-func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f detect.Finding, key string, tm Timing, dec *Decision, log *zap.Logger) {
-	r := rr.rule
-	now := c.e.opts.Clock.Now()
-	why := dryRunReason(c.pol, r, c.e.opts.ForceDryRun)
-	req := &Request{Rule: r, ActionType: rr.actType.Name, Disruptive: rr.actType.Disruptive, Finding: f, DryRun: why != "", Now: now}
-
-	// Plan first: an action that cannot apply is skipped before any
-	// guardrail takes a resource.
-	plan, err := c.plan(ctx, rr, f)
-	if err != nil {
-		if reason, ok := detect.IsSkip(err); ok {
-			dec.Outcome, dec.Reason = OutcomeSkipped, reason
-		} else {
-			dec.Outcome, dec.Reason = OutcomeSkipped, "cannot plan action: "+err.Error()
-		}
-		return
-	}
-
-	var held []heldGuard
-	for _, g := range c.guardrails(why) {
-		err := g.Check(ctx, req)
-		if err == nil {
-			if h, ok := g.(Holder); ok && !req.DryRun {
-				held = append(held, heldGuard{h, *req})
-			}
-			continue
-		}
-		b := AsBlocked(g.Name(), err)
-		releaseAll(ctx, held)
-		if b.Guardrail == GuardDryRun {
-			*c.acted++
-			dec.Outcome, dec.Reason = OutcomeDryRun, fmt.Sprintf("%s: would %s", b.Reason, plan.Summary)
-			ts, stored := c.st.Targets[key]
-			if !ts.DryRunReported || c.e.opts.Once {
-				if stored && !c.e.opts.Once {
-					ts.DryRunReported = true
-					c.st.Targets[key] = ts
-				}
-				c.e.journal(journal.Record{Kind: journal.KindDryRun, Rule: r.Name, Target: f.Target, Action: rr.actType.Name,
-					Outcome: string(OutcomeDryRun), Summary: "would " + plan.Summary, Details: plan.Details}, c.rep)
-			}
-			return
-		}
-		dec.Outcome, dec.Reason, dec.Guardrail = OutcomeBlocked, b.Error(), b.Guardrail
-		if m := c.e.opts.Metrics; m != nil {
-			m.GuardrailBlocks.WithLabelValues(b.Guardrail, r.Name).Inc()
-		}
-		return
-	}
-
-	// Stopping (SIGTERM): finish the cycle, start nothing new.
-	if err := ctx.Err(); err != nil {
-		releaseAll(ctx, held)
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: stopping ("+err.Error()+")"
-		return
-	}
-
-	// Acting. The attempt counts against every limit before it runs, and
-	// that is on disk before the action can do anything.
-	*c.acted++
-	c.st.History = append(c.st.History, ActionRecord{Time: now, Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Outcome: "pending"})
-	hi := len(c.st.History) - 1
-	if err := c.e.store.Save(c.st); err != nil {
-		releaseAll(ctx, held)
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
-		return
-	}
-	id := fmt.Sprintf("%d-%s", now.UnixNano(), shortHash(key))
-	if err := c.e.opts.Journal.Append(journal.Record{Time: now, ID: id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
-		Rule: r.Name, Target: f.Target, Action: rr.actType.Name, Summary: plan.Summary, Details: plan.Details}); err != nil {
-		releaseAll(ctx, held)
-		c.st.History[hi].Outcome = "not-run"
-		dec.Outcome, dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
-		return
-	}
-	log.Info("executing action", zap.String("target", f.Target), zap.String("action", rr.actType.Name), zap.String("plan", plan.Summary))
-	res, err := c.execute(ctx, rr, f)
-	done := c.e.opts.Clock.Now()
-	if m := c.e.opts.Metrics; m != nil {
-		m.ActionDuration.WithLabelValues(rr.actType.Name).Observe(done.Sub(now).Seconds())
-	}
-	out := journal.Record{Time: done, ID: id, Kind: journal.KindOutcome, Node: c.e.opts.Node.Name, Rule: r.Name,
-		Target: f.Target, Action: rr.actType.Name, Summary: res.Summary, Details: res.Details}
-	if reason, skipped := detect.IsSkip(err); skipped {
-		// The action re-checked its target and refused (gone, changed,
-		// someone else's): nothing was changed, so it is neither a failed
-		// attempt nor a use of the rate budget.
-		c.st.History[hi].Outcome = string(OutcomeSkipped)
-		out.Outcome, out.Summary = string(OutcomeSkipped), reason
-		dec.Outcome, dec.Reason = OutcomeSkipped, "refused at execution: "+reason
-		releaseAll(ctx, held)
-		c.e.journal(out, c.rep)
-		return
-	}
-	ts := Record(c.st.Targets[key], ActOutcome{Err: err}, done, tm)
-	c.st.Targets[key] = ts
-	dec.Phase = ts.Phase
-	if err != nil {
-		c.st.History[hi].Outcome = string(OutcomeFailed)
-		out.Outcome, out.Error = string(OutcomeFailed), err.Error()
-		dec.Outcome, dec.Reason = OutcomeFailed, fmt.Sprintf("%v (attempt %d of %d)", err, ts.Attempts, tm.MaxAttempts)
-		log.Warn("action failed", zap.String("target", f.Target), zap.Error(err))
-		releaseAll(ctx, held)
-	} else {
-		c.st.History[hi].Outcome = string(OutcomeExecuted)
-		out.Outcome = string(OutcomeExecuted)
-		dec.Outcome, dec.Reason = OutcomeExecuted, res.Summary
-		c.e.held[key] = append(c.e.held[key], held...)
-	}
-	c.e.journal(out, c.rep)
-	if ts.Phase == PhaseEscalated {
-		// After the outcome that caused it, so the journal reads in order.
-		c.escalate(r, f, rr.actType.Name, ts, log)
-	}
-}
-
-// plan runs Action.Plan with the action timeout and panic recovery.
-func (c *cycle) plan(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Plan, error) {
-	p, err := guarded(c, ctx, rr, "plan", func(ctx context.Context) (action.Plan, error) { return rr.act.Plan(ctx, f) })
-	if err == nil && p.Summary == "" {
-		p.Summary = fmt.Sprintf("run %s on %s", rr.actType.Name, f.Target)
-	}
-	return p, err
-}
-
-// execute runs Action.Execute with the action timeout and panic recovery.
-func (c *cycle) execute(ctx context.Context, rr *ruleRuntime, f detect.Finding) (action.Result, error) {
-	return guarded(c, ctx, rr, "execute", func(ctx context.Context) (action.Result, error) { return rr.act.Execute(ctx, f) })
-}
-
-// guardedResult is what a guarded call's goroutine hands back.
-type guardedResult[T any] struct {
-	v        T
-	err      error
-	panicked bool
-}
-
-// guarded runs fn under the action deadline; a panic or an overrun becomes
-// an error and a finding about the daemon. An action that ignores its
-// context is abandoned (its goroutine is left to finish; its late result is
-// dropped) rather than stalling the loop, and is not started again while
-// it still runs.
-func guarded[T any](c *cycle, ctx context.Context, rr *ruleRuntime, what string, fn func(context.Context) (T, error)) (T, error) {
-	var zero T
-	if err := ctx.Err(); err != nil {
-		return zero, fmt.Errorf("action %s %s not started: %w", rr.actType.Name, what, err)
-	}
-	if !rr.actBusy.CompareAndSwap(false, true) {
-		since := time.Unix(0, rr.actSince.Load())
-		return zero, fmt.Errorf("action %s still running since %s (hung?); not started again", rr.actType.Name, since.UTC().Format(time.RFC3339))
-	}
-	rr.actSince.Store(c.e.opts.Clock.Now().UnixNano())
-	timeout := c.pol.ActionTimeout.Duration
-	actx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	ch := make(chan guardedResult[T], 1)
-	go func() {
-		var r guardedResult[T]
-		defer func() {
-			if p := recover(); p != nil {
-				c.e.opts.Log.Error("action panicked", zap.String("rule", rr.rule.Name), zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-				r = guardedResult[T]{err: fmt.Errorf("action %s %s panicked: %v", rr.actType.Name, what, p), panicked: true}
-			}
-			rr.actBusy.Store(false) // before the result: the next call may follow at once
-			ch <- r
-		}()
-		r.v, r.err = fn(actx)
-	}()
-	var r guardedResult[T]
-	select {
-	case r = <-ch:
-	case <-actx.Done():
-		select {
-		case r = <-ch: // it did return: its result, not a timeout
-		default:
-			r.err = fmt.Errorf("action %s %s did not finish within %s: %w", rr.actType.Name, what, timeout, actx.Err())
-		}
-	}
-	// A panic, or a failure once our deadline fired (abandoned, or the
-	// action gave up on it), is a fault of the daemon's, not of the node.
-	if r.panicked || (r.err != nil && errors.Is(actx.Err(), context.DeadlineExceeded)) {
-		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: rr.rule.Name, Finding: detect.Finding{
-			Detector: SelfDetector, Target: "action/" + rr.rule.Name, Severity: detect.Warning,
-			Message: r.err.Error(), Evidence: map[string]any{"actionType": rr.actType.Name, "phase": what},
-		}})
-	}
-	return r.v, r.err
 }
 
 // journal appends a record, stamping time and node; a failure becomes a

@@ -1,76 +1,67 @@
 package remediate
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
-	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
-// Request is what a guardrail judges: one intended action of one rule on one
-// target, now.
-type Request struct {
-	// Rule is the rule that fired.
-	Rule *policy.Rule
-	// ActionType is the registered action type name.
-	ActionType string
-	// Disruptive is true for actions that need a cluster-wide budget slot.
-	Disruptive bool
-	// Finding is the finding being remedied.
-	Finding detect.Finding
-	// DryRun is true when the action will not be executed (audit mode,
-	// rule dryRun, --dry-run). Stateful guardrails must not take
-	// resources (such as a budget slot) for a dry run; they still say
-	// whether they would block.
-	DryRun bool
-	// Now is the decision time (from the engine's clock).
-	Now time.Time
-}
+// Compatibility aliases: the guardrails, node and cluster, live in package
+// guardrails.
+type (
+	// Guardrail is guardrails.Guardrail.
+	Guardrail = guardrails.Guardrail
+	// Request is guardrails.Request.
+	Request = guardrails.Request
+	// Holder is guardrails.Holder.
+	Holder = guardrails.Holder
+	// Blocked is guardrails.Blocked.
+	Blocked = guardrails.Blocked
+)
 
-// Key is the (rule, target) identity the request is about.
-func (r *Request) Key() string { return r.Rule.Name + "|" + r.Finding.Target }
+// Compatibility aliases of the guardrail names.
+const (
+	GuardEscalation = guardrails.GuardEscalation
+	GuardCooldown   = guardrails.GuardCooldown
+	GuardRuleRate   = guardrails.GuardRuleRate
+	GuardNodeRate   = guardrails.GuardNodeRate
+	GuardMaxTargets = guardrails.GuardMaxTargets
+	GuardDryRun     = guardrails.GuardDryRun
+)
 
-// Guardrail is one check that may block an action. Check returns nil to
-// allow, a *Blocked to block with a reason; any other error also blocks
-// (guardrails fail closed) and is reported as the reason.
-type Guardrail interface {
-	Name() string
-	Check(ctx context.Context, r *Request) error
-}
+// Block is guardrails.Block.
+func Block(g, format string, args ...any) error { return guardrails.Block(g, format, args...) }
 
-// Holder is implemented by guardrails that hold a resource from a successful
-// Check until the attempt on that (rule, target) is over (verified,
-// failed or escalated), e.g. a cluster-wide budget slot. The engine calls
-// Release exactly once per successful non-dry-run Check.
-type Holder interface {
-	Release(ctx context.Context, r *Request)
-}
+// AsBlocked is guardrails.AsBlocked.
+func AsBlocked(g string, err error) *Blocked { return guardrails.AsBlocked(g, err) }
 
-// Blocked is a guardrail's refusal with its reason.
-type Blocked struct {
-	Guardrail string
-	Reason    string
-}
+// State is the guardrails' Ledger.
+var _ guardrails.Ledger = (*State)(nil)
 
-func (b *Blocked) Error() string { return b.Guardrail + ": " + b.Reason }
-
-// Block returns a *Blocked for guardrail g.
-func Block(g, format string, args ...any) error {
-	return &Blocked{Guardrail: g, Reason: fmt.Sprintf(format, args...)}
-}
-
-// AsBlocked turns any guardrail error into a *Blocked: a *Blocked is
-// returned as is, any other error becomes "guardrail error (fail closed)".
-func AsBlocked(g string, err error) *Blocked {
-	if err == nil {
-		return nil
+// Escalated implements guardrails.Ledger.
+func (s *State) Escalated(key string) (int, string, bool) {
+	ts, ok := s.Targets[key]
+	if !ok || ts.Phase != PhaseEscalated {
+		return 0, "", false
 	}
-	var b *Blocked
-	if errors.As(err, &b) {
-		return b
+	return ts.Attempts, ts.LastError, true
+}
+
+// UnknownHistorySince implements guardrails.Ledger.
+func (s *State) UnknownHistorySince() time.Time { return s.UnknownHistoryAt }
+
+// Attempts implements guardrails.Ledger.
+func (s *State) Attempts() []guardrails.Attempt {
+	out := make([]guardrails.Attempt, len(s.History))
+	for i, h := range s.History {
+		out[i] = guardrails.Attempt{Time: h.Time, Rule: h.Rule, Target: h.Target, Changed: h.changedSomething()}
 	}
-	return &Blocked{Guardrail: g, Reason: "guardrail error, failing closed: " + err.Error()}
+	return out
+}
+
+// changedSomething is false for attempts known not to have changed anything
+// (the action refused at execution, or the journal intent could not be
+// written). Pending attempts (a crash mid-action) count.
+func (h ActionRecord) changedSomething() bool {
+	return h.Outcome != string(OutcomeSkipped) && h.Outcome != "not-run"
 }

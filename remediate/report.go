@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 )
 
 // Outcome of a decision. These strings are part of the stable JSON report.
@@ -27,7 +27,7 @@ const (
 // ReportFinding is a finding with the rule that produced it.
 type ReportFinding struct {
 	Rule string `json:"rule"`
-	detect.Finding
+	finding.Finding
 }
 
 // Decision is what the engine decided for one (rule, target) this cycle.

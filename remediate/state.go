@@ -8,7 +8,7 @@
 //
 // Transitions are pure functions of (state, presence of the finding, now)
 // in this file, table-tested. The engine (engine.go) runs detectors, feeds
-// presence into Step, asks the guardrails (guardrails.go) whether an action
+// presence into Step, asks the guardrails (package guardrails) whether an action
 // may run, journals intent and outcome (package journal), executes the
 // action, records the outcome with Record and persists everything that
 // guardrails depend on (store.go) so a restart cannot reset a limit.

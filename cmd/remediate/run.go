@@ -135,7 +135,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	metrics := remediate.NewMetrics(reg)
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
-		Guardrails: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
+		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "remediate: %v\n", err)

@@ -18,6 +18,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // wiring builds the node's adapters from the flags and the policy, and
@@ -117,9 +118,9 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	return n, nil
 }
 
-// Guardrails returns the guardrails beyond the built-in ones (cluster-wide
-// budget, API freshness), checked before the dry-run guardrail.
-func (w *wiring) Guardrails() []remediate.Guardrail {
+// Guardrails returns the cluster guardrails (opt-out, API freshness, storm
+// guard, cluster-wide budget); guardrails.Chain puts them in order.
+func (w *wiring) Guardrails() guardrails.Cluster {
 	// --- wire cluster guardrails here ---
 	return w.clusterGuardrails()
 }

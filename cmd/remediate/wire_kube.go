@@ -8,10 +8,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
-	"github.com/remediate-dev/remediate/internal/kube/report"
 	"github.com/remediate-dev/remediate/remediate"
-	"github.com/remediate-dev/remediate/remediate/clusterguard"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // syncWait bounds the wait for the initial cluster view at start.
@@ -28,9 +28,9 @@ type kubeWiring struct {
 	client   *kube.Client
 	view     *kube.View
 	nodes    *kube.NodeWatch
-	reporter *report.Reporter
-	storm    *clusterguard.Storm
-	budget   *clusterguard.Budget
+	reporter *kubeexporter.Reporter
+	storm    *guardrails.Storm
+	budget   *guardrails.Budget
 }
 
 func envOr(key, def string) string {
@@ -73,23 +73,23 @@ func (w *wiring) kube() *kubeWiring {
 			w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
 		}
 		scancel()
-		k.budget = clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
+		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
-		k.storm = clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
-		k.reporter = report.New(c.Interface, report.Options{Node: w.o.nodeName, EventNamespace: ns, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
+		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
+		k.reporter = kubeexporter.New(c.Interface, kubeexporter.Options{Node: w.o.nodeName, EventNamespace: ns, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
 	})
 	return k
 }
 
 // clusterGuardrails are the guardrails that need the cluster (they block
-// what needs the API when there is no access).
-func (w *wiring) clusterGuardrails() []remediate.Guardrail {
+// what needs the API when there is no access); guardrails.Chain orders
+// them.
+func (w *wiring) clusterGuardrails() guardrails.Cluster {
 	k := w.kube()
 	if k.client == nil {
-		return []remediate.Guardrail{clusterguard.NewFreshness(nil, k.noAccess, nil), clusterguard.NewBudget(nil, clusterguard.BudgetOptions{})}
+		return guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, k.noAccess, nil), Budget: guardrails.NewBudget(nil, guardrails.BudgetOptions{})}
 	}
-	// The budget last: it takes a slot only when everything else allows.
-	return []remediate.Guardrail{clusterguard.NewOptOut(k.nodes), clusterguard.NewFreshness(k.view, "", nil), k.storm, k.budget}
+	return guardrails.Cluster{OptOut: guardrails.NewOptOut(k.nodes), Freshness: guardrails.NewFreshness(k.view, "", nil), Storm: k.storm, Budget: k.budget}
 }
 
 // reportCycle publishes a daemon cycle: events, the node condition, the

@@ -112,7 +112,8 @@ type Timeouts struct {
 type Interface interface {
 	// VirtualServers lists every virtual server.
 	VirtualServers(ctx context.Context) ([]VirtualServer, error)
-	// RealServers lists the destinations of vs.
+	// RealServers lists the destinations of vs; ErrNotFound when vs does
+	// not exist.
 	RealServers(ctx context.Context, vs VirtualServer) ([]RealServer, error)
 	// DeleteVirtualServer deletes vs (and its destinations); ErrNotFound
 	// when it does not exist.

@@ -299,6 +299,15 @@ func (a *Handle) RealServers(ctx context.Context, vs VirtualServer) ([]RealServe
 		if err != nil {
 			return err
 		}
+		if len(dests) == 0 {
+			// The kernel answers a dump of a missing service's
+			// destinations with an empty list, not an error (seen on
+			// 6.1 in the test VM): tell "no real servers" from "no
+			// such virtual server".
+			if _, err := findService(h, vs); err != nil {
+				return err
+			}
+		}
 		for _, d := range dests {
 			out = append(out, toRealServer(d))
 		}

@@ -12,7 +12,6 @@ package action
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/remediate-dev/remediate/finding"
@@ -96,7 +95,7 @@ func (t Type) CanActOn(det string, kinds []finding.Kind) bool {
 }
 
 // Option adds a declaration to a Define.
-type Option func(*Type)
+type Option = func(*Type)
 
 // Disruptive marks the action as needing a cluster-wide budget slot.
 func Disruptive() Option { return func(t *Type) { t.Disruptive = true } }
@@ -115,38 +114,28 @@ func ActsOnDetectors(types ...string) Option {
 // finding is about.
 func ActsOnAnyFinding() Option { return func(t *Type) { t.ActsOnAny = true } }
 
+var registered = registry.NewTypes("action", "action", func(t Type) string { return t.Name },
+	func(t Type) bool { return t.Name != "" && t.NewParams != nil && t.New != nil })
+
 // Define registers an action type: the one-line registration. The
 // factory's parameter type P is the policy's parameter block for this
 // type; defaults come from (*P).SetDefaults, if P has one. It panics on a
 // duplicate name (a programming error, found at init).
 func Define[P any](name, doc string, factory func(*P, *node.Node) (Action, error), opts ...Option) {
-	t := Type{Name: name, Doc: doc,
-		NewParams: func() any { return registry.NewParams[P]() },
-		New:       registry.Untyped(name, factory)}
-	for _, o := range opts {
-		o(&t)
-	}
-	register(t)
+	t := Type{Name: name, Doc: doc}
+	t.NewParams, t.New = registry.Typed(name, factory)
+	registered.Add(t, opts...)
 }
-
-var typeRegistry = registry.New[Type]("action")
 
 // Register adds an action type described by t.
 //
 // Deprecated: use Define, which checks the parameter type at compile
 // time. Register is kept so that actions written against the older API
 // still build; it panics on a duplicate or incomplete registration.
-func Register(t Type) { register(t) }
-
-func register(t Type) {
-	if t.Name == "" || t.NewParams == nil || t.New == nil {
-		panic(fmt.Sprintf("action: incomplete registration %+v", t))
-	}
-	typeRegistry.Add(t.Name, t)
-}
+func Register(t Type) { registered.Add(t) }
 
 // Lookup returns the registered type with that name.
-func Lookup(name string) (Type, bool) { return typeRegistry.Get(name) }
+func Lookup(name string) (Type, bool) { return registered.Get(name) }
 
 // Types returns all registered types sorted by name.
-func Types() []Type { return typeRegistry.All() }
+func Types() []Type { return registered.All() }

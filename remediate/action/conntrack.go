@@ -63,6 +63,11 @@ type RaiseConntrackMaxParams struct {
 	RaiseHashsize bool `yaml:"raiseHashsize"`
 }
 
+// SetDefaults sets the defaults of RaiseConntrackMax (registry.Defaulter).
+func (p *RaiseConntrackMaxParams) SetDefaults() {
+	*p = RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
+}
+
 // Validate implements policy.Validator.
 func (p *RaiseConntrackMaxParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -105,16 +110,11 @@ func init() {
 		newFlushConntrack, ActsOn(finding.KindConntrackBackend))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of RaiseConntrackMax.
-func (p *RaiseConntrackMaxParams) SetDefaults() {
-	*p = RaiseConntrackMaxParams{Factor: 2, Ceiling: 1 << 20, MemoryFraction: 0.05, BytesPerEntry: 320, RaiseHashsize: true}
-}
-
 func newRaiseConntrackMax(p *RaiseConntrackMaxParams, n *node.Node) (Action, error) {
 	return &raiseConntrackMax{p: *p, n: n, memTotal: hostMemTotal(n.ProcRoot)}, nil
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of FlushConntrack.
+// SetDefaults sets the defaults of FlushConntrack (registry.Defaulter).
 func (p *FlushConntrackParams) SetDefaults() {
 	*p = FlushConntrackParams{MaxEntries: 50_000}
 }

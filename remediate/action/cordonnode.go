@@ -58,13 +58,13 @@ func init() {
 		newCordonNode, Disruptive(), ActsOnAnyFinding())
 }
 
-func newCordonNode(p *CordonNodeParams, n *node.Node) (Action, error) {
-	return &cordonNode{p: *p, n: n}, nil
-}
-
 type cordonNode struct {
 	p CordonNodeParams
 	n *node.Node
+}
+
+func newCordonNode(p *CordonNodeParams, n *node.Node) (Action, error) {
+	return &cordonNode{p: *p, n: n}, nil
 }
 
 func (a *cordonNode) taint() *corev1.Taint {

@@ -24,6 +24,12 @@ type DeleteIPVSRealServerParams struct {
 	DeleteDraining bool `yaml:"deleteDraining"`
 }
 
+// SetDefaults sets the defaults of DeleteIPVSRealServer (registry.Defaulter).
+func (p *DeleteIPVSRealServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
+}
+
 // Validate implements policy.Validator.
 func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
 	return IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow}.validate()
@@ -35,21 +41,15 @@ func init() {
 		newDeleteIPVSRealServer, Disruptive(), ActsOn(finding.KindIPVSRealServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSRealServer.
-func (p *DeleteIPVSRealServerParams) SetDefaults() {
-	b := defaultIPVSDeleteBounds()
-	*p = DeleteIPVSRealServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow}
+type deleteIPVSRealServer struct {
+	p   DeleteIPVSRealServerParams
+	n   *node.Node
+	lim *ipvsWindowLimiter
 }
 
 func newDeleteIPVSRealServer(pp *DeleteIPVSRealServerParams, n *node.Node) (Action, error) {
 	p := *pp
 	return &deleteIPVSRealServer{p: p, n: n, lim: &ipvsWindowLimiter{max: p.MaxPerCycle, window: p.CycleWindow.Duration}}, nil
-}
-
-type deleteIPVSRealServer struct {
-	p   DeleteIPVSRealServerParams
-	n   *node.Node
-	lim *ipvsWindowLimiter
 }
 
 // check re-reads the kernel and the view and returns the real server as the

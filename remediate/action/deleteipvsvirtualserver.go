@@ -28,6 +28,13 @@ type DeleteIPVSVirtualServerParams struct {
 	NodeIPs []string `yaml:"nodeIPs"`
 }
 
+// SetDefaults sets the defaults of DeleteIPVSVirtualServer (registry.Defaulter).
+func (p *DeleteIPVSVirtualServerParams) SetDefaults() {
+	b := defaultIPVSDeleteBounds()
+	*p = DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
+		ManagedCIDRs: []string{"10.96.0.0/12"}}
+}
+
 // Validate implements policy.Validator.
 func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 	errs := IPVSDeleteBounds{p.MaxPerCycle, p.CycleWindow}.validate()
@@ -50,11 +57,12 @@ func init() {
 		newDeleteIPVSVirtualServer, Disruptive(), ActsOn(finding.KindIPVSVirtualServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of DeleteIPVSVirtualServer.
-func (p *DeleteIPVSVirtualServerParams) SetDefaults() {
-	b := defaultIPVSDeleteBounds()
-	*p = DeleteIPVSVirtualServerParams{MaxPerCycle: b.MaxPerCycle, CycleWindow: b.CycleWindow,
-		ManagedCIDRs: []string{"10.96.0.0/12"}}
+type deleteIPVSVirtualServer struct {
+	p       DeleteIPVSVirtualServerParams
+	n       *node.Node
+	lim     *ipvsWindowLimiter
+	cidrs   []netip.Prefix
+	nodeIPs []netip.Addr
 }
 
 func newDeleteIPVSVirtualServer(pp *DeleteIPVSVirtualServerParams, n *node.Node) (Action, error) {
@@ -75,14 +83,6 @@ func newDeleteIPVSVirtualServer(pp *DeleteIPVSVirtualServerParams, n *node.Node)
 		a.nodeIPs = append(a.nodeIPs, ip.Unmap())
 	}
 	return a, nil
-}
-
-type deleteIPVSVirtualServer struct {
-	p       DeleteIPVSVirtualServerParams
-	n       *node.Node
-	lim     *ipvsWindowLimiter
-	cidrs   []netip.Prefix
-	nodeIPs []netip.Addr
 }
 
 func isIPVSNotFound(err error) bool { return errors.Is(err, ipvs.ErrNotFound) }

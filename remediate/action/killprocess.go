@@ -34,6 +34,16 @@ type KillProcessParams struct {
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
 }
 
+// SetDefaults sets the defaults of KillProcess (registry.Defaulter).
+func (p *KillProcessParams) SetDefaults() {
+	*p = KillProcessParams{
+		Names:       append([]string(nil), procs.RestoreNames...),
+		GracePeriod: policy.D(5 * time.Second),
+		KillWait:    policy.D(5 * time.Second),
+		MinHoldTime: policy.D(30 * time.Second),
+	}
+}
+
 // Validate implements policy.Validator.
 func (p *KillProcessParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -63,24 +73,14 @@ func init() {
 		newKillProcess, ActsOn(finding.KindProcess))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of KillProcess.
-func (p *KillProcessParams) SetDefaults() {
-	*p = KillProcessParams{
-		Names:       append([]string(nil), procs.RestoreNames...),
-		GracePeriod: policy.D(5 * time.Second),
-		KillWait:    policy.D(5 * time.Second),
-		MinHoldTime: policy.D(30 * time.Second),
-	}
-}
-
-func newKillProcess(p *KillProcessParams, n *node.Node) (Action, error) {
-	return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
-}
-
 type killProcess struct {
 	p    KillProcessParams
 	n    *node.Node
 	poll time.Duration
+}
+
+func newKillProcess(p *KillProcessParams, n *node.Node) (Action, error) {
+	return &killProcess{p: *p, n: n, poll: 50 * time.Millisecond}, nil
 }
 
 // target decodes the finding's process reference (once per Plan or

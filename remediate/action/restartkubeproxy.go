@@ -35,6 +35,12 @@ type RestartKubeProxyParams struct {
 	PollInterval policy.Duration `yaml:"pollInterval"`
 }
 
+// SetDefaults sets the defaults of RestartKubeProxy (registry.Defaulter).
+func (p *RestartKubeProxyParams) SetDefaults() {
+	*p = RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
+		ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
+}
+
 // Validate implements policy.Validator.
 func (p *RestartKubeProxyParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -61,10 +67,10 @@ func init() {
 		newRestartKubeProxy, Disruptive(), ActsOn(finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of RestartKubeProxy.
-func (p *RestartKubeProxyParams) SetDefaults() {
-	*p = RestartKubeProxyParams{Namespace: "kube-system", LabelSelector: "k8s-app=kube-proxy",
-		ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
+type restartKubeProxy struct {
+	p   RestartKubeProxyParams
+	sel labels.Selector
+	n   *node.Node
 }
 
 func newRestartKubeProxy(p *RestartKubeProxyParams, n *node.Node) (Action, error) {
@@ -73,12 +79,6 @@ func newRestartKubeProxy(p *RestartKubeProxyParams, n *node.Node) (Action, error
 		return nil, fmt.Errorf("labelSelector: %w", err)
 	}
 	return &restartKubeProxy{p: *p, sel: sel, n: n}, nil
-}
-
-type restartKubeProxy struct {
-	p   RestartKubeProxyParams
-	sel labels.Selector
-	n   *node.Node
 }
 
 func (a *restartKubeProxy) clock() clock.PassiveClock {

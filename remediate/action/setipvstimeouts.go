@@ -23,6 +23,11 @@ type SetIPVSTimeoutsParams struct {
 	TCPFinTimeout policy.Duration `yaml:"tcpFinTimeout"`
 }
 
+// SetDefaults sets the defaults of SetIPVSTimeouts (registry.Defaulter).
+func (p *SetIPVSTimeoutsParams) SetDefaults() {
+	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
+}
+
 // Validate implements policy.Validator.
 func (p *SetIPVSTimeoutsParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
@@ -49,18 +54,13 @@ func init() {
 		newSetIPVSTimeouts, ActsOn(finding.KindIPVSTimeouts))
 }
 
-// SetDefaults implements registry.Defaulter: the defaults of SetIPVSTimeouts.
-func (p *SetIPVSTimeoutsParams) SetDefaults() {
-	*p = SetIPVSTimeoutsParams{UDPTimeout: policy.D(30 * time.Second)}
+type setIPVSTimeouts struct {
+	p SetIPVSTimeoutsParams
+	n *node.Node
 }
 
 func newSetIPVSTimeouts(p *SetIPVSTimeoutsParams, n *node.Node) (Action, error) {
 	return &setIPVSTimeouts{p: *p, n: n}, nil
-}
-
-type setIPVSTimeouts struct {
-	p SetIPVSTimeoutsParams
-	n *node.Node
 }
 
 // IPVSTimeoutChange decides the SetTimeouts call for the current timeouts

@@ -30,14 +30,14 @@ import (
 
 	"github.com/remediate-dev/remediate/deploy"
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
-	"github.com/remediate-dev/remediate/internal/kube/report"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/action"
-	"github.com/remediate-dev/remediate/remediate/clusterguard"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -364,10 +364,10 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	stop := time.Now().Add(8 * time.Second)
 	errs := make(chan error, 100)
 	for i, n := range []string{"n1", "n2", "n3"} {
-		b := clusterguard.NewBudget(daemonClient(t, cp, n).Interface,
-			clusterguard.BudgetOptions{Namespace: "kube-system", Slots: slots, TTL: 30 * time.Second, Node: n})
+		b := guardrails.NewBudget(daemonClient(t, cp, n).Interface,
+			guardrails.BudgetOptions{Namespace: "kube-system", Slots: slots, TTL: 30 * time.Second, Node: n})
 		wg.Add(1)
-		go func(i int, n string, b *clusterguard.Budget) {
+		go func(i int, n string, b *guardrails.Budget) {
 			defer wg.Done()
 			rng := rand.New(rand.NewSource(int64(i)))
 			for k := 0; time.Now().Before(stop); k++ {
@@ -414,11 +414,11 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	go func() {
 		defer close(done)
 		for time.Now().Before(stop) {
-			l, err := cp.Client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: clusterguard.LabelLease + "=" + clusterguard.LeaseBudget})
+			l, err := cp.Client.CoordinationV1().Leases("kube-system").List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
 			if err == nil {
 				held := 0
 				for i := range l.Items {
-					if !clusterguard.SlotFree(&l.Items[i], time.Now()) {
+					if !guardrails.SlotFree(&l.Items[i], time.Now()) {
 						held++
 					}
 				}
@@ -442,9 +442,9 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 
 	// A crashed holder's slot expires after its TTL.
-	short := func(n string) *clusterguard.Budget {
-		return clusterguard.NewBudget(daemonClient(t, cp, n).Interface,
-			clusterguard.BudgetOptions{Namespace: "kube-system", Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+	short := func(n string) *guardrails.Budget {
+		return guardrails.NewBudget(daemonClient(t, cp, n).Interface,
+			guardrails.BudgetOptions{Namespace: "kube-system", Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
 	}
 	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
 		t.Fatal(err)
@@ -465,9 +465,9 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
-	storm := clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n1", MinNodes: 2, MaxShare: 0.3})
-	r := report.New(c.Interface, report.Options{Node: "n1", Firing: storm.Publish,
-		Hysteresis: report.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
+	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1", MinNodes: 2, MaxShare: 0.3})
+	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", Firing: storm.Publish,
+		Hysteresis: kubeexporter.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
 	sick := &remediate.Report{
 		Findings: []remediate.ReportFinding{{Rule: "stale", Finding: detect.Finding{Detector: "KubeProxySyncStale",
 			Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "last sync 95s ago"}}},
@@ -486,7 +486,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	var dry []string
 	for _, e := range evs.Items {
-		if e.Reason == report.ReasonDryRun && e.Regarding.Name == "n1" {
+		if e.Reason == kubeexporter.ReasonDryRun && e.Regarding.Name == "n1" {
 			dry = append(dry, fmt.Sprintf("%s series=%v", e.Name, e.Series))
 			if e.Series == nil || e.Series.Count != 4 {
 				t.Errorf("event not deduplicated into a series of 4: %+v", e)
@@ -507,7 +507,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Fatal(err)
 		}
 		for _, c := range n.Status.Conditions {
-			if c.Type == report.DefaultConditionType {
+			if c.Type == kubeexporter.DefaultConditionType {
 				return c
 			}
 		}
@@ -518,7 +518,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
 	// firing it, 2 of 2 live nodes is a storm.
-	storm2 := clusterguard.NewStorm(daemonClient(t, cp, "n2").Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n2", MinNodes: 2, MaxShare: 0.3})
 	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +535,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	if err := r.Report(ctx, healthy); err != nil {
 		t.Fatal(err)
 	}
-	if c := cond(); c.Status != corev1.ConditionTrue || c.Reason != report.ReasonHealthy {
+	if c := cond(); c.Status != corev1.ConditionTrue || c.Reason != kubeexporter.ReasonHealthy {
 		t.Fatalf("condition not cleared: %+v", c)
 	}
 	// n1 no longer fires "stale": only n2 does, 1 of 2 is not a storm.
@@ -613,7 +613,7 @@ func testActions(t *testing.T, cp *controlplane.ControlPlane) {
 	if !nd.Spec.Unschedulable || !hasTaint(nd, "remediate.dev/dataplane") || nd.Annotations[kube.AnnotationCordonedBy] == "" {
 		t.Fatalf("not cordoned: %+v", nd.Spec)
 	}
-	r := report.New(c.Interface, report.Options{Node: "n1", UncordonAfter: time.Second})
+	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", UncordonAfter: time.Second})
 	_ = r.Report(ctx, &remediate.Report{})
 	time.Sleep(1100 * time.Millisecond)
 	_ = r.Report(ctx, &remediate.Report{})
@@ -711,11 +711,11 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	nw.Start(ctx)
 	nw.WaitForSync(sctx)
 	n := &node.Node{Name: "n1", Kube: c.Interface, Cluster: view, Unavailable: map[string]string{}}
-	guards := []remediate.Guardrail{
-		clusterguard.NewOptOut(nw),
-		clusterguard.NewFreshness(view, "", nil),
-		clusterguard.NewStorm(c.Interface, clusterguard.StormOptions{Namespace: "kube-system", Node: "n1"}),
-		clusterguard.NewBudget(c.Interface, clusterguard.BudgetOptions{Namespace: "kube-system", Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+	guards := guardrails.Cluster{
+		OptOut:    guardrails.NewOptOut(nw),
+		Freshness: guardrails.NewFreshness(view, "", nil),
+		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: "kube-system", Node: "n1"}),
+		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: "kube-system", Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
 	}
 	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
 	if err != nil {
@@ -726,7 +726,7 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := remediate.New(p, remediate.Options{Node: n, StateDir: dir, Guardrails: guards, Journal: j, Log: zaptest.NewLogger(t)})
+	eng, err := remediate.New(p, remediate.Options{Node: n, StateDir: dir, Cluster: guards, Journal: j, Log: zaptest.NewLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package clusterguard
+package guardrails
 
 import (
 	"context"
@@ -6,13 +6,12 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
-	"github.com/remediate-dev/remediate/remediate"
 )
 
 // DefaultAPIActions are the action types that act through the API or on
 // the view's data, beyond the disruptive ones (which always need a fresh
 // view).
-var DefaultAPIActions = []string{"RestartKubeProxy", "CordonNode", "DeleteIPVSRealServer", "DeleteIPVSVirtualServer", "FlushConntrack"}
+var DefaultAPIActions = []string{"RestartKubeProxy", "CordonNode", "DeleteIPVSRealServer", "DeleteIPVSVirtualServer", "ClearIPVSUDPAffinity", "FlushConntrack"}
 
 // Freshness blocks actions that depend on the Kubernetes API (the listed
 // types and every disruptive one) while the cluster view is missing, not
@@ -38,11 +37,11 @@ func NewFreshness(view cluster.View, noAccessReason string, apiActions []string)
 	return g
 }
 
-// Name implements remediate.Guardrail.
-func (g *Freshness) Name() string { return "api-freshness" }
+// Name implements Guardrail.
+func (g *Freshness) Name() string { return GuardFreshness }
 
-// Check implements remediate.Guardrail.
-func (g *Freshness) Check(_ context.Context, r *remediate.Request) error {
+// Check implements Guardrail.
+func (g *Freshness) Check(_ context.Context, r *Request) error {
 	if !r.Disruptive && !g.apiActions[r.ActionType] {
 		return nil
 	}
@@ -51,10 +50,10 @@ func (g *Freshness) Check(_ context.Context, r *remediate.Request) error {
 		if reason == "" {
 			reason = "no cluster access"
 		}
-		return remediate.Block(g.Name(), "%s needs the Kubernetes API: %s", r.ActionType, reason)
+		return Block(g.Name(), "%s needs the Kubernetes API: %s", r.ActionType, reason)
 	}
 	if why := StaleReason(g.view.Freshness(), r.Now); why != "" {
-		return remediate.Block(g.Name(), "%s needs a fresh cluster view: %s", r.ActionType, why)
+		return Block(g.Name(), "%s needs a fresh cluster view: %s", r.ActionType, why)
 	}
 	return nil
 }

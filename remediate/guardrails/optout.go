@@ -1,11 +1,9 @@
-package clusterguard
+package guardrails
 
 import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
-
-	"github.com/remediate-dev/remediate/remediate"
 )
 
 // NodeSource returns the last known Node object (internal/kube.NodeWatch).
@@ -23,11 +21,11 @@ type OptOut struct{ nodes NodeSource }
 // NewOptOut returns the guardrail; nodes may be nil (no cluster access).
 func NewOptOut(nodes NodeSource) *OptOut { return &OptOut{nodes: nodes} }
 
-// Name implements remediate.Guardrail.
-func (g *OptOut) Name() string { return "node-opt-out" }
+// Name implements Guardrail.
+func (g *OptOut) Name() string { return GuardOptOut }
 
-// Check implements remediate.Guardrail.
-func (g *OptOut) Check(_ context.Context, _ *remediate.Request) error {
+// Check implements Guardrail.
+func (g *OptOut) Check(_ context.Context, _ *Request) error {
 	if g.nodes == nil {
 		return nil
 	}
@@ -36,7 +34,7 @@ func (g *OptOut) Check(_ context.Context, _ *remediate.Request) error {
 		return nil
 	}
 	if why := OptedOut(n); why != "" {
-		return remediate.Block(g.Name(), "node %s opted out by %s", n.Name, why)
+		return Block(g.Name(), "node %s opted out by %s", n.Name, why)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package clusterguard
+package guardrails
 
 import (
 	"context"
@@ -16,8 +16,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
-
-	"github.com/remediate-dev/remediate/remediate"
 )
 
 // BudgetOptions configure the cluster-wide budget.
@@ -59,8 +57,8 @@ type heldSlot struct {
 }
 
 var (
-	_ remediate.Guardrail = (*Budget)(nil)
-	_ remediate.Holder    = (*Budget)(nil)
+	_ Guardrail = (*Budget)(nil)
+	_ Holder    = (*Budget)(nil)
 )
 
 // NewBudget returns the budget guardrail. cs nil means no cluster access:
@@ -87,8 +85,8 @@ func NewBudget(cs kubernetes.Interface, opts BudgetOptions) *Budget {
 	return &Budget{cs: cs, opts: opts, held: map[string]heldSlot{}}
 }
 
-// Name implements remediate.Guardrail.
-func (b *Budget) Name() string { return "cluster-budget" }
+// Name implements Guardrail.
+func (b *Budget) Name() string { return GuardBudget }
 
 // SlotName returns the Lease name of slot i.
 func (b *Budget) SlotName(i int) string { return fmt.Sprintf("%s-%d", b.opts.Prefix, i) }
@@ -106,13 +104,13 @@ func SlotFree(l *coordv1.Lease, now time.Time) bool {
 	return !now.Before(exp)
 }
 
-// Check implements remediate.Guardrail.
-func (b *Budget) Check(ctx context.Context, r *remediate.Request) error {
+// Check implements Guardrail.
+func (b *Budget) Check(ctx context.Context, r *Request) error {
 	if !r.Disruptive {
 		return nil
 	}
 	if b.cs == nil {
-		return remediate.Block(b.Name(), "no cluster access: cannot take a cluster-wide budget slot")
+		return Block(b.Name(), "no cluster access: cannot take a cluster-wide budget slot")
 	}
 	key := r.Key()
 	now := b.opts.Clock.Now()
@@ -181,7 +179,7 @@ func (b *Budget) Check(ctx context.Context, r *remediate.Request) error {
 	if r.DryRun {
 		verb = "would block: all"
 	}
-	return remediate.Block(b.Name(), "%s %d cluster-wide disruptive-action slots are held: %s",
+	return Block(b.Name(), "%s %d cluster-wide disruptive-action slots are held: %s",
 		verb, b.opts.Slots, strings.Join(holders, "; "))
 }
 
@@ -201,7 +199,7 @@ func (b *Budget) remember(key, name string, now time.Time) {
 }
 
 // lease builds the Lease for taking slot name (updating prev if non-nil).
-func (b *Budget) lease(name string, r *remediate.Request, now time.Time, prev *coordv1.Lease) *coordv1.Lease {
+func (b *Budget) lease(name string, r *Request, now time.Time, prev *coordv1.Lease) *coordv1.Lease {
 	l := &coordv1.Lease{}
 	transitions := int32(0)
 	if prev != nil {
@@ -231,10 +229,10 @@ func (b *Budget) lease(name string, r *remediate.Request, now time.Time, prev *c
 	return l
 }
 
-// Release implements remediate.Holder: it frees the slot taken for r if
+// Release implements Holder: it frees the slot taken for r if
 // this daemon still holds it. Errors are logged; the slot then expires
 // after TTL.
-func (b *Budget) Release(ctx context.Context, r *remediate.Request) {
+func (b *Budget) Release(ctx context.Context, r *Request) {
 	key := r.Key()
 	b.mu.Lock()
 	h, ok := b.held[key]

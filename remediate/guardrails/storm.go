@@ -1,4 +1,4 @@
-package clusterguard
+package guardrails
 
 import (
 	"context"
@@ -18,8 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
-
-	"github.com/remediate-dev/remediate/remediate"
 )
 
 // StormOptions configure the storm guard.
@@ -57,7 +55,7 @@ type Storm struct {
 	lastPublished time.Time
 }
 
-var _ remediate.Guardrail = (*Storm)(nil)
+var _ Guardrail = (*Storm)(nil)
 
 // NewStorm returns the storm guard. cs nil means no cluster access: the
 // guard then allows (it cannot count), and disruptive actions are blocked
@@ -78,8 +76,8 @@ func NewStorm(cs kubernetes.Interface, opts StormOptions) *Storm {
 	return &Storm{cs: cs, opts: opts}
 }
 
-// Name implements remediate.Guardrail.
-func (s *Storm) Name() string { return "storm-guard" }
+// Name implements Guardrail.
+func (s *Storm) Name() string { return GuardStorm }
 
 // StatusLeaseName is the node-status Lease name of a node (hashed when the
 // node name is too long for a Lease name).
@@ -140,8 +138,8 @@ func (s *Storm) Publish(ctx context.Context, firing []string) error {
 	return nil
 }
 
-// Check implements remediate.Guardrail.
-func (s *Storm) Check(ctx context.Context, r *remediate.Request) error {
+// Check implements Guardrail.
+func (s *Storm) Check(ctx context.Context, r *Request) error {
 	if !r.Disruptive && !s.opts.AllActions {
 		return nil
 	}
@@ -155,7 +153,7 @@ func (s *Storm) Check(ctx context.Context, r *remediate.Request) error {
 	}
 	live, affected := CountFiring(list.Items, r.Rule.Name, s.opts.Node, s.opts.Clock.Now())
 	if why := StormVerdict(live, affected, s.opts.MaxShare, s.opts.MinNodes); why != "" {
-		return remediate.Block(s.Name(), "rule %q: %s; suspecting a cluster-wide cause (control plane, network), holding back", r.Rule.Name, why)
+		return Block(s.Name(), "rule %q: %s; suspecting a cluster-wide cause (control plane, network), holding back", r.Rule.Name, why)
 	}
 	return nil
 }

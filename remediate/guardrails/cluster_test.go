@@ -1,4 +1,4 @@
-package clusterguard
+package guardrails
 
 import (
 	"context"
@@ -12,15 +12,14 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/policy"
-	"github.com/remediate-dev/remediate/remediate"
 )
 
-func req(rule, target, action string, disruptive, dry bool, now time.Time) *remediate.Request {
-	return &remediate.Request{Rule: &policy.Rule{Name: rule}, ActionType: action, Disruptive: disruptive,
-		Finding: detect.Finding{Target: target}, DryRun: dry, Now: now}
+func req(rule, target, action string, disruptive, dry bool, now time.Time) *Request {
+	return &Request{Rule: &policy.Rule{Name: rule}, ActionType: action, Disruptive: disruptive,
+		Finding: finding.Finding{Target: target}, DryRun: dry, Now: now}
 }
 
 type fakeView struct{ f cluster.Freshness }
@@ -62,7 +61,7 @@ func TestFreshness(t *testing.T) {
 				}
 				return
 			}
-			var b *remediate.Blocked
+			var b *Blocked
 			if !errors.As(err, &b) || !strings.Contains(b.Reason, tc.want) {
 				t.Fatalf("got %v, want reason containing %q", err, tc.want)
 			}
@@ -92,7 +91,7 @@ func TestBudgetFakeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := c.Check(ctx, req("r", "t", "X", true, false, now))
-	var bl *remediate.Blocked
+	var bl *Blocked
 	if !errors.As(err, &bl) || !strings.Contains(bl.Reason, "all 2 cluster-wide") || !strings.Contains(bl.Reason, "a (r on t)") {
 		t.Fatalf("third holder: %v", err)
 	}
@@ -224,7 +223,7 @@ func TestBudgetSlotNoLongerOursIsNotTrusted(t *testing.T) {
 	}
 	// a asks again for the same (rule, target): the only slot is d's.
 	err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now()))
-	var bl *remediate.Blocked
+	var bl *Blocked
 	if !errors.As(err, &bl) || !strings.Contains(bl.Reason, "all 1 cluster-wide") {
 		t.Fatalf("a was allowed on a slot it no longer holds: %v", err)
 	}

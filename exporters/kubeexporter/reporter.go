@@ -1,4 +1,4 @@
-// Package report publishes the daemon's decisions to the cluster: an Event
+// Package kubeexporter publishes the daemon's decisions to the cluster: an Event
 // (events.k8s.io/v1) on the Node for every executed, dry-run, failed or
 // escalated decision (and storm hold-backs), deduplicated into series; the
 // KubeProxyDataplaneHealthy NodeCondition, turned with hysteresis as
@@ -8,7 +8,7 @@
 // The daemon calls Reporter.Report once per cycle with the cycle's report.
 // API failures never stop the loop: what could not be written is retried
 // next cycle.
-package report
+package kubeexporter
 
 import (
 	"context"
@@ -31,6 +31,7 @@ import (
 	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // Event reasons.
@@ -75,7 +76,7 @@ type Options struct {
 	// finding (its detector having run) for this long (default 2m).
 	UncordonAfter time.Duration
 	// Firing, if set, publishes the rules firing on this node each cycle
-	// (clusterguard.Storm.Publish).
+	// (guardrails.Storm.Publish).
 	Firing func(ctx context.Context, rules []string) error
 	// Nodes, if set, is the watched Node (kube.NodeWatch): the per-cycle
 	// cordon check reads it instead of GETting the Node.
@@ -187,7 +188,7 @@ func eventFor(d remediate.Decision) (typ, reason, outcome string, ok bool) {
 		return corev1.EventTypeNormal, ReasonDryRun, string(d.Outcome), true
 	case d.Outcome == remediate.OutcomeFailed:
 		return corev1.EventTypeWarning, ReasonFailed, string(d.Outcome), true
-	case d.Outcome == remediate.OutcomeBlocked && d.Guardrail == "storm-guard":
+	case d.Outcome == remediate.OutcomeBlocked && d.Guardrail == guardrails.GuardStorm:
 		return corev1.EventTypeWarning, ReasonStorm, "storm", true
 	}
 	return "", "", "", false
