@@ -149,7 +149,10 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	e.pol, e.rules, e.opts.Node = p, rules, n
 	e.cur.Store(p)
 	if m := e.opts.Metrics; m != nil {
-		names := []string{GuardEscalation, GuardCooldown, GuardRuleRate, GuardNodeRate, GuardMaxTargets, GuardDryRun}
+		var names []string
+		for _, g := range guardrails.Chain(guardrails.Node{}, e.opts.Cluster, "") {
+			names = append(names, g.Name())
+		}
 		for _, g := range e.opts.Guardrails {
 			names = append(names, g.Name())
 		}

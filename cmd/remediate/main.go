@@ -7,6 +7,7 @@
 //	remediate policy show FILE       print the effective policy (defaults included)
 //	remediate policy types           list detector and action types
 //	remediate journal [--state-dir DIR]   print the audit journal
+//	remediate cleanup [--node N]     remove remediate's Node condition, cordon and taint (uninstall)
 //	remediate version
 //
 // This package only parses flags, wires the node's adapters and calls the

@@ -94,6 +94,7 @@ func TestClusterEndToEnd(t *testing.T) {
 	t.Run("budget", func(t *testing.T) { testBudget(t, cp) })
 	t.Run("reporting", func(t *testing.T) { testReporting(t, cp) })
 	t.Run("actions", func(t *testing.T) { testActions(t, cp) })
+	t.Run("fleet", func(t *testing.T) { testFleet(t, cp) })
 	t.Run("apiserver-down", func(t *testing.T) { testAPIServerDown(t, cp) })
 }
 
@@ -178,7 +179,7 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 			}
 			var installed []*unstructured.Unstructured
 			for _, o := range objs {
-				if !deploy.IsHook(o) {
+				if !deploy.IsHook(o) && !deploy.ChartOnly[deploy.ObjectKey(o)] {
 					installed = append(installed, o)
 				}
 			}
