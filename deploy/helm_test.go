@@ -155,6 +155,22 @@ func TestChartValues(t *testing.T) {
 				t.Errorf("%s rendered by default", k)
 			}
 		}
+		// The uninstall cleanup: a hook Job running `remediate cleanup`
+		// before and after the release's objects are deleted, as its own
+		// ServiceAccount.
+		job := m["Job ops/remediate-cleanup"]
+		if job == nil || !IsHook(job) || job.GetAnnotations()["helm.sh/hook"] != "pre-delete,post-delete" {
+			t.Fatalf("cleanup hook Job: %v", job)
+		}
+		jc, _, _ := unstructured.NestedSlice(job.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(jc[0].(map[string]any), "args")
+		sa, _, _ := unstructured.NestedString(job.Object, "spec", "template", "spec", "serviceAccountName")
+		if len(args) == 0 || args[0] != "cleanup" || sa != "remediate-cleanup" || jc[0].(map[string]any)["image"] != c["image"] {
+			t.Errorf("cleanup Job: args %v, ServiceAccount %q, image %v", args, sa, jc[0].(map[string]any)["image"])
+		}
+		if m["ClusterRole /remediate-cleanup"] == nil || !IsHook(m["ClusterRole /remediate-cleanup"]) {
+			t.Error("cleanup ClusterRole missing or not a hook")
+		}
 	})
 	t.Run("digest", func(t *testing.T) {
 		d := "sha256:" + strings.Repeat("0f", 32)
