@@ -9,14 +9,28 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test test-vm lint bench fuzz clean
+.PHONY: all build run test test-vm lint bench fuzz clean image
 
 include tools/controlplane/controlplane.mk
+include tools/helm/helm.mk
 
 all: build
 
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/remediate
+
+# Release binaries for the image's platforms, static, version stamped from
+# git, and one SPDX SBOM of the modules linked into them (tools/sbom).
+# deploy/Dockerfile builds the same for a container engine.
+IMAGE_ARCHES ?= amd64 arm64
+image:
+	@mkdir -p bin
+	@for arch in $(IMAGE_ARCHES); do \
+	  echo "bin/remediate-linux-$$arch ($(VERSION))"; \
+	  CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" \
+	    -o bin/remediate-linux-$$arch ./cmd/remediate || exit 1; \
+	done
+	$(GO) run ./tools/sbom -o bin/remediate.spdx.json $(addprefix bin/remediate-linux-,$(IMAGE_ARCHES))
 
 # The main job: one detection pass on this machine with the example audit
 # policy, forced dry-run. Exit 2 means "findings present", which is a
@@ -28,11 +42,12 @@ run: build
 
 # As root, the real control plane (kube-apiserver, etcd, kube-proxy built
 # from the Go module proxy, cached by the Go build cache) is built first so
-# the end-to-end tests run instead of skipping.
-test:
+# the end-to-end tests run instead of skipping. helm (for the chart tests)
+# is always built: cached, it is a link step.
+test: helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; \
 	  else echo "not root: kernel and control-plane tests will skip"; fi
-	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; \
 	  else echo "not root: the IPVS VM lane (make test-vm) is not run"; fi
 

@@ -260,7 +260,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
 	sortReport(rep)
 	saveErr := e.store.Save(st)
-	e.observe(rep, st, e.opts.Clock.Since(start))
+	e.observe(pol, rep, st, e.opts.Clock.Since(start))
 	if saveErr != nil {
 		return rep, fmt.Errorf("persisting guardrail state: %w", saveErr)
 	}
@@ -522,7 +522,7 @@ func (e *Engine) Close(ctx context.Context) {
 	}
 }
 
-func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
+func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Duration) {
 	m := e.opts.Metrics
 	if m == nil {
 		return
@@ -531,7 +531,7 @@ func (e *Engine) observe(rep *Report, st *State, d time.Duration) {
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
 	zeroGauges(m, e.pol)
 	for _, f := range rep.Findings {
-		m.Findings.WithLabelValues(f.Rule, string(f.Severity)).Inc()
+		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
 	}
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)

@@ -2,6 +2,7 @@ package remediate
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
 )
 
 // Metrics are the engine's Prometheus metrics. Register them on the
@@ -23,8 +24,8 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule and severity.",
-		}, []string{"rule", "severity"}),
+			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule, detector type and severity.",
+		}, []string{"rule", "detector", "severity"}),
 		Decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "remediate_decisions_total", Help: "Decisions taken, by rule, action and outcome.",
 		}, []string{"rule", "action", "outcome"}),
@@ -55,9 +56,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "remediate_policy_reloads_total", Help: "Policy reload attempts by result (success, invalid).",
 		}, []string{"result"}),
 	}
+	// Exported from the start: the invalid-policy alert uses increase().
+	m.PolicyReloads.WithLabelValues("success")
+	m.PolicyReloads.WithLabelValues("invalid")
 	if reg != nil {
 		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
 			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads)
 	}
 	return m
 }
+

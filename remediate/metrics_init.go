@@ -11,7 +11,7 @@ var allOutcomes = []Outcome{OutcomeExecuted, OutcomeDryRun, OutcomeBlocked, Outc
 
 // initMetrics exports every series the policy can produce, at 0, so a
 // dashboard shows 0 rather than "no data" until the first event: findings
-// per rule and severity, decisions per rule, action and outcome, action
+// per rule, detector and severity, decisions per rule, action and outcome, action
 // durations, detector errors and skips, guardrail blocks per guardrail and
 // rule, escalated targets per rule.
 func (e *Engine) initMetrics(p *policy.Policy) {
@@ -58,7 +58,7 @@ func zeroGauges(m *Metrics, p *policy.Policy) {
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		for _, s := range []detect.Severity{detect.Info, detect.Warning, detect.Critical} {
-			m.Findings.WithLabelValues(r.Name, string(s))
+			m.Findings.WithLabelValues(r.Name, r.Detector.Type, string(s))
 		}
 		m.DetectorSkips.WithLabelValues(r.Name, r.Detector.Type)
 		if r.Action != nil {

@@ -106,7 +106,7 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 	root.SetVersionTemplate("remediate {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
 	addRootFlags(root, o)
-	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newVersionCmd(stdout))
+	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newCleanupCmd(stdout, stderr), newVersionCmd(stdout))
 	// The completion command is cobra's; made strict like the others (an
 	// unknown shell is a usage error, not help and exit 0).
 	root.InitDefaultCompletionCmd()

@@ -7,6 +7,7 @@
 //	remediate policy show FILE       print the effective policy (defaults included)
 //	remediate policy types           list detector and action types with their parameters
 //	remediate journal [--state-dir DIR]   print the audit journal
+//	remediate cleanup [--node N]     remove remediate's Node condition, cordon and taint (uninstall)
 //	remediate version | --version
 //	remediate completion bash|zsh|fish|powershell
 //

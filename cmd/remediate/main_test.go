@@ -310,7 +310,7 @@ func TestDaemonLifecycle(t *testing.T) {
 		t.Fatalf("healthz %d", c)
 	}
 	_, metrics := get("/metrics")
-	for _, m := range []string{"remediate_cycle_duration_seconds", `remediate_decisions_total{action="CLITestKill",outcome="skipped",rule="hung-restore"}`, `remediate_findings{rule="hung-restore",severity="critical"} 1`, `remediate_detector_skipped{detector="CLITestNeedsAPI",rule="api-check"} 1`} {
+	for _, m := range []string{"remediate_cycle_duration_seconds", `remediate_decisions_total{action="CLITestKill",outcome="skipped",rule="hung-restore"}`, `remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 1`, `remediate_detector_skipped{detector="CLITestNeedsAPI",rule="api-check"} 1`} {
 		if !strings.Contains(metrics, m) {
 			t.Errorf("metrics lack %s", m)
 		}
@@ -325,7 +325,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	waitFor(t, "rejected reload", func() bool { return logs.has("policy reload rejected") })
 	waitFor(t, "invalid reload metric", func() bool {
 		_, m := get("/metrics")
-		return strings.Contains(m, `remediate_policy_reloads_total{result="invalid"}`)
+		return strings.Contains(m, `remediate_policy_reloads_total{result="invalid"} 1`)
 	})
 	if c, _ := get("/healthz"); c != 200 {
 		t.Fatal("daemon unhealthy after a rejected reload")
@@ -335,7 +335,7 @@ func TestDaemonLifecycle(t *testing.T) {
 	waitFor(t, "file reload", func() bool { return logs.has(`"msg":"policy reloaded"`) })
 	waitFor(t, "new policy in effect", func() bool {
 		_, m := get("/metrics")
-		return strings.Contains(m, `remediate_findings{rule="hung-restore",severity="critical"} 3`)
+		return strings.Contains(m, `remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 3`)
 	})
 
 	cmd.Process.Signal(syscall.SIGTERM)

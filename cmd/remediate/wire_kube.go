@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -31,6 +32,22 @@ type kubeWiring struct {
 	reporter *kubeexporter.Reporter
 	storm    *guardrails.Storm
 	budget   *guardrails.Budget
+	// Fleet controls: the cluster-wide pause and kube-proxy's rollout.
+	pause   atomic.Pointer[guardrails.FleetPause]
+	rollout *guardrails.KubeProxyRollout
+}
+
+// kubeProxyNamespace/kubeProxyDaemonSet is where kube-proxy's DaemonSet is
+// looked for (kubeadm's and most distributions' name).
+const kubeProxyNamespace, kubeProxyDaemonSet = "kube-system", "kube-proxy"
+
+// fleetPaused is remediate_fleet_paused: 1 while the fleet ConfigMap
+// pauses all actions.
+func (w *wiring) fleetPaused() float64 {
+	if p, _ := w.k.pause.Load().Paused(); p {
+		return 1
+	}
+	return 0
 }
 
 func envOr(key, def string) string {
@@ -77,6 +94,12 @@ func (w *wiring) kube() *kubeWiring {
 			}
 			scancel()
 		}
+		pw := kube.NewFleetPauseWatch(c.Interface, ns)
+		pw.Start(ctx)
+		dw := kube.NewDaemonSetWatch(c.Interface, kubeProxyNamespace, kubeProxyDaemonSet)
+		dw.Start(ctx)
+		k.pause.Store(guardrails.NewFleetPause(pw, ns))
+		k.rollout = guardrails.NewKubeProxyRollout(dw)
 		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
 		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
@@ -93,7 +116,8 @@ func (w *wiring) clusterGuardrails() guardrails.Cluster {
 	if k.client == nil {
 		return guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, k.noAccess, nil), Budget: guardrails.NewBudget(nil, guardrails.BudgetOptions{})}
 	}
-	return guardrails.Cluster{OptOut: guardrails.NewOptOut(k.nodes), Freshness: guardrails.NewFreshness(k.view, "", nil), Storm: k.storm, Budget: k.budget}
+	return guardrails.Cluster{OptOut: guardrails.NewOptOut(k.nodes), Freshness: guardrails.NewFreshness(k.view, "", nil), Storm: k.storm, Budget: k.budget,
+		Extra: []guardrails.Guardrail{k.pause.Load(), k.rollout}}
 }
 
 // reportCycle publishes a daemon cycle: events, the node condition, the

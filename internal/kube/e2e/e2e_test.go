@@ -5,19 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap/zaptest"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -95,12 +97,16 @@ func TestClusterEndToEnd(t *testing.T) {
 	t.Run("budget", func(t *testing.T) { testBudget(t, cp) })
 	t.Run("reporting", func(t *testing.T) { testReporting(t, cp) })
 	t.Run("actions", func(t *testing.T) { testActions(t, cp) })
+	t.Run("fleet", func(t *testing.T) { testFleet(t, cp) })
 	t.Run("apiserver-down", func(t *testing.T) { testAPIServerDown(t, cp) })
 }
 
-// testManifests: every object of both overlays passes server-side dry-run
-// apply; then the audit overlay is applied for real (the permission tests
-// need its RBAC and admission policy).
+// testManifests: every object of both overlays, and of the Helm chart
+// rendered in audit and enforce mode (its uninstall hook included), passes
+// server-side dry-run apply; the chart's objects as the apiserver would
+// store them (defaults filled in) equal the overlays' after
+// deploy.Normalize. Then the enforce overlay is applied for real (the
+// action and permission tests need its RBAC and admission policy).
 func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	// A server-side dry run cannot create the namespace its objects go
@@ -108,8 +114,60 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guardNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	applyOverlay(t, cp, "audit", true)
-	applyOverlay(t, cp, "enforce", true)
+	kAudit := applyOverlay(t, cp, "audit", true)
+	kEnforce := applyOverlay(t, cp, "enforce", true)
+
+	t.Run("helm", func(t *testing.T) {
+		helm, err := deploy.HelmBin()
+		if err != nil {
+			if os.Getenv("REMEDIATE_E2E_REQUIRED") != "" {
+				t.Fatalf("REMEDIATE_E2E_REQUIRED is set but: %v", err)
+			}
+			t.Skip(err)
+		}
+		for _, tc := range []struct {
+			name string
+			set  []string
+			want []*unstructured.Unstructured
+		}{{"audit", nil, kAudit}, {"enforce", []string{"--set", "enforce=true"}, kEnforce}} {
+			objs, err := deploy.RenderChart(ctx, helm, guardNS, tc.set...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var installed []*unstructured.Unstructured
+			for _, o := range objs {
+				if !deploy.IsHook(o) && !deploy.ChartOnly[deploy.ObjectKey(o)] {
+					installed = append(installed, o)
+				}
+			}
+			applyObjects(t, cp, "chart "+tc.name+" (hooks)", objs, true)
+			got := applyObjects(t, cp, "chart "+tc.name, installed, true)
+			if len(got) != len(installed) {
+				continue
+			}
+			want := make([]*unstructured.Unstructured, 0, len(tc.want))
+			for _, o := range tc.want {
+				want = append(want, o.DeepCopy())
+			}
+			for _, o := range append(append([]*unstructured.Unstructured{}, want...), got...) {
+				stripServerFields(o)
+				deploy.Normalize(o)
+			}
+			wm, wkeys := deploy.ByKey(want)
+			gm, gkeys := deploy.ByKey(got)
+			if d := cmp.Diff(wkeys, gkeys); d != "" {
+				t.Errorf("%s: objects differ (-kustomize +chart):\n%s", tc.name, d)
+			}
+			for _, k := range wkeys {
+				if g, ok := gm[k]; ok {
+					if d := cmp.Diff(wm[k].Object, g.Object); d != "" {
+						t.Errorf("%s: %s as stored differs (-kustomize +chart):\n%s", tc.name, k, d)
+					}
+				}
+			}
+		}
+	})
+
 	// Enforce for real: the action tests need its RBAC (the audit
 	// overlay's is read-only; testPermissions checks it too).
 	applyOverlay(t, cp, "enforce", false)
@@ -122,8 +180,24 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 }
 
-// applyOverlay server-side applies every object of an overlay.
-func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, dryRun bool) {
+// applyOverlay server-side applies every object of an overlay and returns
+// what the apiserver stored (or, with dryRun, would store).
+func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, dryRun bool) []*unstructured.Unstructured {
+	t.Helper()
+	m, err := deploy.Render(overlay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := deploy.KustomizeObjects(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return applyObjects(t, cp, overlay, objs, dryRun)
+}
+
+// applyObjects server-side applies objs and returns what the apiserver
+// answered.
+func applyObjects(t *testing.T, cp *controlplane.ControlPlane, what string, objs []*unstructured.Unstructured, dryRun bool) []*unstructured.Unstructured {
 	t.Helper()
 	ctx := context.Background()
 	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
@@ -135,31 +209,44 @@ func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, d
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := deploy.Render(overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range m.Resources() {
-		js, err := r.MarshalJSON()
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
+		js, err := o.MarshalJSON()
 		if err != nil {
 			t.Fatal(err)
 		}
-		gvk := r.GetGvk()
-		mapping, err := mapper.RESTMapping(schemaGK(gvk.Group, gvk.Kind), gvk.Version)
+		gvk := o.GroupVersionKind()
+		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 		if err != nil {
-			t.Fatalf("%s %s: %v", overlay, r.CurId(), err)
+			t.Fatalf("%s %s: %v", what, deploy.ObjectKey(o), err)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
 		if mapping.Scope.Name() == "namespace" {
-			ri = dyn.Resource(mapping.Resource).Namespace(r.GetNamespace())
+			ri = dyn.Resource(mapping.Resource).Namespace(o.GetNamespace())
 		}
 		opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
 		if dryRun {
 			opts.DryRun = []string{metav1.DryRunAll}
 		}
-		if _, err := ri.Patch(ctx, r.GetName(), types.ApplyPatchType, js, opts); err != nil {
-			t.Errorf("%s: server-side apply (dryRun=%v) of %s %s: %v", overlay, dryRun, gvk.Kind, r.GetName(), err)
+		got, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, js, opts)
+		if err != nil {
+			t.Errorf("%s: server-side apply (dryRun=%v) of %s: %v", what, dryRun, deploy.ObjectKey(o), err)
+			continue
 		}
+		out = append(out, got)
+	}
+	return out
+}
+
+// stripServerFields removes what the apiserver adds to every object
+// (identity, timestamps, field ownership, status), keeping spec defaults.
+func stripServerFields(o *unstructured.Unstructured) {
+	for _, f := range []string{"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"} {
+		unstructured.RemoveNestedField(o.Object, "metadata", f)
+	}
+	unstructured.RemoveNestedField(o.Object, "status")
+	if a := o.GetAnnotations(); len(a) == 0 {
+		unstructured.RemoveNestedField(o.Object, "metadata", "annotations")
 	}
 }
 
@@ -421,8 +508,6 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Fatalf("expired slot not taken over: %v", err)
 	}
 }
-
-func schemaGK(group, kind string) schema.GroupKind { return schema.GroupKind{Group: group, Kind: kind} }
 
 // testReporting: events are created and deduplicated into series, the
 // condition turns False after ProblemAfter and True again after

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/remediate-dev/remediate/exporters/kubeexporter"
+	"github.com/remediate-dev/remediate/internal/kube"
+)
+
+// newCleanupCmd is `remediate cleanup`: remove from nodes what remediate
+// put there (its Node condition; its cordon, taint and annotation), so an
+// uninstall leaves nothing stale. The chart runs it as a pre-delete hook.
+func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
+	var kubeconfig, node, cond string
+	var timeout time.Duration
+	cc := &cobra.Command{
+		Use:     "cleanup",
+		Short:   "Remove remediate's Node condition, cordon and taint from nodes (run on uninstall)",
+		Example: "  remediate cleanup --node worker-1\n  remediate cleanup            # every node",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := kube.Connect(kube.Options{Kubeconfig: kubeconfig})
+			if err != nil {
+				fmt.Fprintf(stderr, "remediate cleanup: %v\n", err)
+				return exitStatus(exitError)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			done, err := kube.Cleanup(ctx, c.Interface, node, cond)
+			names := make([]string, 0, len(done))
+			for n := range done {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				fmt.Fprintf(stdout, "%s: removed %s\n", n, strings.Join(done[n], ", "))
+			}
+			if len(done) == 0 && err == nil {
+				fmt.Fprintln(stdout, "nothing to clean up")
+			}
+			if err != nil {
+				fmt.Fprintf(stderr, "remediate cleanup: %v\n", err)
+				return exitStatus(exitError)
+			}
+			return nil
+		},
+	}
+	cc.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+	cc.Flags().StringVar(&node, "node", "", "only this node (default: every node)")
+	cc.Flags().StringVar(&cond, "condition-type", kubeexporter.DefaultConditionType, "the Node condition remediate maintains")
+	cc.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up after this long")
+	return cc
+}

@@ -1,0 +1,249 @@
+package deploy
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate"
+)
+
+// needHelm returns the helm binary, skipping without one unless
+// REMEDIATE_E2E_REQUIRED is set (CI), where a missing helm fails.
+func needHelm(t *testing.T) string {
+	t.Helper()
+	h, err := HelmBin()
+	if err != nil {
+		if os.Getenv("REMEDIATE_E2E_REQUIRED") != "" {
+			t.Fatalf("REMEDIATE_E2E_REQUIRED is set but: %v", err)
+		}
+		t.Skip(err)
+	}
+	return h
+}
+
+// The chart ships the example policies verbatim (helm cannot read files
+// outside the chart, so they are copies; this keeps them identical).
+func TestChartPolicyFilesMatchExamples(t *testing.T) {
+	for _, mode := range []string{"audit", "enforce"} {
+		want, err := os.ReadFile(filepath.Join(Dir(), "..", "examples", mode+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(ChartDir(), "files", mode+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != string(want) {
+			t.Errorf("deploy/helm/remediate/files/%s.yaml differs from examples/%s.yaml: cp examples/%s.yaml deploy/helm/remediate/files/", mode, mode, mode)
+		}
+	}
+}
+
+func TestHelmLint(t *testing.T) {
+	helm := needHelm(t)
+	ctx := context.Background()
+	for _, set := range [][]string{nil, {"--set", "enforce=true"},
+		{"--set", "prometheusRule.enabled=true,metrics.podMonitor.enabled=true,cleanupOnUninstall.enabled=false,admissionPolicy.enabled=false"},
+		{"--set", "image.digest=sha256:" + strings.Repeat("ab", 32)}} {
+		out, err := Helm(ctx, helm, append([]string{"lint", "--strict", ChartDir()}, set...)...)
+		if err != nil {
+			t.Errorf("helm lint %v: %v\n%s", set, err, out)
+		}
+	}
+}
+
+// TestChartMatchesKustomize is what keeps the chart and deploy/base in
+// sync: rendered with default values (audit) and with enforce=true, the
+// chart's installed objects equal the audit and enforce overlays' objects
+// one by one, after Normalize (Helm's bookkeeping labels, kustomize's
+// ConfigMap hash, the image tag). A change to deploy/base fails here until
+// the chart follows (or the other way round).
+func TestChartMatchesKustomize(t *testing.T) {
+	helm := needHelm(t)
+	for _, tc := range []struct {
+		overlay string
+		set     []string
+	}{{"audit", nil}, {"enforce", []string{"--set", "enforce=true"}}} {
+		t.Run(tc.overlay, func(t *testing.T) {
+			m, err := Render(tc.overlay)
+			if err != nil {
+				t.Fatal(err)
+			}
+			kobjs, err := KustomizeObjects(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hobjs, err := RenderChart(context.Background(), helm, "kube-system", tc.set...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var installed []*unstructured.Unstructured
+			for _, o := range hobjs {
+				if !IsHook(o) && !ChartOnly[ObjectKey(o)] {
+					installed = append(installed, o)
+				}
+			}
+			for _, o := range append(kobjs, installed...) {
+				Normalize(o)
+			}
+			km, kkeys := ByKey(kobjs)
+			hm, hkeys := ByKey(installed)
+			if d := cmp.Diff(kkeys, hkeys); d != "" {
+				t.Errorf("objects differ (-kustomize +chart):\n%s", d)
+			}
+			for _, k := range kkeys {
+				h, ok := hm[k]
+				if !ok {
+					continue
+				}
+				if d := cmp.Diff(km[k].Object, h.Object); d != "" {
+					t.Errorf("%s differs (-kustomize +chart):\n%s", k, d)
+				}
+			}
+		})
+	}
+}
+
+// TestChartValues: the values that matter render as documented, and the
+// strict schema refuses what it should.
+func TestChartValues(t *testing.T) {
+	helm := needHelm(t)
+	ctx := context.Background()
+	render := func(t *testing.T, args ...string) map[string]*unstructured.Unstructured {
+		t.Helper()
+		objs, err := RenderChart(ctx, helm, "ops", args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := ByKey(objs)
+		return m
+	}
+	container := func(t *testing.T, m map[string]*unstructured.Unstructured) map[string]any {
+		t.Helper()
+		ds := m["DaemonSet ops/remediate"]
+		if ds == nil {
+			t.Fatalf("no DaemonSet in %v", m)
+		}
+		cs, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "containers")
+		return cs[0].(map[string]any)
+	}
+	t.Run("defaults", func(t *testing.T) {
+		m := render(t)
+		c := container(t, m)
+		if c["image"] != "ghcr.io/remediate-dev/remediate:0.1.0" {
+			t.Errorf("image %v", c["image"])
+		}
+		cm := m["ConfigMap ops/remediate-policy-audit"]
+		if cm == nil {
+			t.Fatal("no audit policy ConfigMap")
+		}
+		pol, _, _ := unstructured.NestedString(cm.Object, "data", "policy.yaml")
+		p, err := policy.Parse("chart", []byte(pol), remediate.Catalog{})
+		if err != nil || p.Mode != policy.Audit {
+			t.Errorf("policy: %v mode %v", err, p)
+		}
+		for k, o := range m {
+			if o.GetKind() == "PrometheusRule" || o.GetKind() == "PodMonitor" {
+				t.Errorf("%s rendered by default", k)
+			}
+		}
+		// The uninstall cleanup: a hook Job running `remediate cleanup`
+		// before and after the release's objects are deleted, as its own
+		// ServiceAccount.
+		job := m["Job ops/remediate-cleanup"]
+		if job == nil || !IsHook(job) || job.GetAnnotations()["helm.sh/hook"] != "pre-delete,post-delete" {
+			t.Fatalf("cleanup hook Job: %v", job)
+		}
+		jc, _, _ := unstructured.NestedSlice(job.Object, "spec", "template", "spec", "containers")
+		args, _, _ := unstructured.NestedStringSlice(jc[0].(map[string]any), "args")
+		sa, _, _ := unstructured.NestedString(job.Object, "spec", "template", "spec", "serviceAccountName")
+		if len(args) == 0 || args[0] != "cleanup" || sa != "remediate-cleanup" || jc[0].(map[string]any)["image"] != c["image"] {
+			t.Errorf("cleanup Job: args %v, ServiceAccount %q, image %v", args, sa, jc[0].(map[string]any)["image"])
+		}
+		if m["ClusterRole /remediate-cleanup"] == nil || !IsHook(m["ClusterRole /remediate-cleanup"]) {
+			t.Error("cleanup ClusterRole missing or not a hook")
+		}
+	})
+	t.Run("digest", func(t *testing.T) {
+		d := "sha256:" + strings.Repeat("0f", 32)
+		c := container(t, render(t, "--set", "image.digest="+d, "--set", "image.tag=1.2.3"))
+		if c["image"] != "ghcr.io/remediate-dev/remediate:1.2.3@"+d {
+			t.Errorf("image %v", c["image"])
+		}
+	})
+	t.Run("custom-policy-enforce", func(t *testing.T) {
+		f := filepath.Join(t.TempDir(), "v.yaml")
+		src, err := os.ReadFile(filepath.Join(Dir(), "..", "examples", "audit.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var custom map[string]any
+		if err := yaml.Unmarshal(src, &custom); err != nil {
+			t.Fatal(err)
+		}
+		v, _ := yaml.Marshal(map[string]any{"enforce": true, "policy": map[string]any{"custom": custom}})
+		if err := os.WriteFile(f, v, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m := render(t, "-f", f)
+		cm := m["ConfigMap ops/remediate-policy-enforce"]
+		if cm == nil {
+			t.Fatalf("no enforce ConfigMap: %v", m)
+		}
+		pol, _, _ := unstructured.NestedString(cm.Object, "data", "policy.yaml")
+		p, err := policy.Parse("chart", []byte(pol), remediate.Catalog{})
+		if err != nil {
+			t.Fatalf("custom policy as rendered is invalid: %v\n%s", err, pol)
+		}
+		if p.Mode != policy.Enforce || len(p.Rules) == 0 {
+			t.Errorf("mode %v, %d rules", p.Mode, len(p.Rules))
+		}
+	})
+	t.Run("existing-configmap", func(t *testing.T) {
+		m := render(t, "--set", "policy.existingConfigMap=my-policy")
+		for k, o := range m {
+			if o.GetKind() == "ConfigMap" {
+				t.Errorf("rendered %s", k)
+			}
+		}
+		ds := m["DaemonSet ops/remediate"]
+		vols, _, _ := unstructured.NestedSlice(ds.Object, "spec", "template", "spec", "volumes")
+		found := false
+		for _, v := range vols {
+			if n, _, _ := unstructured.NestedString(v.(map[string]any), "configMap", "name"); n == "my-policy" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("DaemonSet does not mount my-policy: %v", vols)
+		}
+		ad := m["ValidatingAdmissionPolicy /remediate-own-node"]
+		expr, _, _ := unstructured.NestedSlice(ad.Object, "spec", "matchConditions")
+		if !strings.Contains(expr[0].(map[string]any)["expression"].(string), "system:serviceaccount:ops:remediate'") {
+			t.Errorf("admission policy does not name the release's ServiceAccount: %v", expr)
+		}
+	})
+	for name, args := range map[string][]string{
+		"latest":               {"--set", "image.tag=latest"},
+		"unknown-key":          {"--set", "enforcee=true"},
+		"enforce-not-bool":     {"--set-string", "enforce=yes"},
+		"bad-digest":           {"--set", "image.digest=sha256:abc"},
+		"existing-and-enforce": {"--set", "policy.existingConfigMap=x,enforce=true"},
+		"unknown-nested":       {"--set", "resources.requests.gpu=1"},
+		"bad-mode":             {"--set", "policy.custom.mode=fix"},
+	} {
+		t.Run("refuses-"+name, func(t *testing.T) {
+			if _, err := RenderChart(ctx, helm, "ops", args...); err == nil {
+				t.Errorf("helm template %v succeeded", args)
+			}
+		})
+	}
+}
