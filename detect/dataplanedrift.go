@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/dataplane"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/remediate-dev/remediate/finding"
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"

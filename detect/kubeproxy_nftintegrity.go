@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/remediate/action"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"

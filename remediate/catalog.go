@@ -6,7 +6,7 @@ import (
 	"strings"
 
 	"github.com/remediate-dev/remediate/detect"
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
 )

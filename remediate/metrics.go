@@ -2,7 +2,6 @@ package remediate
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-
 )
 
 // Metrics are the engine's Prometheus metrics. Register them on the
@@ -65,4 +64,3 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
-

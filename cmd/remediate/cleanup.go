@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/remediate/exporters/kubeexporter"
 )
 
 // newCleanupCmd is `remediate cleanup`: remove from nodes what remediate

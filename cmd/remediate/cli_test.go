@@ -11,7 +11,7 @@ import (
 // stdout with exit 0, naming its own usage line; the root's help names every
 // subcommand.
 func TestHelpEverywhere(t *testing.T) {
-	cmds := [][]string{{}, {"policy"}, {"policy", "check"}, {"policy", "show"}, {"policy", "types"}, {"journal"}, {"version"},
+	cmds := [][]string{{}, {"policy"}, {"policy", "check"}, {"policy", "show"}, {"policy", "types"}, {"journal"}, {"cleanup"}, {"version"},
 		{"completion"}, {"completion", "bash"}}
 	for _, c := range cmds {
 		for _, form := range [][]string{append(append([]string{}, c...), "--help"), append([]string{"help"}, c...)} {
@@ -23,7 +23,7 @@ func TestHelpEverywhere(t *testing.T) {
 		}
 	}
 	_, out, _ := run(t, "--help")
-	for _, sub := range []string{"policy", "journal", "version", "completion", "help"} {
+	for _, sub := range []string{"policy", "journal", "cleanup", "version", "completion", "help"} {
 		if !strings.Contains(out, "\n  "+sub+" ") {
 			t.Errorf("root help does not name %q:\n%s", sub, out)
 		}
@@ -71,7 +71,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--once", "-o"}, "flag needs an argument: 'o' in -o", "remediate"},
 		{[]string{"--once", "--policy", pol, "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate"},
 		{[]string{"--once=maybe"}, `invalid argument "maybe" for "--once" flag`, "remediate"},
-		{[]string{"bogus"}, `unknown command "bogus" for "remediate" (commands: completion, journal, policy, version)`, "remediate"},
+		{[]string{"bogus"}, `unknown command "bogus" for "remediate" (commands: cleanup, completion, journal, policy, version)`, "remediate"},
 		{[]string{"journal", "--bogus"}, "unknown flag: --bogus", "remediate journal"},
 		{[]string{"journal", "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate journal"},
 		{[]string{"journal", "extra"}, `unexpected argument "extra" for "remediate journal"`, "remediate journal"},

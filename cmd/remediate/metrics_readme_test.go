@@ -82,7 +82,7 @@ func TestMetricsMatchREADME(t *testing.T) {
 	}
 	// Known label values at 0 before any event.
 	for _, s := range []string{
-		`remediate_findings{rule="hung-restore",severity="critical"} 0`,
+		`remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 0`,
 		`remediate_decisions_total{action="CLITestKill",outcome="executed",rule="hung-restore"} 0`,
 		`remediate_action_duration_seconds_count{action="CLITestKill"} 0`,
 		`remediate_detector_errors_total{detector="CLITestNeedsAPI",rule="api-check"} 0`,

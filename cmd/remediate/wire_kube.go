@@ -9,9 +9,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 

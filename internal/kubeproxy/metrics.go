@@ -10,7 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // Metric names read from kube-proxy (kubeproxy_-prefixed, and client-go's

@@ -19,7 +19,7 @@ const module = "github.com/remediate-dev/remediate/"
 // remediate/action are siblings and import neither each other nor anything
 // above.
 var floors = map[string]int{
-	"finding":                          0,
+	"internal/finding":                 0,
 	"policy":                           1,
 	"internal":                         1,
 	"detect":                           2,
@@ -28,7 +28,7 @@ var floors = map[string]int{
 	"remediate/journal":                3,
 	"remediate":                        4,
 	"remediate/daemon":                 5,
-	"exporters":                        5,
+	"remediate/exporters":              5,
 	"cmd":                              6,
 	"internal/testing":                 6, // test harnesses may use anything
 	"internal/kube/e2e":                6,

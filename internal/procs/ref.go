@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // RestoreNames are the argv[0] basenames of the iptables restore binaries:

@@ -14,7 +14,7 @@ import (
 	"context"
 	"slices"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/registry"
 )

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 

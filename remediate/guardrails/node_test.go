@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/remediate-dev/remediate/finding"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/policy"
 )
 

@@ -31,13 +31,13 @@ import (
 
 	"github.com/remediate-dev/remediate/deploy"
 	"github.com/remediate-dev/remediate/detect"
-	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )

@@ -19,10 +19,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/deploy"
-	"github.com/remediate-dev/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate/exporters/kubeexporter"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
