@@ -45,10 +45,4 @@ func TestDefine(t *testing.T) {
 	if _, err := ty.New(&struct{}{}, &node.Node{}); err == nil || !strings.Contains(err.Error(), "params are") {
 		t.Fatalf("foreign params: %v", err)
 	}
-
-	Register(Type{Name: "DefineTestLegacy", NewParams: func() any { return &struct{}{} },
-		New: func(any, *node.Node) (Detector, error) { return defineTestDetector{}, nil }})
-	if lt, ok := Lookup("DefineTestLegacy"); !ok || len(lt.Targets) != 0 {
-		t.Fatalf("legacy registration: %+v %v", lt, ok)
-	}
 }

@@ -102,10 +102,3 @@ func Define[P any](name, doc string, factory func(*P, *node.Node) (Detector, err
 	t.NewParams, t.New = registry.Typed(name, factory)
 	registered.Add(t, opts...)
 }
-
-// Register adds a detector type described by t.
-//
-// Deprecated: use Define, which checks the parameter type at compile
-// time. Register is kept so that detectors written against the older API
-// still build; it panics on a duplicate or incomplete registration.
-func Register(t Type) { registered.Add(t) }

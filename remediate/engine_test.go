@@ -127,12 +127,11 @@ func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Resul
 }
 
 func init() {
-	detect.Register(detect.Type{Name: "Fake", Doc: "test", NewParams: func() any { return &fakeParams{} },
-		New: func(p any, _ *node.Node) (detect.Detector, error) { return fakeDetector{p.(*fakeParams).Key}, nil }})
-	action.Register(action.Type{Name: "FakeFix", Doc: "test", NewParams: func() any { return &fakeParams{} },
-		New: func(p any, _ *node.Node) (action.Action, error) { return fakeAction{p.(*fakeParams).Key}, nil }})
-	action.Register(action.Type{Name: "FakeDisruptive", Doc: "test", Disruptive: true, NewParams: func() any { return &fakeParams{} },
-		New: func(p any, _ *node.Node) (action.Action, error) { return fakeAction{p.(*fakeParams).Key}, nil }})
+	detect.Define("Fake", "test", func(p *fakeParams, _ *node.Node) (detect.Detector, error) { return fakeDetector{p.Key}, nil })
+	action.Define("FakeFix", "test",
+		func(p *fakeParams, _ *node.Node) (action.Action, error) { return fakeAction{p.Key}, nil }, action.ActsOnAnyFinding())
+	action.Define("FakeDisruptive", "test",
+		func(p *fakeParams, _ *node.Node) (action.Action, error) { return fakeAction{p.Key}, nil }, action.ActsOnAnyFinding(), action.Disruptive())
 }
 
 func executed() []string {
@@ -751,8 +750,8 @@ func (refusingAction) Execute(context.Context, detect.Finding) (action.Result, e
 }
 
 func init() {
-	action.Register(action.Type{Name: "FakeRefuse", Doc: "test", NewParams: func() any { return &fakeParams{} },
-		New: func(any, *node.Node) (action.Action, error) { return refusingAction{}, nil }})
+	action.Define("FakeRefuse", "test",
+		func(*fakeParams, *node.Node) (action.Action, error) { return refusingAction{}, nil }, action.ActsOnAnyFinding())
 }
 
 // TestRefusalAtExecutionIsNotAFailure: an action whose re-check refuses

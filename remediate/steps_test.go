@@ -175,5 +175,5 @@ func (planFails) Execute(context.Context, finding.Finding) (action.Result, error
 }
 
 func init() {
-	action.Define("StepPlanFails", "test", func(*struct{}, *node.Node) (action.Action, error) { return planFails{}, nil })
+	action.Define("StepPlanFails", "test", func(*struct{}, *node.Node) (action.Action, error) { return planFails{}, nil }, action.ActsOnAnyFinding())
 }

@@ -275,7 +275,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 			}
 			defer resp.Body.Close()
 			b, _ := io.ReadAll(resp.Body)
-			return strings.Contains(string(b), `remediate_findings{rule="nft-integrity",severity="critical"} 1`)
+			return strings.Contains(string(b), `remediate_findings{detector="KubeProxyNFTablesIntegrity",rule="nft-integrity",severity="critical"} 1`)
 		}
 		waitUntil(t, 60*time.Second, "the daemon completed a cycle", func() bool {
 			resp, err := hc.Get("http://127.0.0.1:19808/readyz")

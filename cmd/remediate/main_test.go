@@ -66,13 +66,16 @@ func (cliAction) Execute(context.Context, detect.Finding) (action.Result, error)
 }
 
 func init() {
-	detect.Register(detect.Type{Name: "CLITestHung", Doc: "test detector", NewParams: func() any { return &cliParams{Findings: 1} },
-		New: func(p any, _ *node.Node) (detect.Detector, error) { return cliDetector{p.(*cliParams).Findings}, nil }})
-	detect.Register(detect.Type{Name: "CLITestNeedsAPI", Doc: "test detector", NewParams: func() any { return &struct{}{} },
-		New: func(any, *node.Node) (detect.Detector, error) { return cliSkipper{}, nil }})
-	action.Register(action.Type{Name: "CLITestKill", Doc: "test action", NewParams: func() any { return &struct{}{} },
-		New: func(any, *node.Node) (action.Action, error) { return cliAction{}, nil }})
+	detect.Define("CLITestHung", "test detector",
+		func(p *cliParams, _ *node.Node) (detect.Detector, error) { return cliDetector{p.Findings}, nil })
+	detect.Define("CLITestNeedsAPI", "test detector",
+		func(*struct{}, *node.Node) (detect.Detector, error) { return cliSkipper{}, nil })
+	action.Define("CLITestKill", "test action",
+		func(*struct{}, *node.Node) (action.Action, error) { return cliAction{}, nil }, action.ActsOnAnyFinding())
 }
+
+// SetDefaults implements registry.Defaulter.
+func (p *cliParams) SetDefaults() { p.Findings = 1 }
 
 func TestMain(m *testing.M) {
 	if os.Getenv("REMEDIATE_TEST_AS_MAIN") == "1" {

@@ -35,8 +35,8 @@ func (d crashDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 }
 
 func init() {
-	detect.Register(detect.Type{Name: "CLITestCrash", Doc: "test detector that crashes the process", NewParams: func() any { return &crashParams{} },
-		New: func(p any, _ *node.Node) (detect.Detector, error) { return crashDetector{p.(*crashParams).How}, nil }})
+	detect.Define("CLITestCrash", "test detector that crashes the process",
+		func(p *crashParams, _ *node.Node) (detect.Detector, error) { return crashDetector{p.How}, nil })
 }
 
 // TestOnceExitCodeOfACrash: a Go fatal error or a panic outside the

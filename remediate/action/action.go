@@ -69,9 +69,8 @@ type Type struct {
 	ActsOnAny bool
 }
 
-// Declared reports whether the type says what it can act on. An
-// undeclared type (registered with the deprecated Register and no ActsOn)
-// is not checked by the policy loader.
+// Declared reports whether the type says what it can act on; Define
+// refuses (panics on) a type that does not.
 func (t Type) Declared() bool {
 	return t.ActsOnAny || len(t.ActsOn) > 0 || len(t.ActsOnDetectors) > 0
 }
@@ -115,7 +114,7 @@ func ActsOnDetectors(types ...string) Option {
 func ActsOnAnyFinding() Option { return func(t *Type) { t.ActsOnAny = true } }
 
 var registered = registry.NewTypes("action", "action", func(t Type) string { return t.Name },
-	func(t Type) bool { return t.Name != "" && t.NewParams != nil && t.New != nil })
+	func(t Type) bool { return t.Name != "" && t.NewParams != nil && t.New != nil && t.Declared() })
 
 // Define registers an action type: the one-line registration. The
 // factory's parameter type P is the policy's parameter block for this
@@ -126,13 +125,6 @@ func Define[P any](name, doc string, factory func(*P, *node.Node) (Action, error
 	t.NewParams, t.New = registry.Typed(name, factory)
 	registered.Add(t, opts...)
 }
-
-// Register adds an action type described by t.
-//
-// Deprecated: use Define, which checks the parameter type at compile
-// time. Register is kept so that actions written against the older API
-// still build; it panics on a duplicate or incomplete registration.
-func Register(t Type) { registered.Add(t) }
 
 // Lookup returns the registered type with that name.
 func Lookup(name string) (Type, bool) { return registered.Get(name) }

@@ -36,12 +36,14 @@ func TestDefineAndCanActOn(t *testing.T) {
 			t.Errorf("CanActOn(%s, %v) = %v, want %v", c.det, c.kinds, got, c.want)
 		}
 	}
-	Register(Type{Name: "DefineTestLegacyAct", NewParams: func() any { return &struct{}{} },
-		New: func(any, *node.Node) (Action, error) { return defineTestAction{}, nil }})
-	lt, _ := Lookup("DefineTestLegacyAct")
-	if lt.Declared() || !lt.CanActOn("ConntrackExhaustion", []finding.Kind{finding.KindConntrackTable}) {
-		t.Fatalf("a legacy registration is undeclared and takes anything: %+v", lt)
-	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("an action that declares nothing it can act on was registered")
+			}
+		}()
+		Define("DefineTestUndeclared", "doc", func(*struct{}, *node.Node) (Action, error) { return defineTestAction{}, nil })
+	}()
 	any, _ := Lookup("CordonNode")
 	if !any.CanActOn("ConntrackExhaustion", []finding.Kind{finding.KindConntrackTable}) {
 		t.Fatal("CordonNode acts on any finding")

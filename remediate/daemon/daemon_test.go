@@ -24,8 +24,7 @@ type quiet struct{}
 func (quiet) Detect(context.Context) ([]detect.Finding, error) { return nil, nil }
 
 func init() {
-	detect.Register(detect.Type{Name: "DaemonTestQuiet", Doc: "test", NewParams: func() any { return &struct{}{} },
-		New: func(any, *node.Node) (detect.Detector, error) { return quiet{}, nil }})
+	detect.Define("DaemonTestQuiet", "test", func(*struct{}, *node.Node) (detect.Detector, error) { return quiet{}, nil })
 }
 
 const pol = "apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\nmode: %s\ninterval: 1s\ndetectorTimeout: 1s\nrules:\n- name: q\n  detector: {type: DaemonTestQuiet}\n"

@@ -708,12 +708,12 @@ var localRuns, apiRuns atomic.Int64
 type empty struct{}
 
 func init() {
-	detect.Register(detect.Type{Name: "E2EAlways", NewParams: func() any { return &empty{} },
-		New: func(any, *node.Node) (detect.Detector, error) { return alwaysFinding{}, nil }})
-	action.Register(action.Type{Name: "E2ELocal", NewParams: func() any { return &empty{} },
-		New: func(any, *node.Node) (action.Action, error) { return countAction{&localRuns}, nil }})
-	action.Register(action.Type{Name: "E2EDisruptive", Disruptive: true, NewParams: func() any { return &empty{} },
-		New: func(any, *node.Node) (action.Action, error) { return countAction{&apiRuns}, nil }})
+	detect.Define("E2EAlways", "test detector",
+		func(*empty, *node.Node) (detect.Detector, error) { return alwaysFinding{}, nil })
+	action.Define("E2ELocal", "test action",
+		func(*empty, *node.Node) (action.Action, error) { return countAction{&localRuns}, nil }, action.ActsOnAnyFinding())
+	action.Define("E2EDisruptive", "test action",
+		func(*empty, *node.Node) (action.Action, error) { return countAction{&apiRuns}, nil }, action.ActsOnAnyFinding(), action.Disruptive())
 }
 
 const e2ePolicy = `apiVersion: remediate.dev/v1alpha1
