@@ -159,6 +159,29 @@ func (s *nlSock) dumpByReplySource(ctx context.Context, b Backend, kernelFilter 
 	return filtered, err
 }
 
+// dumpByProto streams the dump of family fam, kernel-filtered by the
+// original tuple's protocol when kernelFilter, calling fn for each decoded
+// entry (f is reused).
+func (s *nlSock) dumpByProto(ctx context.Context, fam, proto uint8, kernelFilter bool, fn func(f *Flow) error) (filtered bool, err error) {
+	seq := s.nextSeq()
+	s.enc.reset()
+	s.enc.dumpProtoRequest(seq, s.pid, fam, proto, kernelFilter)
+	var f Flow
+	err = s.roundTrip(ctx, seq, func(h nlHeader, payload []byte) error {
+		if h.Type>>8 != subsysCTNetlink {
+			return nil
+		}
+		if kernelFilter && h.Flags&nlmFDumpFiltered != 0 {
+			filtered = true
+		}
+		if err := decodeFlow(payload, &f); err != nil {
+			return err
+		}
+		return fn(&f)
+	})
+	return filtered, err
+}
+
 // deleteBatch deletes exactly the given entries (tuple + CTA_ID) with one
 // sendmsg. Only the last request asks for an ack: netlink acks are one
 // datagram each, and reading 250k of them costs more than the deletes.
