@@ -55,15 +55,7 @@ func (p *ConntrackStaleServiceEntriesParams) SetDefaults() {
 
 // Validate implements policy.Validator.
 func (p *ConntrackStaleServiceEntriesParams) Validate() []policy.FieldError {
-	var errs []policy.FieldError
-	if len(p.Families) == 0 {
-		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
-	}
-	for i, f := range p.Families {
-		if f != "IPv4" && f != "IPv6" {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
+	errs := validateFamilies(p.Families)
 	if p.Grace.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "grace", Msg: "must not be negative"})
 	}
