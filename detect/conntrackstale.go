@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/netip"
 	"sort"
 	"strings"
@@ -76,7 +77,7 @@ func (p *ConntrackStaleServiceEntriesParams) Validate() []policy.FieldError {
 
 func init() {
 	Define(ConntrackStaleServiceEntriesName,
-		"UDP (TCP opt-in) conntrack entries to a Service ClusterIP, external IP or load-balancer IP whose reply source is no longer a serving endpoint (Service scaled to zero, deleted, backend replaced), older than a grace: kube-proxy's own cleanup missed them",
+		"UDP (TCP opt-in) conntrack entries to a Service ClusterIP, external IP, load-balancer IP or NodePort whose reply source is no longer a serving endpoint (Service scaled to zero, deleted, backend replaced), older than a grace: kube-proxy's own cleanup missed them",
 		newConntrackStaleServiceEntries, Targets(finding.KindConntrackBackend))
 }
 
@@ -88,10 +89,30 @@ type conntrackStale struct {
 	// known remembers the Service addresses seen, to recognise the entries
 	// of Services deleted since (only the daemon, over cycles, can).
 	known map[ctVIP]ctKnown
+	// localAddrs lists the node's addresses (NodePort destinations).
+	localAddrs func() ([]netip.Addr, error)
 }
 
 func newConntrackStaleServiceEntries(p *ConntrackStaleServiceEntriesParams, n *node.Node) (Detector, error) {
-	return &conntrackStale{p: *p, n: n, known: map[ctVIP]ctKnown{}}, nil
+	return &conntrackStale{p: *p, n: n, known: map[ctVIP]ctKnown{}, localAddrs: interfaceAddrs}, nil
+}
+
+// interfaceAddrs lists the addresses of the daemon's network namespace (the
+// node's: the daemon runs with hostNetwork).
+func interfaceAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list local addresses: %w", err)
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if pfx, ok := a.(*net.IPNet); ok {
+			if la, ok := netip.AddrFromSlice(pfx.IP); ok {
+				out = append(out, la.Unmap())
+			}
+		}
+	}
+	return out, nil
 }
 
 // ctVIP is one Service address:port of one protocol.
@@ -131,6 +152,10 @@ type ctIndex struct {
 	now   time.Time
 	grace time.Duration
 	vips  map[ctVIP]*ctPort
+	// nodePorts are keyed by the unspecified address of their family;
+	// they match entries to one of the node's own addresses (local).
+	nodePorts map[ctVIP]*ctPort
+	local     map[netip.Addr]bool
 	// live are the endpoints serving any Service: flushing by reply source
 	// would hit their entries of other Services too, so they are never
 	// reported.
@@ -181,11 +206,15 @@ func ctProtoNum(s string) (uint8, bool) {
 }
 
 // buildCTIndex indexes the Service addresses kube-proxy programs
-// (dataplane.Desire: ClusterIPs, external IPs, load-balancer IPs; NodePorts
-// are not matched, their destination is any node address) and the
-// remembered deleted ones, with the endpoints serving each.
-func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, known map[ctVIP]ctKnown, now time.Time, grace time.Duration) *ctIndex {
-	ix := &ctIndex{now: now, grace: grace, vips: map[ctVIP]*ctPort{}, live: map[netip.AddrPort]bool{}, stale: map[ctStaleKey]*ctStaleBackend{}}
+// (dataplane.Desire: ClusterIPs, external IPs, load-balancer IPs, and the
+// NodePorts on the node's own addresses local) and the remembered deleted
+// ones, with the endpoints serving each.
+func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, known map[ctVIP]ctKnown, local []netip.Addr, now time.Time, grace time.Duration) *ctIndex {
+	ix := &ctIndex{now: now, grace: grace, vips: map[ctVIP]*ctPort{}, nodePorts: map[ctVIP]*ctPort{}, local: map[netip.Addr]bool{},
+		live: map[netip.AddrPort]bool{}, stale: map[ctStaleKey]*ctStaleBackend{}}
+	for _, a := range local {
+		ix.local[a.Unmap()] = true
+	}
 	// Every endpoint that serves (ready, or serving while terminating) of
 	// any Service, any address: never a flush target.
 	for _, s := range v.Services() {
@@ -211,13 +240,21 @@ func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, know
 			}
 			backends := ctServing(v, name, dp.Protocol, f)
 			for _, e := range dp.Entries {
-				if e.Kind == dataplane.NodePort || !e.Key.Addr.IsValid() {
-					continue
-				}
 				for _, b := range e.Backends { // what kube-proxy forwards to
 					backends[b] = true
 				}
-				ix.vips[ctVIP{e.Key.Addr.Unmap(), e.Key.Port, proto}] = &ctPort{service: name.String(), kind: e.Kind, changed: changed, backends: backends}
+				sp := &ctPort{service: name.String(), kind: e.Kind, changed: changed, backends: backends}
+				if e.Kind == dataplane.NodePort || !e.Key.Addr.IsValid() {
+					// Keyed by port and protocol; the family is the
+					// address's (an IPv4 node address and an IPv6 one).
+					fam := netip.IPv4Unspecified()
+					if f == dataplane.IPv6 {
+						fam = netip.IPv6Unspecified()
+					}
+					ix.nodePorts[ctVIP{fam, e.Key.Port, proto}] = sp
+					continue
+				}
+				ix.vips[ctVIP{e.Key.Addr.Unmap(), e.Key.Port, proto}] = sp
 			}
 		}
 	}
@@ -250,6 +287,13 @@ func ctServing(v cluster.View, name dataplane.PortName, proto string, f dataplan
 func (ix *ctIndex) observe(fl *conntrack.Flow) {
 	vip := ctVIP{fl.OrigDst.Addr().Unmap(), fl.OrigDst.Port(), fl.Proto}
 	sp := ix.vips[vip]
+	if sp == nil && ix.local[vip.Addr] {
+		fam := netip.IPv4Unspecified()
+		if vip.Addr.Is6() {
+			fam = netip.IPv6Unspecified()
+		}
+		sp = ix.nodePorts[ctVIP{fam, vip.Port, vip.Proto}]
+	}
 	if sp == nil {
 		return
 	}
@@ -441,7 +485,10 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]Finding, error) {
 	now := n.Clock.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	ix := buildCTIndex(n.Cluster, n.Name, fams, d.known, now, d.p.Grace.Duration)
+	// Without the node's addresses NodePort entries are not matched (the
+	// Service addresses still are).
+	local, _ := d.localAddrs()
+	ix := buildCTIndex(n.Cluster, n.Name, fams, d.known, local, now, d.p.Grace.Duration)
 	protos := []uint8{conntrack.ProtoUDP}
 	if d.p.IncludeTCP {
 		protos = append(protos, conntrack.ProtoTCP)

@@ -181,6 +181,20 @@ func TestConntrackStaleServiceEntries(t *testing.T) {
 			want:  []want{{"ipvs-conn/UDP/[fd00:244::5]:53", 1}},
 		},
 		{
+			name: "NodePort on a node address: stale entries found, other hosts' ports ignored",
+			setup: func(w *ctWorld) {
+				s := dnsService(old)
+				s.Type, s.Ports[0].NodePort = "NodePort", 30053
+				w.view.SetService(s, eps(ep("10.244.2.7", true, true, false, old))...)
+			},
+			flows: []conntrack.Flow{
+				svcFlow(udp, "10.0.0.5:40000", "192.168.1.10:30053", "10.244.1.5:53"), // stale
+				svcFlow(udp, "10.0.0.5:40001", "192.168.1.10:30053", "10.244.2.7:53"), // serving
+				svcFlow(udp, "10.0.0.5:40002", "192.168.1.99:30053", "10.244.1.6:53"), // not this node
+			},
+			want: []want{{"ipvs-conn/UDP/10.244.1.5:53", 1}},
+		},
+		{
 			name: "minEntries",
 			setup: func(w *ctWorld) {
 				w.view.SetService(dnsService(old), []cluster.Endpoint{}...)
@@ -201,6 +215,9 @@ func TestConntrackStaleServiceEntries(t *testing.T) {
 				t.Fatalf("params: %v", errs)
 			}
 			d, _ := newConntrackStaleServiceEntries(&p, w.n)
+			d.(*conntrackStale).localAddrs = func() ([]netip.Addr, error) {
+				return []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00:1::10")}, nil
+			}
 			fs, err := d.Detect(context.Background())
 			if err != nil {
 				t.Fatal(err)
@@ -290,7 +307,7 @@ func TestConntrackStaleObserveAllocs(t *testing.T) {
 	w := newCTWorld()
 	old := ctT0.Add(-10 * time.Minute)
 	w.view.SetService(dnsService(old), eps(ep("10.244.2.7", true, true, false, old))...)
-	ix := buildCTIndex(w.view, "node1", []dataplane.Family{dataplane.IPv4}, nil, ctT0, 90*time.Second)
+	ix := buildCTIndex(w.view, "node1", []dataplane.Family{dataplane.IPv4}, nil, nil, ctT0, 90*time.Second)
 	live := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.2.7:53")
 	other := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "192.0.2.1:53", "192.0.2.1:53")
 	stale := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.1.5:53")
