@@ -2,7 +2,9 @@ package detect
 
 import (
 	"context"
+	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -357,5 +359,31 @@ func TestRememberCTVIPs(t *testing.T) {
 	got = rememberCTVIPs(known, ix, t2, 2)
 	if _, ok := got[a]; ok || len(got) != 2 {
 		t.Fatalf("bounded to 2: %+v (the oldest missing, a, must go)", got)
+	}
+}
+
+// Nothing is judged without a synced, connected view; a failing scan is an
+// error, not an empty answer.
+func TestConntrackStaleSkipsAndErrors(t *testing.T) {
+	p := defaultCTStaleParams(t)
+	w := newCTWorld()
+	w.view.SetFreshness(cluster.Freshness{Synced: true, Connected: false})
+	d, _ := newConntrackStaleServiceEntries(&p, w.n)
+	if _, err := d.Detect(context.Background()); err == nil {
+		t.Fatal("disconnected view: no skip")
+	} else if _, ok := IsSkip(err); !ok {
+		t.Fatalf("disconnected view: %v is not a skip", err)
+	}
+	w = newCTWorld()
+	w.ct.InjectError("ScanProtocol", errors.New("netlink broke"))
+	d, _ = newConntrackStaleServiceEntries(&p, w.n)
+	if _, err := d.Detect(context.Background()); err == nil || !strings.Contains(err.Error(), "netlink broke") {
+		t.Fatalf("scan error: %v", err)
+	} else if _, ok := IsSkip(err); ok {
+		t.Fatalf("scan error reported as a skip: %v", err)
+	}
+	w.n.Conntrack = nil
+	if _, err := d.Detect(context.Background()); err == nil {
+		t.Fatal("no conntrack: no skip")
 	}
 }
