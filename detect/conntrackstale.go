@@ -316,7 +316,7 @@ func (ix *ctIndex) observe(fl *conntrack.Flow) {
 		ix.sharedLive++
 		return
 	case sp.deleted:
-		reason = "Service deleted"
+		reason = "Service (or this port) deleted"
 	case len(sp.backends) == 0:
 		reason = "Service has no serving endpoint"
 	default:
@@ -393,6 +393,12 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []F
 			"grace":           ix.grace.String(),
 			"scans":           scans,
 			"reportOnlyProto": b.key.Proto != conntrack.ProtoUDP,
+			// Cycle totals: entries to Service addresses, stale ones held
+			// back by the grace, and ones whose backend serves another
+			// Service (never named).
+			"cycleServiceEntries":     ix.serviceFlow,
+			"cycleWithinGrace":        ix.inGrace,
+			"cycleBackendServesOther": ix.sharedLive,
 		}
 		ref := conntrack.BackendRef{Protocol: proto, Backend: conntrack.Backend{IP: b.key.Backend.Addr(), Port: b.key.Backend.Port()}}
 		ref.PutEvidence(ev)

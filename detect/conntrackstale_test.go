@@ -269,7 +269,7 @@ func TestConntrackStaleDeletedService(t *testing.T) {
 	w.clock.Step(2 * time.Second)
 	run(1)
 	fs, _ := d.Detect(context.Background())
-	if got := fs[0].Evidence["reasons"].([]string); len(got) != 1 || got[0] != "Service deleted" {
+	if got := fs[0].Evidence["reasons"].([]string); len(got) != 1 || got[0] != "Service (or this port) deleted" {
 		t.Errorf("reasons %v", got)
 	}
 	// The address reused by a new Service with a serving endpoint: fine.
