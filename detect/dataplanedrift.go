@@ -44,17 +44,23 @@ type DataplaneDriftParams struct {
 	SaveTimeout policy.Duration `yaml:"saveTimeout"`
 }
 
-// Validate implements policy.Validator.
-func (p *DataplaneDriftParams) Validate() []policy.FieldError {
+// validateFamilies checks a families parameter: IPv4 and/or IPv6.
+func validateFamilies(fams []string) []policy.FieldError {
 	var errs []policy.FieldError
-	if len(p.Families) == 0 {
+	if len(fams) == 0 {
 		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
 	}
-	for i, f := range p.Families {
+	for i, f := range fams {
 		if f != "IPv4" && f != "IPv6" {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
 		}
 	}
+	return errs
+}
+
+// Validate implements policy.Validator.
+func (p *DataplaneDriftParams) Validate() []policy.FieldError {
+	errs := validateFamilies(p.Families)
 	switch p.ProxyMode {
 	case "auto", "iptables", "nftables", "ipvs":
 	default:

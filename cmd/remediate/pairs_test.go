@@ -17,7 +17,7 @@ func TestPolicyCheckRefusesPairsThatCannotWork(t *testing.T) {
 		{"ConntrackExhaustion", "DeleteIPVSRealServer", "IPVSStaleRealServer"},
 		{"IPVSUDPDeadBackend", "DeleteIPVSVirtualServer", "IPVSStaleVirtualServer"},
 		{"ConntrackExhaustion", "KillProcess", "HungIPTablesRestore, HungNFT, XtablesLockContention"},
-		{"KubeProxySyncStale", "FlushConntrack", "IPVSStaleRealServer, IPVSUDPDeadBackend"},
+		{"KubeProxySyncStale", "FlushConntrack", "ConntrackStaleServiceEntries, IPVSStaleRealServer, IPVSUDPDeadBackend"},
 		{"HungIPTablesRestore", "SetIPVSTimeouts", "IPVSUDPTimeoutHigh"},
 	}
 	var b strings.Builder
@@ -54,7 +54,7 @@ func TestPolicyTypesShowsPairs(t *testing.T) {
 	}
 	for _, want := range []string{
 		"PAIRS", "KillProcess                      <- HungIPTablesRestore, HungNFT, XtablesLockContention",
-		"FlushConntrack                   <- IPVSStaleRealServer, IPVSUDPDeadBackend", "reports: process", "acts on: conntrack-table",
+		"FlushConntrack                   <- ConntrackStaleServiceEntries, IPVSStaleRealServer, IPVSUDPDeadBackend", "reports: process", "acts on: conntrack-table",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("types output lacks %q:\n%s", want, out)

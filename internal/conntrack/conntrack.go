@@ -227,3 +227,28 @@ type Interface interface {
 	// without loading the table into memory.
 	DeleteUDPByReplySource(ctx context.Context, b Backend, limit int) (DeleteResult, error)
 }
+
+// ScanResult reports a bounded scan (ScanProtocol).
+type ScanResult struct {
+	// Scanned is how many entries the kernel sent and fn saw.
+	Scanned int `json:"scanned"`
+	// Truncated is true when the scan stopped at its limit.
+	Truncated bool `json:"truncated"`
+	// KernelFiltered is true when the kernel marked the dump as filtered.
+	KernelFiltered bool `json:"kernelFiltered"`
+	// Duration of the scan.
+	Duration time.Duration `json:"duration"`
+}
+
+// Scanner is implemented by adapters that can stream the entries of one
+// address family and protocol without loading the table (the real adapter
+// and the fake). It is separate from Interface so that other
+// implementations keep compiling; detectors check for it.
+type Scanner interface {
+	// ScanProtocol streams the entries of family (IPv6 when v6) whose
+	// original tuple has protocol proto, filtered in the kernel where it
+	// can be, calling fn for each (f is reused: copy it to keep it). It
+	// stops after limit entries (> 0) with Truncated set, or when fn
+	// returns an error (returned). Memory: one datagram.
+	ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(f *Flow) error) (ScanResult, error)
+}

@@ -196,3 +196,33 @@ func (f *Fake) DeleteUDPByReplySource(ctx context.Context, b Backend, limit int)
 	f.Flows = kept
 	return res, nil
 }
+
+var _ Scanner = (*Fake)(nil)
+
+// ScanProtocol implements Scanner over Flows.
+func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	res := ScanResult{KernelFiltered: true}
+	if err := f.call("ScanProtocol"); err != nil {
+		return res, err
+	}
+	if limit <= 0 {
+		return res, errors.New("scan needs a positive limit")
+	}
+	for i := range f.Flows {
+		fl := f.Flows[i]
+		if fl.Proto != proto || fl.OrigDst.Addr().Is4() == v6 {
+			continue
+		}
+		if res.Scanned == limit {
+			res.Truncated = true
+			break
+		}
+		res.Scanned++
+		if err := fn(&fl); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}

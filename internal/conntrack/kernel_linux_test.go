@@ -15,6 +15,7 @@ import (
 
 	"github.com/mdlayher/netlink"
 	ticonntrack "github.com/ti-mo/conntrack"
+	"golang.org/x/sys/unix"
 )
 
 var nsCounter atomic.Int32
@@ -320,4 +321,54 @@ func TestKernelDeleteChecksEntryID(t *testing.T) {
 	if got := len(tableKeys(t, c)); got != len(s.all())-2 {
 		t.Fatalf("table has %d entries, want %d", got, len(s.all())-2)
 	}
+}
+
+// ScanProtocol returns exactly the entries of one family and protocol,
+// filtered in the kernel by the original tuple's protocol (when the kernel
+// filter is trusted) and unfiltered otherwise, and stops at its limit.
+func TestKernelScanProtocol(t *testing.T) {
+	r, _, s := setupTable(t)
+	for _, kernelFilter := range []bool{true, false} {
+		r.cfg.NoKernelFilter = !kernelFilter
+		for _, tc := range []struct {
+			v6    bool
+			proto uint8
+			want  []string
+		}{
+			{false, ProtoUDP, keysOf(s.dead, s.deadOther, s.otherUDP)},
+			{false, ProtoTCP, keysOf(s.tcpDead)},
+			{true, ProtoUDP, keysOf(s.v6)},
+			{true, ProtoTCP, nil},
+		} {
+			var got []string
+			res, err := r.ScanProtocol(context.Background(), tc.v6, tc.proto, 1000, func(f *Flow) error {
+				got = append(got, key(*f))
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			sort.Strings(got)
+			equalKeys(t, fmt.Sprintf("filter=%v v6=%v proto=%d", kernelFilter, tc.v6, tc.proto), got, tc.want)
+			if res.Scanned != len(tc.want) || res.Truncated {
+				t.Errorf("filter=%v v6=%v proto=%d: %+v", kernelFilter, tc.v6, tc.proto, res)
+			}
+			if kernelFilter && len(tc.want) > 0 && !res.KernelFiltered && kernelFilterWorks(unameRelease(t)) {
+				t.Errorf("filter=%v v6=%v proto=%d: the kernel did not mark the dump filtered", kernelFilter, tc.v6, tc.proto)
+			}
+		}
+	}
+	r.cfg.NoKernelFilter = false
+	res, err := r.ScanProtocol(context.Background(), false, ProtoUDP, 10, func(*Flow) error { return nil })
+	if err != nil || res.Scanned != 10 || !res.Truncated {
+		t.Fatalf("limited scan: %+v, %v", res, err)
+	}
+}
+
+func unameRelease(t *testing.T) string {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	return unix.ByteSliceToString(uts.Release[:])
 }

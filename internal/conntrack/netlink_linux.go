@@ -143,6 +143,13 @@ func (s *nlSock) dumpByReplySource(ctx context.Context, b Backend, kernelFilter 
 	seq := s.nextSeq()
 	s.enc.reset()
 	s.enc.dumpRequest(seq, s.pid, b, kernelFilter)
+	return s.streamFlows(ctx, seq, kernelFilter, fn)
+}
+
+// streamFlows sends the dump request in s.enc (sequence seq) and decodes
+// each entry of the answer into one reused Flow for fn. filtered reports
+// whether the kernel flagged its messages NLM_F_DUMP_FILTERED.
+func (s *nlSock) streamFlows(ctx context.Context, seq uint32, kernelFilter bool, fn func(f *Flow) error) (filtered bool, err error) {
 	var f Flow
 	err = s.roundTrip(ctx, seq, func(h nlHeader, payload []byte) error {
 		if h.Type>>8 != subsysCTNetlink {
@@ -157,6 +164,16 @@ func (s *nlSock) dumpByReplySource(ctx context.Context, b Backend, kernelFilter 
 		return fn(&f)
 	})
 	return filtered, err
+}
+
+// dumpByProto streams the dump of family fam, kernel-filtered by the
+// original tuple's protocol when kernelFilter, calling fn for each decoded
+// entry (f is reused).
+func (s *nlSock) dumpByProto(ctx context.Context, fam, proto uint8, kernelFilter bool, fn func(f *Flow) error) (filtered bool, err error) {
+	seq := s.nextSeq()
+	s.enc.reset()
+	s.enc.dumpProtoRequest(seq, s.pid, fam, proto, kernelFilter)
+	return s.streamFlows(ctx, seq, kernelFilter, fn)
 }
 
 // deleteBatch deletes exactly the given entries (tuple + CTA_ID) with one

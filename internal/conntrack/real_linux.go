@@ -318,3 +318,43 @@ func (r *Real) DeleteUDPByReplySource(ctx context.Context, b Backend, limit int)
 	}
 	return res, nil
 }
+
+var _ Scanner = (*Real)(nil)
+
+// ScanProtocol implements Scanner: one streamed dump of the family,
+// filtered in the kernel by the original tuple's protocol (on kernels whose
+// CTA_FILTER is trusted, see New), checked again in user space.
+func (r *Real) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(f *Flow) error) (ScanResult, error) {
+	start := time.Now()
+	var res ScanResult
+	if limit <= 0 {
+		return res, errors.New("scan needs a positive limit")
+	}
+	fam := uint8(afInet)
+	if v6 {
+		fam = afInet6
+	}
+	err := r.withSock(func(s *nlSock) error {
+		var err error
+		res.KernelFiltered, err = s.dumpByProto(ctx, fam, proto, !r.cfg.NoKernelFilter, func(f *Flow) error {
+			if f.Proto != proto || f.OrigDst.Addr().Is4() == v6 {
+				return nil
+			}
+			if res.Scanned == limit {
+				res.Truncated = true
+				return errDone
+			}
+			res.Scanned++
+			return fn(f)
+		})
+		return err
+	})
+	if errors.Is(err, errDone) {
+		err = nil
+	}
+	res.Duration = time.Since(start)
+	if err != nil {
+		return res, fmt.Errorf("scan conntrack entries of protocol %d: %w", proto, err)
+	}
+	return res, nil
+}

@@ -216,6 +216,25 @@ func (e *encoder) dumpRequest(seq, pid uint32, b Backend, kernelFilter bool) {
 	e.end(off)
 }
 
+// dumpProtoRequest encodes a dump of one address family. With
+// kernelFilter the kernel only returns the entries whose original tuple
+// has protocol proto (CTA_FILTER_ORIG_FLAGS, no address: unaffected by the
+// IPv6 address inversion); without, every entry of the family.
+func (e *encoder) dumpProtoRequest(seq, pid uint32, fam, proto uint8, kernelFilter bool) {
+	off := e.begin(msgType(ctMsgGet), nlmFRequest|nlmFDump, seq, pid, fam)
+	if kernelFilter {
+		e.open(ctaTupleOrig)
+		e.open(ctaTupleProto)
+		e.u8(ctaProtoNum, proto)
+		e.close()
+		e.close()
+		e.open(ctaFilter)
+		e.attr(ctaFilterOrigFlags, binary.NativeEndian.AppendUint32(nil, uint32(filterFProtoNum))...)
+		e.close()
+	}
+	e.end(off)
+}
+
 // deleteRequest encodes the deletion of exactly the entry f (by original
 // tuple, zone and CTA_ID). Without ack the kernel only answers on error.
 func (e *encoder) deleteRequest(seq, pid uint32, f *Flow, ack bool) {

@@ -22,8 +22,9 @@ const (
 	FlushConntrackName    = "FlushConntrack"
 )
 
-// Evidence keys FlushConntrack reads from the finding (supplied by the IPVS
-// and EndpointSlice detectors):
+// Evidence keys FlushConntrack reads from the finding (supplied by
+// IPVSUDPDeadBackend, IPVSStaleRealServer and, in iptables and nftables
+// modes, ConntrackStaleServiceEntries, all through conntrack.BackendRef):
 //
 //	"backendIP"   string, required: the dead backend's IP (v4 or v6).
 //	"backendPort" number (or decimal string), optional: its port; 0 or
