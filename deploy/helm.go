@@ -124,15 +124,28 @@ func KustomizeObjects(m resmap.ResMap) ([]*unstructured.Unstructured, error) {
 	return objs, nil
 }
 
+// ChartNamespace is the namespace the comparisons render the chart into:
+// the one deploy/base puts remediate in (deploy/base/namespace.yaml).
+const ChartNamespace = "remediate"
+
 // ChartOnly lists the installed chart objects deploy/base does not have
-// yet: the fleet controls' RBAC (deploy/base is being reworked on another
-// branch). When the base gains them (deploy/base/rbac.yaml), delete the
-// entries and the comparison covers them too.
+// yet (rendered into ChartNamespace): the fleet controls' RBAC. When the
+// base gains them (deploy/base/rbac.yaml), delete the entries and the
+// comparison covers them too.
 var ChartOnly = map[string]bool{
-	"Role kube-system/remediate-fleet":                     true,
-	"RoleBinding kube-system/remediate-fleet":              true,
+	"Role remediate/remediate-fleet":                       true,
+	"RoleBinding remediate/remediate-fleet":                true,
 	"Role kube-system/remediate-kube-proxy-rollout":        true,
 	"RoleBinding kube-system/remediate-kube-proxy-rollout": true,
+}
+
+// KustomizeOnly lists the objects of the overlays the chart does not
+// render: the Namespace. Helm's convention is that the release namespace
+// exists before the release (`helm install -n remediate
+// --create-namespace`); a chart that also created it would fail on an
+// existing namespace and delete it, with everything in it, on uninstall.
+var KustomizeOnly = map[string]bool{
+	"Namespace /remediate": true,
 }
 
 // IsHook reports whether o is a Helm hook (not part of the installed
@@ -159,8 +172,11 @@ var kustomizeHash = regexp.MustCompile(`-[bcdfghkmt2-9]{10}$`)
 // renderings of the same object compare equal: it drops Helm's
 // bookkeeping labels (everywhere label maps occur), kustomize's ConfigMap
 // hash suffixes, the image tag or digest (the base cannot pin a version;
-// the chart must) and whitespace runs in admission CEL expressions. Any
-// other difference is real.
+// the chart must), whitespace runs in admission CEL expressions and the
+// order of a pod's volumes and volumeMounts (sorted by name: kustomize's
+// strategic merge patch moves the items it touches to the front, and the
+// order carries no meaning: volumes are a set keyed by name, and the
+// runtime orders mounts by path depth). Any other difference is real.
 func Normalize(o *unstructured.Unstructured) {
 	dropLabels := func(path ...string) {
 		m, ok, _ := unstructured.NestedStringMap(o.Object, path...)
@@ -210,6 +226,7 @@ func Normalize(o *unstructured.Unstructured) {
 				}
 			}
 		}
+		sortByName(vols)
 		_ = unstructured.SetNestedSlice(o.Object, vols, "spec", "template", "spec", "volumes")
 	}
 	if cs, ok, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers"); ok {
@@ -218,9 +235,23 @@ func Normalize(o *unstructured.Unstructured) {
 			if img, ok := cm["image"].(string); ok {
 				cm["image"] = ImageRepository(img)
 			}
+			if vm, ok := cm["volumeMounts"].([]any); ok {
+				sortByName(vm)
+			}
 		}
 		_ = unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", "containers")
 	}
+}
+
+// sortByName sorts a list of objects with a name field (volumes,
+// volumeMounts) by it, stably.
+func sortByName(items []any) {
+	name := func(i int) string {
+		m, _ := items[i].(map[string]any)
+		n, _ := m["name"].(string)
+		return n
+	}
+	sort.SliceStable(items, func(i, j int) bool { return name(i) < name(j) })
 }
 
 // ImageRepository strips the tag and digest from an image reference.

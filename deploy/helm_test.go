@@ -81,7 +81,14 @@ func TestChartMatchesKustomize(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hobjs, err := RenderChart(context.Background(), helm, "kube-system", tc.set...)
+			var kept []*unstructured.Unstructured
+			for _, o := range kobjs {
+				if !KustomizeOnly[ObjectKey(o)] {
+					kept = append(kept, o)
+				}
+			}
+			kobjs = kept
+			hobjs, err := RenderChart(context.Background(), helm, ChartNamespace, tc.set...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,10 +232,43 @@ func TestChartValues(t *testing.T) {
 		if !found {
 			t.Errorf("DaemonSet does not mount my-policy: %v", vols)
 		}
+	})
+	// The admission policy follows the ServiceAccount's name (in any
+	// namespace, as deploy/base has it).
+	t.Run("service-account-name", func(t *testing.T) {
+		m := render(t, "--set", "serviceAccount.name=guard")
 		ad := m["ValidatingAdmissionPolicy /remediate-own-node"]
 		expr, _, _ := unstructured.NestedSlice(ad.Object, "spec", "matchConditions")
-		if !strings.Contains(expr[0].(map[string]any)["expression"].(string), "system:serviceaccount:ops:remediate'") {
+		if !strings.Contains(expr[0].(map[string]any)["expression"].(string), "endsWith(':guard')") {
 			t.Errorf("admission policy does not name the release's ServiceAccount: %v", expr)
+		}
+		if m["ServiceAccount ops/guard"] == nil {
+			t.Error("no ServiceAccount ops/guard")
+		}
+	})
+	// /metrics on loopback by default; bindAddress "" listens on every
+	// address, the probes stay on loopback. The chart never renders the
+	// release namespace (helm install --create-namespace).
+	t.Run("metrics-bind-address", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{{nil, "--metrics-addr=127.0.0.1:9808"}, {[]string{"--set", "metrics.bindAddress="}, "--metrics-addr=:9808"}} {
+			m := render(t, tc.args...)
+			for k := range m {
+				if strings.HasPrefix(k, "Namespace ") {
+					t.Errorf("chart renders %s", k)
+				}
+			}
+			c := container(t, m)
+			args, _, _ := unstructured.NestedStringSlice(c, "args")
+			if !strings.Contains(strings.Join(args, " "), tc.want) {
+				t.Errorf("%v: args %v, want %s", tc.args, args, tc.want)
+			}
+			host, _, _ := unstructured.NestedString(c, "livenessProbe", "httpGet", "host")
+			if host != "127.0.0.1" {
+				t.Errorf("%v: liveness probe host %q", tc.args, host)
+			}
 		}
 	})
 	for name, args := range map[string][]string{
@@ -239,6 +279,7 @@ func TestChartValues(t *testing.T) {
 		"existing-and-enforce": {"--set", "policy.existingConfigMap=x,enforce=true"},
 		"unknown-nested":       {"--set", "resources.requests.gpu=1"},
 		"bad-mode":             {"--set", "policy.custom.mode=fix"},
+		"bad-bind-address":     {"--set", "metrics.bindAddress=0.0.0.0:9808"},
 	} {
 		t.Run("refuses-"+name, func(t *testing.T) {
 			if _, err := RenderChart(ctx, helm, "ops", args...); err == nil {

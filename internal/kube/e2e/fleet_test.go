@@ -41,7 +41,7 @@ func testFleet(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 		t.Skip(err)
 	}
-	objs, err := deploy.RenderChart(ctx, helm, "kube-system")
+	objs, err := deploy.RenderChart(ctx, helm, deploy.ChartNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func testFleet(t *testing.T, cp *controlplane.ControlPlane) {
 	cs := daemonClient(t, cp, "n1").Interface
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pw := kube.NewFleetPauseWatch(cs, "kube-system")
+	pw := kube.NewFleetPauseWatch(cs, guardNS)
 	pw.Start(wctx)
 	dw := kube.NewDaemonSetWatch(cs, "kube-system", "kube-proxy")
 	dw.Start(wctx)
@@ -76,7 +76,7 @@ func testFleet(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Fatal("the daemon's ServiceAccount could not list/watch the fleet ConfigMap or kube-proxy's DaemonSet")
 	}
 	scancel()
-	pause := guardrails.NewFleetPause(pw, "kube-system")
+	pause := guardrails.NewFleetPause(pw, guardNS)
 	rollout := guardrails.NewKubeProxyRollout(dw)
 	check := func(g guardrails.Guardrail) string {
 		r := &guardrails.Request{Rule: &policy.Rule{Name: "restart"}, ActionType: "RestartKubeProxy", Disruptive: true, Now: time.Now()}
@@ -105,14 +105,14 @@ func testFleet(t *testing.T, cp *controlplane.ControlPlane) {
 		if r := check(pause); r != "" {
 			t.Fatalf("blocked before any pause: %s", r)
 		}
-		admin := cp.Client.CoreV1().ConfigMaps("kube-system")
+		admin := cp.Client.CoreV1().ConfigMaps(guardNS)
 		if _, err := admin.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: kube.FleetConfigMap},
 			Data: map[string]string{kube.PauseKey: "upgrading to 1.35"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		eventually("the pause", func() bool { return strings.Contains(check(pause), "upgrading to 1.35") })
 		// Another ConfigMap is invisible to the daemon (RBAC by name).
-		if _, err := cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "remediate-policy-audit", metav1.GetOptions{}); err == nil {
+		if _, err := cs.CoreV1().ConfigMaps(guardNS).Get(ctx, "remediate-policy-audit", metav1.GetOptions{}); err == nil {
 			t.Error("the daemon can read other ConfigMaps")
 		}
 		cm, _ := admin.Get(ctx, kube.FleetConfigMap, metav1.GetOptions{})
@@ -182,7 +182,7 @@ func testFleet(t *testing.T, cp *controlplane.ControlPlane) {
 				t.Fatal(err)
 			}
 		}
-		cleaner := asUser(cp, "system:serviceaccount:kube-system:remediate-cleanup")
+		cleaner := asUser(cp, "system:serviceaccount:"+guardNS+":remediate-cleanup")
 		done, err := kube.Cleanup(ctx, cleaner, "", kubeexporter.DefaultConditionType)
 		if err != nil {
 			t.Fatalf("cleanup as the hook's ServiceAccount: %v", err)
