@@ -51,7 +51,7 @@ func TestHelmLint(t *testing.T) {
 	helm := needHelm(t)
 	ctx := context.Background()
 	for _, set := range [][]string{nil, {"--set", "enforce=true"},
-		{"--set", "prometheusRule.enabled=true,metrics.podMonitor.enabled=true,cleanupOnUninstall.enabled=false,admissionPolicy.enabled=false"},
+		{"--set", "prometheusRule.enabled=true,metrics.podMonitor.enabled=true,metrics.bindAddress=,cleanupOnUninstall.enabled=false,admissionPolicy.enabled=false"},
 		{"--set", "image.digest=sha256:" + strings.Repeat("ab", 32)}} {
 		out, err := Helm(ctx, helm, append([]string{"lint", "--strict", ChartDir()}, set...)...)
 		if err != nil {
@@ -299,6 +299,7 @@ func TestChartValues(t *testing.T) {
 		"unknown-nested":       {"--set", "resources.requests.gpu=1"},
 		"bad-mode":             {"--set", "policy.custom.mode=fix"},
 		"bad-bind-address":     {"--set", "metrics.bindAddress=0.0.0.0:9808"},
+		"podmonitor-loopback":  {"--set", "metrics.podMonitor.enabled=true"},
 	} {
 		t.Run("refuses-"+name, func(t *testing.T) {
 			if _, err := RenderChart(ctx, helm, "ops", args...); err == nil {
