@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -35,6 +36,9 @@ type wiring struct {
 	ipvs *ipvs.Handle
 	// noPriv: subsystems this process lacks the privileges for (read once).
 	noPriv map[string]string
+	// kp is the kube-proxy client of the current policy (its last scrape
+	// is exported by kubeProxySyncCollector).
+	kp atomic.Pointer[kubeproxy.Client]
 }
 
 func newWiring(o *options, pol *policy.Policy, log *zap.Logger) *wiring {
@@ -123,6 +127,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Unavailable["kube-proxy"] = err.Error()
 	} else {
 		n.KubeProxy = kp
+		w.kp.Store(kp)
 	}
 
 	// kubernetes: the API client and the Services/EndpointSlices view

@@ -65,6 +65,8 @@ type Client struct {
 	// discovered is the syncPeriod /configz last reported (ns; 0 none).
 	discovered atomic.Int64
 	seq        uint64 // guarded by mets.sem
+	// last is the newest scrape that parsed (nil before the first).
+	last atomic.Pointer[Scrape]
 }
 
 var (
@@ -145,9 +147,16 @@ func (c *Client) Metrics(ctx context.Context) (*Scrape, error) {
 			return nil, &Error{Kind: KindBadResponse, URL: c.opts.MetricsURL, Err: err}
 		}
 		c.seq++
-		return &Scrape{Metrics: m, At: c.clock.Now(), Seq: c.seq}, nil
+		sc := &Scrape{Metrics: m, At: c.clock.Now(), Seq: c.seq}
+		c.last.Store(sc)
+		return sc, nil
 	})
 }
+
+// LastScrape returns the newest metrics scrape that parsed, without
+// contacting kube-proxy (nil before the first): for exporting what the
+// detectors last saw at /metrics scrape time.
+func (c *Client) LastScrape() *Scrape { return c.last.Load() }
 
 // Healthz implements Interface.
 func (c *Client) Healthz(ctx context.Context) (*Healthz, error) {

@@ -82,6 +82,9 @@ func TestClientReadsAndCaches(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1795261400, 0))
 	c := newClient(t, ts.URL, Options{Clock: clk, CacheTTL: 5 * time.Second})
 	ctx := context.Background()
+	if c.LastScrape() != nil {
+		t.Error("LastScrape before any scrape")
+	}
 
 	// Concurrent callers of one cycle share one scrape.
 	var wg sync.WaitGroup
@@ -107,6 +110,9 @@ func TestClientReadsAndCaches(t *testing.T) {
 			t.Errorf("seqs = %v, want all 1", seqs)
 			break
 		}
+	}
+	if last := c.LastScrape(); last == nil || last.Seq != 1 || s.metricsHits.Load() != 1 {
+		t.Errorf("LastScrape = %+v after one scrape (and must not scrape itself)", last)
 	}
 
 	// After the TTL a new scrape is made and sees the new answer.
