@@ -529,7 +529,7 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 	}
 	m.CycleDuration.Observe(d.Seconds())
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
-	zeroGauges(m, e.pol)
+	zeroGauges(m, pol)
 	for _, f := range rep.Findings {
 		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
 	}
