@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/netip"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/conntrack/conntracktest"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/testing/memstat"
 )
 
 // BenchmarkConntrackStaleScan250k runs ConntrackStaleServiceEntries over a
@@ -85,13 +85,13 @@ func BenchmarkConntrackStaleScan250k(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		runtime.GC()
-		a0 := ctTotalAlloc()
-		stop := ctHeapPeak()
+		a0 := memstat.TotalAlloc()
+		stop := memstat.HeapPeak()
 		fs, err := d.Detect(context.Background())
 		if p := stop(); p > peak {
 			peak = p
 		}
-		alloc += ctTotalAlloc() - a0
+		alloc += memstat.TotalAlloc() - a0
 		if err != nil || len(fs) != scaledToZero {
 			b.Fatalf("detect: %d findings, %v; want %d", len(fs), err, scaledToZero)
 		}
@@ -99,43 +99,4 @@ func BenchmarkConntrackStaleScan250k(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
 	b.ReportMetric(float64(alloc)/float64(b.N)/(1<<20), "alloc-MiB/op")
-}
-
-// ctHeapPeak samples HeapInuse every millisecond until stop is called and
-// returns the peak in bytes.
-func ctHeapPeak() (stop func() uint64) {
-	var peak atomic.Uint64
-	done, finished := make(chan struct{}), make(chan struct{})
-	sample := func() {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		if ms.HeapInuse > peak.Load() {
-			peak.Store(ms.HeapInuse)
-		}
-	}
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			sample()
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() uint64 {
-		close(done)
-		<-finished
-		sample()
-		return peak.Load()
-	}
-}
-
-func ctTotalAlloc() uint64 {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.TotalAlloc
 }

@@ -8,12 +8,13 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mdlayher/netlink"
 	ticonntrack "github.com/ti-mo/conntrack"
+
+	"github.com/remediate-dev/remediate/internal/testing/memstat"
 )
 
 const benchTable = 250_000
@@ -46,46 +47,6 @@ func fillTable(tb testing.TB, fd, total, match int) {
 	}
 }
 
-// heapPeak samples HeapInuse every millisecond until stop is called and
-// returns the peak in bytes.
-func heapPeak() (stop func() uint64) {
-	var peak atomic.Uint64
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	sample := func() {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		if ms.HeapInuse > peak.Load() {
-			peak.Store(ms.HeapInuse)
-		}
-	}
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			sample()
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() uint64 {
-		close(done)
-		<-finished
-		sample()
-		return peak.Load()
-	}
-}
-
-func totalAlloc() uint64 {
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return ms.TotalAlloc
-}
-
 // BenchmarkDeleteUDPByReplySource deletes the UDP entries of one dead
 // backend from a 250k-entry table (in a namespace the benchmark creates)
 // and reports peak heap in use, bytes allocated and the time of the same
@@ -112,8 +73,8 @@ func BenchmarkDeleteUDPByReplySource(b *testing.B) {
 				b.StopTimer()
 				fillTable(b, fd, benchTable, match)
 				runtime.GC()
-				a0 := totalAlloc()
-				stop := heapPeak()
+				a0 := memstat.TotalAlloc()
+				stop := memstat.HeapPeak()
 				b.StartTimer()
 				t0 := time.Now()
 				res, err := r.DeleteUDPByReplySource(context.Background(), Backend{IP: deadIP, Port: 53}, benchTable)
@@ -122,7 +83,7 @@ func BenchmarkDeleteUDPByReplySource(b *testing.B) {
 				if p := stop(); p > peak {
 					peak = p
 				}
-				alloc += totalAlloc() - a0
+				alloc += memstat.TotalAlloc() - a0
 				if err != nil || res.Deleted != match {
 					b.Fatalf("deleted %+v, %v; want %d", res, err, match)
 				}
@@ -168,7 +129,7 @@ func BenchmarkTiMoDump(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		runtime.GC()
-		stop := heapPeak()
+		stop := memstat.HeapPeak()
 		flows, err := c.Dump(nil)
 		if p := stop(); p > peak {
 			peak = p
