@@ -177,3 +177,47 @@ func (c *counterWindows) add(sc *kubeproxy.Scrape, span time.Duration, get func(
 	}
 	return out
 }
+
+// failureCounters is what a windowed failure-counter detector
+// (KubeProxyRestoreFailures, KubeProxyNFTablesFailures) says about its two
+// counters: how to read them from a family, whether a family exports them,
+// and the skip reason when no family does.
+type failureCounters struct {
+	get      func(*kubeproxy.FamilyMetrics) (a, b *float64)
+	exported func(*kubeproxy.FamilyMetrics) bool
+	absent   string
+}
+
+// failureWindow is the window of a failure-counter detector: the policy's,
+// else 4 x kube-proxy's syncPeriod.
+func failureWindow(policyWindow time.Duration, kp kubeproxy.Interface) time.Duration {
+	if policyWindow != 0 {
+		return policyWindow
+	}
+	return 4 * kp.SyncPeriod()
+}
+
+// findings records the scrape in c and returns decide's findings for each
+// family's increases over span. kube-proxy 1.29-1.32 export plain counters
+// from the start, so none exported there means kube-proxy is in another
+// mode (a Skip with fc.absent); from 1.33 the per-family vectors appear
+// with their first increment (absent = zero). The caller serialises access.
+func (c *counterWindows) findings(sc *kubeproxy.Scrape, span time.Duration, fc failureCounters,
+	decide func(f kubeproxy.Family, a, b float64, covered time.Duration) *Finding) ([]Finding, error) {
+	exported := false
+	for _, fm := range sc.Metrics.Families {
+		if fc.exported(fm) {
+			exported = true
+		}
+	}
+	if !exported && !sc.Metrics.Labelled {
+		return nil, Skip("%s", fc.absent)
+	}
+	var out []Finding
+	for _, inc := range c.add(sc, span, fc.get) {
+		if fd := decide(inc.family, inc.a, inc.b, inc.covered); fd != nil {
+			out = append(out, *fd)
+		}
+	}
+	return out, nil
+}

@@ -79,33 +79,23 @@ func (d *kubeProxyNFTablesFailures) Detect(ctx context.Context) ([]Finding, erro
 	if err != nil {
 		return nil, err
 	}
-	span := d.p.Window.Duration
-	if span == 0 {
-		span = 4 * kp.SyncPeriod()
-	}
-	m := sc.Metrics
-	exported := false
-	for _, fm := range m.Families {
-		if fm.NFTablesSyncFailures != nil || fm.NFTablesCleanupFailures != nil {
-			exported = true
-		}
-	}
-	// 1.29-1.32 export plain counters from the start; 1.33+ per-family
-	// vectors appear with their first increment (absent = zero).
-	if !exported && !m.Labelled {
-		return nil, Skip("kube-proxy does not export sync_proxy_rules_nftables_sync_failures_total (not nftables mode?)")
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []Finding
-	for _, inc := range d.w.add(sc, span, func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
+	return d.w.findings(sc, failureWindow(d.p.Window.Duration, kp), nftFailureCounters,
+		func(f kubeproxy.Family, syncs, cleanups float64, covered time.Duration) *Finding {
+			return nftFailuresFinding(f, syncs, cleanups, covered, d.p)
+		})
+}
+
+// nftFailureCounters: nftables sync and stale-chain cleanup failures.
+var nftFailureCounters = failureCounters{
+	get: func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
 		return fm.NFTablesSyncFailures, fm.NFTablesCleanupFailures
-	}) {
-		if fd := nftFailuresFinding(inc.family, inc.a, inc.b, inc.covered, d.p); fd != nil {
-			out = append(out, *fd)
-		}
-	}
-	return out, nil
+	},
+	exported: func(fm *kubeproxy.FamilyMetrics) bool {
+		return fm.NFTablesSyncFailures != nil || fm.NFTablesCleanupFailures != nil
+	},
+	absent: "kube-proxy does not export sync_proxy_rules_nftables_sync_failures_total (not nftables mode?)",
 }
 
 // nftFailuresFinding is the decision on the failures counted over a

@@ -81,36 +81,27 @@ func (d *kubeProxyRestoreFailures) Detect(ctx context.Context) ([]Finding, error
 	if err != nil {
 		return nil, err
 	}
-	span := d.p.Window.Duration
-	if span == 0 {
-		span = 4 * kp.SyncPeriod()
-	}
-	m := sc.Metrics
-	exported := false
-	for _, fm := range m.Families {
-		if fm.RestoreFailures != nil {
-			exported = true
-		}
-	}
-	// Before 1.33 the counters are plain and always exported; from 1.33
-	// they are per-family vectors that appear with their first failure,
-	// so an absent series there means zero.
-	if !exported && !m.Labelled {
-		return nil, Skip("kube-proxy does not export sync_proxy_rules_iptables_restore_failures_total (not iptables mode?)")
-	}
-
-	d.set("no iptables-restore failure increase over the last %s", span)
+	span := failureWindow(d.p.Window.Duration, kp)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []Finding
-	for _, inc := range d.w.add(sc, span, func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
-		return fm.RestoreFailures, fm.PartialRestoreFailures
-	}) {
-		if fd := restoreFailuresFinding(inc.family, inc.a, inc.b, inc.covered, d.p); fd != nil {
-			out = append(out, *fd)
-		}
+	out, err := d.w.findings(sc, span, restoreFailureCounters,
+		func(f kubeproxy.Family, full, partial float64, covered time.Duration) *Finding {
+			return restoreFailuresFinding(f, full, partial, covered, d.p)
+		})
+	if err == nil {
+		d.set("no iptables-restore failure increase over the last %s", span)
 	}
-	return out, nil
+	return out, err
+}
+
+// restoreFailureCounters: iptables-restore full and partial failures. Only
+// the full-failure series marks the counters as exported.
+var restoreFailureCounters = failureCounters{
+	get: func(fm *kubeproxy.FamilyMetrics) (*float64, *float64) {
+		return fm.RestoreFailures, fm.PartialRestoreFailures
+	},
+	exported: func(fm *kubeproxy.FamilyMetrics) bool { return fm.RestoreFailures != nil },
+	absent:   "kube-proxy does not export sync_proxy_rules_iptables_restore_failures_total (not iptables mode?)",
 }
 
 // restoreFailuresFinding is the decision on the failures counted over a
