@@ -114,39 +114,29 @@ func value(v any, max int) any {
 	case string:
 		return String(x, max)
 	case []string:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, s := range x[:n] {
-			out = append(out, String(s, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
+		return items(x, func(s string) any { return String(s, max) })
 	case []any:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, e := range x[:n] {
-			out = append(out, value(e, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
+		return items(x, func(e any) any { return value(e, max) })
 	case []map[string]any:
-		n := min(len(x), 64)
-		out := make([]any, 0, n+1)
-		for _, e := range x[:n] {
-			out = append(out, Values(e, max))
-		}
-		if len(x) > n {
-			out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
-		}
-		return out
+		return items(x, func(e map[string]any) any { return Values(e, max) })
 	case map[string]any:
 		return Values(x, max)
 	case fmt.Stringer:
 		return String(x.String(), max)
 	}
 	return v
+}
+
+// items clips each of the first 64 elements of x and marks how many more
+// there were.
+func items[T any](x []T, clip func(T) any) []any {
+	n := min(len(x), 64)
+	out := make([]any, 0, n+1)
+	for _, e := range x[:n] {
+		out = append(out, clip(e))
+	}
+	if len(x) > n {
+		out = append(out, fmt.Sprintf("…[%d more]", len(x)-n))
+	}
+	return out
 }
