@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test test-vm lint bench fuzz clean image
+.PHONY: all build run test test-vm lint bench bench-load fuzz clean image
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -65,6 +65,13 @@ lint:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+
+# The real binary on a loaded node (root): ~20k kube-proxy-shaped nat rules
+# in iptables-legacy in a namespace of its own, 1,000 extra processes, no
+# kube-proxy, no cluster access; prints CPU per cycle (own + children) and
+# RSS, idle and loaded (internal/testing/benchload).
+bench-load: build
+	$(GO) run ./internal/testing/benchload -bin $(BIN) $(BENCHLOAD_ARGS)
 
 # Short fuzz run of every fuzz target (FUZZTIME each).
 FUZZTIME ?= 30s

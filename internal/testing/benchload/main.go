@@ -1,0 +1,344 @@
+// Command benchload measures the real remediate binary on a loaded node
+// (`make bench-load`, root only): in a network namespace of its own it
+// loads a kube-proxy-shaped nat table (about 20,000 rules) into
+// iptables-legacy, starts 1,000 extra processes on the host (sleep), runs
+// the daemon there with the audit policy at a short interval and no
+// cluster access (no kube-proxy either), and prints its CPU per cycle (its
+// own plus its waited-for children: the *-save runs) and its RSS. A first
+// phase measures the same daemon idle: an empty namespace and no extra
+// processes.
+//
+// It deletes the namespace and stops the processes it started (by PID) at
+// the end. The numbers go into the README's performance section.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	bin := flag.String("bin", "bin/remediate", "the remediate binary to measure")
+	policy := flag.String("policy", "examples/audit.yaml", "policy (its interval is replaced by -interval)")
+	services := flag.Int("services", 2500, "Services in the generated nat table (8 rules each: about 20k rules)")
+	procs := flag.Int("procs", 1000, "extra processes started on the host")
+	interval := flag.Duration("interval", 2*time.Second, "the daemon's detection interval")
+	cycles := flag.Int("cycles", 20, "cycles measured per phase (after 3 warm-up cycles)")
+	scrape := flag.String("scrape", "", "internal: print this URL's body (run inside the namespace)")
+	flag.Parse()
+	if *scrape != "" {
+		os.Exit(get(*scrape))
+	}
+	if os.Geteuid() != 0 {
+		fatalf("needs root (network namespaces, iptables-legacy-restore)")
+	}
+	for _, c := range []string{"ip", "nsenter", "iptables-legacy-restore", "sleep"} {
+		if _, err := exec.LookPath(c); err != nil {
+			fatalf("needs %s: %v", c, err)
+		}
+	}
+	absBin, err := filepath.Abs(*bin)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	tmp, err := os.MkdirTemp("", "benchload-")
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer os.RemoveAll(tmp)
+	pol, err := os.ReadFile(*policy)
+	if err != nil {
+		fatalf("%v", err)
+	}
+	pol = regexp.MustCompile(`(?m)^interval: .*$`).ReplaceAll(pol, []byte("interval: "+interval.String()+"\ndetectorTimeout: "+(*interval/2).String()+"\nactionTimeout: "+(*interval/2).String()))
+	pol = regexp.MustCompile(`(?m)^jitter: .*$`).ReplaceAll(pol, []byte("jitter: 0"))
+	polFile := filepath.Join(tmp, "policy.yaml")
+	must(os.WriteFile(polFile, pol, 0o644))
+
+	fmt.Printf("machine: %s, %d cores (%s), %s\n", hostname(), runtime.NumCPU(), cpuModel(), kernel())
+	fmt.Printf("binary: %s; policy %s at interval %v; load average at start %s\n", *bin, *policy, *interval, loadavg())
+
+	ns := fmt.Sprintf("rmdbench-%d", os.Getpid())
+	run("ip", "netns", "add", ns)
+	defer run("ip", "netns", "del", ns)
+	run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+
+	idle := measure(absBin, ns, polFile, tmp, "idle", *interval, *cycles)
+
+	text := natTable(*services)
+	restore := exec.Command("ip", "netns", "exec", ns, "iptables-legacy-restore", "-w", "5")
+	restore.Env = append(os.Environ(), "XTABLES_LOCKFILE="+filepath.Join(tmp, "xtables.lock"))
+	restore.Stdin = strings.NewReader(text)
+	if out, err := restore.CombinedOutput(); err != nil {
+		fatalf("iptables-legacy-restore: %v: %s", err, out)
+	}
+	fmt.Printf("loaded %d nat rules (%d bytes of save text) into iptables-legacy in %s\n", strings.Count(text, "\n-A "), len(text), ns)
+	var pids []*exec.Cmd
+	for i := 0; i < *procs; i++ {
+		c := exec.Command("sleep", "3600")
+		if err := c.Start(); err != nil {
+			fatalf("starting sleep: %v", err)
+		}
+		pids = append(pids, c)
+	}
+	defer func() {
+		for _, c := range pids {
+			_ = c.Process.Signal(syscall.SIGTERM)
+			_, _ = c.Process.Wait()
+		}
+	}()
+	fmt.Printf("started %d extra processes (sleep); processes on the host now: %d\n", *procs, countProcs())
+	loaded := measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles)
+
+	fmt.Println()
+	fmt.Println("| phase | CPU per cycle (own + children), median [min–max] | RSS median / max |")
+	fmt.Println("|---|---|---|")
+	for _, r := range []result{idle, loaded} {
+		fmt.Printf("| %s | %s |  %.1f / %.1f MiB |\n", r.phase, r.cpu, r.rssMed, r.rssMax)
+	}
+}
+
+type result struct {
+	phase          string
+	cpu            string
+	rssMed, rssMax float64
+}
+
+// measure runs the daemon in the namespace until warm-up plus cycles
+// cycles completed, sampling its CPU (own + children) and RSS after each.
+func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int) result {
+	state := filepath.Join(tmp, "state-"+phase)
+	must(os.MkdirAll(state, 0o755))
+	addr := "127.0.0.1:19808"
+	cmd := exec.Command("nsenter", "--net=/var/run/netns/"+ns, bin,
+		"--policy", pol, "--state-dir", state, "--node-name", "benchload",
+		"--metrics-addr", addr, "--xtables-lock", filepath.Join(tmp, "xtables.lock"), "--log-level", "warn")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + tmp} // no KUBECONFIG, no GOMEMLIMIT
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		fatalf("starting %s: %v", bin, err)
+	}
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+	}()
+	pid := cmd.Process.Pid // nsenter execs the binary: same PID
+	self, _ := os.Executable()
+	count := func() int {
+		out, err := exec.Command("nsenter", "--net=/var/run/netns/"+ns, self, "-scrape", "http://"+addr+"/metrics").Output()
+		if err != nil {
+			return -1
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, "remediate_cycle_duration_seconds_count ") {
+				n, _ := strconv.Atoi(strings.Fields(l)[1])
+				return n
+			}
+		}
+		return -1
+	}
+	wait := func(n int) int {
+		deadline := time.Now().Add(time.Duration(n+5) * (interval + 2*time.Second))
+		for time.Now().Before(deadline) {
+			if c := count(); c >= n {
+				return c
+			}
+			time.Sleep(interval / 10)
+		}
+		fatalf("%s: %d cycles not reached; daemon log:\n%s", phase, n, logs.String())
+		return 0
+	}
+	const warm = 3
+	c0 := wait(warm)
+	cpu0 := cpuTicks(pid)
+	var perCycle []float64
+	var rss []float64
+	prevCPU, prevC := cpu0, c0
+	for i := 0; i < cycles; i++ {
+		c := wait(prevC + 1)
+		cpu := cpuTicks(pid)
+		perCycle = append(perCycle, float64(cpu-prevCPU)*1000/clkTck/float64(c-prevC))
+		rss = append(rss, rssMiB(pid))
+		prevCPU, prevC = cpu, c
+	}
+	total := float64(prevCPU-cpu0) * 1000 / clkTck / float64(prevC-c0)
+	sort.Float64s(perCycle)
+	sort.Float64s(rss)
+	r := result{
+		phase: phase,
+		cpu: fmt.Sprintf("%.0f ms (mean %.1f ms over %d cycles) [%.0f–%.0f]", perCycle[len(perCycle)/2], total, prevC-c0,
+			perCycle[0], perCycle[len(perCycle)-1]),
+		rssMed: rss[len(rss)/2], rssMax: rss[len(rss)-1],
+	}
+	fmt.Printf("%s: CPU per cycle %s; RSS %.1f MiB median, %.1f max; load average %s\n", phase, r.cpu, r.rssMed, r.rssMax, loadavg())
+	return r
+}
+
+// clkTck is USER_HZ, the unit of /proc/PID/stat times (100 on Linux).
+const clkTck = 100
+
+// cpuTicks is utime+stime+cutime+cstime of pid.
+func cpuTicks(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		fatalf("%v", err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var t int64
+	for _, i := range []int{11, 12, 13, 14} { // fields 14-17, counted from field 3
+		n, _ := strconv.ParseInt(f[i], 10, 64)
+		t += n
+	}
+	return t
+}
+
+func rssMiB(pid int) float64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		fatalf("%v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "VmRSS:") {
+			kb, _ := strconv.Atoi(strings.Fields(l)[1])
+			return float64(kb) / 1024
+		}
+	}
+	return 0
+}
+
+// natTable is a kube-proxy v1.34-shaped save (filter and nat) with n
+// Services of two endpoints each: 8 nat rules per Service.
+func natTable(n int) string {
+	var b, rules strings.Builder
+	b.WriteString("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-EXTERNAL-SERVICES - [0:0]\n:KUBE-FIREWALL - [0:0]\n:KUBE-FORWARD - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-PROXY-FIREWALL - [0:0]\n:KUBE-SERVICES - [0:0]\n" +
+		"-A INPUT -j KUBE-FIREWALL\n-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n" +
+		"-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS\n-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES\n" +
+		"-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n" +
+		"-A OUTPUT -j KUBE-FIREWALL\n-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n" +
+		"-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP\n" +
+		"-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT\n" +
+		"-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\nCOMMIT\n")
+	b.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-POSTROUTING - [0:0]\n:KUBE-SERVICES - [0:0]\n")
+	rules.WriteString("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n" +
+		"-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n" +
+		"-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n" +
+		"-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully\n")
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("ns%d/svc%d:http", i%50, i)
+		vip := fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)
+		svc := fmt.Sprintf("KUBE-SVC-%016X", uint64(i)*2654435761)
+		fmt.Fprintf(&b, ":%s - [0:0]\n", svc)
+		fmt.Fprintf(&rules, "-A KUBE-SERVICES -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j %s\n", vip, name, svc)
+		fmt.Fprintf(&rules, "-A %s ! -s 10.244.0.0/16 -d %s/32 -p tcp -m comment --comment \"%s cluster IP\" -m tcp --dport 80 -j KUBE-MARK-MASQ\n", svc, vip, name)
+		for j := 0; j < 2; j++ {
+			k := 2*i + j
+			addr := fmt.Sprintf("10.244.%d.%d", k/250, k%250+1)
+			sep := fmt.Sprintf("KUBE-SEP-%016X", uint64(k)*40503+7)
+			fmt.Fprintf(&b, ":%s - [0:0]\n", sep)
+			prob := ""
+			if j == 0 {
+				prob = " -m statistic --mode random --probability 0.50000000000"
+			}
+			fmt.Fprintf(&rules, "-A %s -m comment --comment \"%s -> %s:8080\"%s -j %s\n", svc, name, addr, prob, sep)
+			fmt.Fprintf(&rules, "-A %s -s %s/32 -m comment --comment \"%s\" -j KUBE-MARK-MASQ\n", sep, addr, name)
+			fmt.Fprintf(&rules, "-A %s -p tcp -m comment --comment \"%s\" -m tcp -j DNAT --to-destination %s:8080\n", sep, name, addr)
+		}
+	}
+	rules.WriteString("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS\n")
+	b.WriteString(rules.String())
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+func get(url string) int {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(os.Stdout, resp.Body)
+	return 0
+}
+
+func run(args ...string) {
+	if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+		fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+func countProcs() int {
+	ents, _ := os.ReadDir("/proc")
+	n := 0
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+func hostname() string { h, _ := os.Hostname(); return h }
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func kernel() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	return "Linux " + strings.TrimSpace(string(b))
+}
+
+func cpuModel() string {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if i := strings.IndexByte(l, ':'); i >= 0 {
+				return strings.TrimSpace(l[i+1:])
+			}
+		}
+	}
+	return "unknown CPU"
+}
+
+func must(err error) {
+	if err != nil {
+		fatalf("%v", err)
+	}
+}
+
+func fatalf(format string, a ...any) {
+	fmt.Fprintf(os.Stderr, "benchload: "+format+"\n", a...)
+	os.Exit(1)
+}
