@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -49,6 +50,11 @@ type Snapshot struct {
 	Duration time.Duration
 	// Bytes is the size of the save output.
 	Bytes int
+	// Reused is true when the save was not run because the kernel's
+	// rules are unchanged since the snapshot's save (its Duration and
+	// Bytes are that save's); Empty when the backend has no table in this
+	// family, so nothing was run and there is nothing to parse.
+	Reused, Empty bool
 }
 
 // Interface reads rule sets. Implementations must be goroutine-safe.
@@ -74,10 +80,39 @@ type Config struct {
 	// Timeout bounds each save run when ctx has no earlier deadline
 	// (default 30s).
 	Timeout time.Duration
+	// NetNS is the network namespace file the Prefix enters
+	// (/var/run/netns/NAME), read directly for the change check. With a
+	// Prefix and no NetNS there is no change check: every Save runs the
+	// command.
+	NetNS string
+	// ReuseFor bounds how long a snapshot is returned again because the
+	// kernel says nothing changed: older, the command runs anyway
+	// (default 5m; negative turns reuse off).
+	ReuseFor time.Duration
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
 }
 
-// Real runs the save commands.
-type Real struct{ cfg Config }
+// Real runs the save commands. It keeps the last snapshot of each family
+// and backend with the kernel's fingerprint of the rules it was saved
+// from (see fingerprint): while the fingerprint is unchanged (and the
+// snapshot younger than ReuseFor) Save returns that snapshot without
+// running the command; a backend with no table in the family gives an
+// empty snapshot without running it. When the fingerprint cannot be read
+// the command runs: a stale snapshot never hides a change.
+type Real struct {
+	cfg Config
+
+	mu   sync.Mutex
+	last map[sharedKey]*lastSave
+}
+
+// lastSave is the snapshot kept for the next Save of a family and backend.
+type lastSave struct {
+	fp   fingerprint
+	snap *Snapshot
+	at   time.Time // when the save ran
+}
 
 var (
 	_ Interface       = (*Real)(nil)
@@ -89,7 +124,13 @@ func New(cfg Config) *Real {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 30 * time.Second
 	}
-	return &Real{cfg: cfg}
+	if cfg.ReuseFor == 0 {
+		cfg.ReuseFor = 5 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Real{cfg: cfg, last: map[sharedKey]*lastSave{}}
 }
 
 // SaveCommand returns the save binary for a family and backend
@@ -114,6 +155,58 @@ func (r *Real) command(ctx context.Context, args ...string) (*exec.Cmd, error) {
 
 // Save implements Interface.
 func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error) {
+	name := SaveCommand(f, b)
+	if _, err := exec.LookPath(name); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, name, err)
+	}
+	k := sharedKey{f, b}
+	fp, fpErr := r.fingerprintFor(f, b)
+	now := r.cfg.Now()
+	if fpErr == nil {
+		if fp.empty {
+			r.forget(k)
+			return &Snapshot{Family: f, Backend: b, Rules: &Ruleset{}, Empty: true}, nil
+		}
+		r.mu.Lock()
+		l := r.last[k]
+		r.mu.Unlock()
+		if l != nil && l.fp == fp && now.Sub(l.at) < r.cfg.ReuseFor {
+			s := *l.snap
+			s.Reused = true
+			return &s, nil
+		}
+	}
+	snap, err := r.save(ctx, f, b)
+	if err != nil || fpErr != nil {
+		r.forget(k)
+		return snap, err
+	}
+	// The fingerprint read before the save: a change during the save
+	// gives another fingerprint next time, and the command runs again.
+	r.mu.Lock()
+	r.last[k] = &lastSave{fp: fp, snap: snap, at: now}
+	r.mu.Unlock()
+	return snap, nil
+}
+
+func (r *Real) fingerprintFor(f Family, b Backend) (fingerprint, error) {
+	if r.cfg.ReuseFor < 0 {
+		return fingerprint{}, errors.New("reuse turned off")
+	}
+	if len(r.cfg.Prefix) > 0 && r.cfg.NetNS == "" {
+		return fingerprint{}, errors.New("a command prefix without NetNS: the namespace is unknown")
+	}
+	return r.fingerprint(f, b)
+}
+
+func (r *Real) forget(k sharedKey) {
+	r.mu.Lock()
+	delete(r.last, k)
+	r.mu.Unlock()
+}
+
+// save runs the save command and parses its output.
+func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	name := SaveCommand(f, b)

@@ -66,9 +66,16 @@ func TestRealSaveBothBackendsInNamespace(t *testing.T) {
 		t.Fatalf("lock not held by the test's flock: %s", out)
 	}
 	quick := New(Config{Prefix: netnstest.Prefix(ns), Timeout: 3 * time.Second})
+	cached := New(Config{Prefix: netnstest.Prefix(ns), NetNS: netnsPath(ns), Timeout: 3 * time.Second})
 	for _, b := range []Backend{Legacy, NFT} {
 		if _, err := quick.Save(ctx, IPv4, b); err != nil {
 			t.Errorf("%s save with the xtables lock held: %v", b, err)
+		}
+		// The change check (getsockopt, nfnetlink) neither.
+		for range 2 {
+			if _, err := cached.Save(ctx, IPv4, b); err != nil {
+				t.Errorf("%s save with change check, the xtables lock held: %v", b, err)
+			}
 		}
 	}
 	if _, err := quick.DefaultBackend(ctx); err != nil {
@@ -119,4 +126,81 @@ func TestRealDefaultBackend(t *testing.T) {
 		t.Fatalf("backend = %q", b)
 	}
 	t.Logf("iptables on this machine uses %s", b)
+}
+
+func netnsPath(ns string) string { return "/var/run/netns/" + ns }
+
+// TestRealSaveReusedUntilTheKernelChanges: in a namespace, a second Save of
+// unchanged rules runs no command (Reused), also after traffic changed the
+// counters; an endpoint replaced by another of the same length (same table
+// size and entry count: only the entry bytes differ) is seen at the next
+// Save, in both backends; a backend without tables is Empty without a run;
+// ReuseFor bounds the reuse.
+func TestRealSaveReusedUntilTheKernelChanges(t *testing.T) {
+	ns := netnstest.New(t)
+	netnstest.NeedCommands(t, "iptables-legacy-restore", "iptables-nft-restore", "iptables-legacy-save", "iptables-nft-save", "ip6tables-legacy-save")
+	t.Setenv("XTABLES_LOCKFILE", t.TempDir()+"/xtables.lock")
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: netnsPath(ns), Timeout: 20 * time.Second, Now: func() time.Time { return now }})
+
+	for _, b := range []Backend{Legacy, NFT} {
+		s, err := r.Save(ctx, IPv4, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.Empty || s.Reused || len(s.Rules.Tables) != 0 {
+			t.Errorf("%s in a fresh namespace: empty %v reused %v %d tables", b, s.Empty, s.Reused, len(s.Rules.Tables))
+		}
+	}
+	if s, err := r.Save(ctx, IPv6, Legacy); err != nil || !s.Empty {
+		t.Errorf("ip6 legacy in a fresh namespace: %+v %v", s, err)
+	}
+
+	table := func(ep string) string {
+		return "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SEP-AAAAAAAAAAAAAAAA - [0:0]\n" +
+			"-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n" +
+			"-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"ns/svc:http cluster IP\" -m tcp --dport 80 -j KUBE-SEP-AAAAAAAAAAAAAAAA\n" +
+			"-A KUBE-SEP-AAAAAAAAAAAAAAAA -p tcp -m comment --comment ns/svc:http -m tcp -j DNAT --to-destination " + ep + ":8080\nCOMMIT\n"
+	}
+	for _, b := range []Backend{Legacy, NFT} {
+		restore := "iptables-" + string(b) + "-restore"
+		netnstest.Run(t, ns, table("10.244.1.5"), restore)
+		first, err := r.Save(ctx, IPv4, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Reused || first.Empty || first.Rules.Table("nat").Chain("KUBE-SEP-AAAAAAAAAAAAAAAA") == nil {
+			t.Fatalf("%s first save: reused %v empty %v\n%s", b, first.Reused, first.Empty, first.Rules.String())
+		}
+		// Traffic through the rules changes their counters only.
+		netnstest.Run(t, ns, "", "bash", "-c", "ip addr replace 10.96.0.10/32 dev lo; timeout 1 bash -c \"exec 3<>/dev/tcp/10.96.0.10/80\" 2>/dev/null; true")
+		if c := netnstest.Run(t, ns, "", "iptables-"+string(b)+"-save", "-c", "-t", "nat"); !strings.Contains(c, "-A OUTPUT -j KUBE-SERVICES") || strings.Contains(c, "[0:0] -A OUTPUT -j KUBE-SERVICES") {
+			t.Fatalf("%s: the traffic did not count:\n%s", b, c)
+		}
+		again, err := r.Save(ctx, IPv4, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !again.Reused || again.Rules != first.Rules {
+			t.Errorf("%s: unchanged rules saved again (reused %v)", b, again.Reused)
+		}
+		// Same length, same size: only the DNAT destination differs.
+		netnstest.Run(t, ns, table("10.244.1.7"), restore)
+		changed, err := r.Save(ctx, IPv4, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _, _ := changed.Rules.Table("nat").Chain("KUBE-SEP-AAAAAAAAAAAAAAAA").Rules[0].Match("DNAT", "--to-destination")
+		if changed.Reused || !strings.Contains(changed.Rules.String(), "10.244.1.7:8080") {
+			t.Errorf("%s: equal-size change not seen (reused %v, dnat %q)\n%s", b, changed.Reused, v, changed.Rules.String())
+		}
+		if s, _ := r.Save(ctx, IPv4, b); !s.Reused {
+			t.Errorf("%s: not reused after the change was saved", b)
+		}
+		now = now.Add(6 * time.Minute)
+		if s, _ := r.Save(ctx, IPv4, b); s.Reused {
+			t.Errorf("%s: reused beyond ReuseFor", b)
+		}
+	}
 }

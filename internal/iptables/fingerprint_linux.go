@@ -1,0 +1,328 @@
+//go:build linux
+
+package iptables
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"unsafe"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// A fingerprint tells, without running a save command, whether a
+// backend's rules of one family may have changed since the last save and
+// whether it has any table at all. It never takes the xtables lock (that
+// lock is a userspace flock on /run/xtables.lock which only the iptables
+// commands take; what is read here is what iptables-legacy-save itself
+// reads, under the kernel's own short per-family mutex, and the nf_tables
+// generation):
+//
+//   - legacy: /proc/net/ip{,6}_tables_names (the tables that exist in
+//     this network namespace; no name is asked for that is not listed
+//     there, so no iptable_* module is loaded and no table created by
+//     asking), then for each table IPT_SO_GET_INFO and IPT_SO_GET_ENTRIES
+//     (the same two getsockopts iptables-legacy-save makes) and a keyed
+//     64-bit hash of the hook offsets, entry count, size and the whole
+//     entry blob with the per-rule packet/byte counters zeroed. The size
+//     and count alone are not enough: kube-proxy replacing one endpoint by
+//     another rewrites a DNAT rule and a KUBE-SEP chain name of exactly
+//     the same length, so the table keeps its size.
+//   - nft: the ruleset generation (NFT_MSG_GETGEN), which the kernel bumps
+//     on every committed nf_tables transaction in the namespace, plus which
+//     iptables tables (filter, nat, mangle, raw, security) exist in the
+//     family (NFT_MSG_GETTABLE) and the legacy table names (iptables-nft-save
+//     prints a warning when legacy tables exist).
+//
+// Two equal fingerprints mean the save would print the same rules
+// (counters aside); anything unreadable is an error and the caller saves.
+type fingerprint struct {
+	sum   uint64
+	empty bool // the backend has no table in this family: the save prints nothing
+}
+
+var fpSeed = maphash.MakeSeed()
+
+// Socket options of linux/netfilter_ipv4/ip_tables.h (the IPv6 ones have
+// the same numbers at SOL_IPV6).
+const (
+	soGetInfo    = 64 // IPT_SO_GET_INFO
+	soGetEntries = 65 // IPT_SO_GET_ENTRIES
+	getInfoSize  = 84 // sizeof(struct ipt_getinfo): name[32], valid_hooks, hook_entry[5], underflow[5], num_entries, size
+	entriesHdr   = 40 // offsetof(struct ipt_get_entries, entrytable)
+	// maxBlob bounds the entry blob read (a 100k-rule kube-proxy nat
+	// table is ~40 MB); a larger table is saved every cycle instead.
+	maxBlob = 256 << 20
+)
+
+// entryLayout is where struct ipt_entry / ip6t_entry keep next_offset and
+// the counters.
+type entryLayout struct {
+	size, nextOff, counters int
+}
+
+var (
+	ip4Entry = entryLayout{size: 112, nextOff: 90, counters: 96}
+	ip6Entry = entryLayout{size: 168, nextOff: 142, counters: 152}
+)
+
+// inNetNS runs fn on a locked OS thread in the network namespace at path
+// ("" runs it in the caller's, still on a locked thread so that
+// /proc/thread-self/net is the namespace the sockets see).
+func inNetNS(path string, fn func() error) error {
+	runtime.LockOSThread()
+	if path == "" {
+		defer runtime.UnlockOSThread()
+		return fn()
+	}
+	orig, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("own network namespace: %w", err)
+	}
+	defer orig.Close()
+	target, err := os.Open(path)
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("network namespace %s: %w", path, err)
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("setns %s: %w", path, err)
+	}
+	ferr := fn()
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		// Leave the thread locked: the runtime ends it with this
+		// goroutine instead of reusing it in the wrong namespace.
+		return errors.Join(ferr, fmt.Errorf("setns back: %w", err))
+	}
+	runtime.UnlockOSThread()
+	return ferr
+}
+
+// legacyTableNames reads the legacy tables of the namespace the calling
+// (locked) thread is in; a missing file means ip{,6}_tables is not loaded:
+// no table.
+func legacyTableNames(f Family) ([]string, error) {
+	name := "ip_tables_names"
+	if f == IPv6 {
+		name = "ip6_tables_names"
+	}
+	b, err := os.ReadFile("/proc/thread-self/net/" + name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	names := strings.Fields(string(b))
+	sort.Strings(names)
+	return names, nil
+}
+
+// fingerprint computes the fingerprint of a family and backend in the
+// configured network namespace.
+func (r *Real) fingerprint(f Family, b Backend) (fingerprint, error) {
+	var fp fingerprint
+	err := inNetNS(r.cfg.NetNS, func() error {
+		var err error
+		if b == Legacy {
+			fp, err = legacyFingerprint(f)
+		} else {
+			fp, err = nftFingerprint(f)
+		}
+		return err
+	})
+	return fp, err
+}
+
+func legacyFingerprint(f Family) (fingerprint, error) {
+	names, err := legacyTableNames(f)
+	if err != nil {
+		return fingerprint{}, err
+	}
+	if len(names) == 0 {
+		return fingerprint{empty: true}, nil
+	}
+	af, level, layout := unix.AF_INET, unix.SOL_IP, ip4Entry
+	if f == IPv6 {
+		af, level, layout = unix.AF_INET6, unix.SOL_IPV6, ip6Entry
+	}
+	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return fingerprint{}, fmt.Errorf("raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var h maphash.Hash
+	h.SetSeed(fpSeed)
+	for _, name := range names {
+		if len(name) >= 32 {
+			return fingerprint{}, fmt.Errorf("table name %q too long", name)
+		}
+		if err := hashLegacyTable(&h, fd, level, name, layout); err != nil {
+			return fingerprint{}, fmt.Errorf("table %s: %w", name, err)
+		}
+	}
+	return fingerprint{sum: h.Sum64()}, nil
+}
+
+func getsockopt(fd, level, opt int, buf []byte) error {
+	l := uint32(len(buf))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt),
+		uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return e
+	}
+	if int(l) != len(buf) {
+		return fmt.Errorf("getsockopt %d returned %d bytes, want %d", opt, l, len(buf))
+	}
+	return nil
+}
+
+func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayout) error {
+	info := make([]byte, getInfoSize)
+	copy(info, name)
+	if err := getsockopt(fd, level, soGetInfo, info); err != nil {
+		return fmt.Errorf("IPT_SO_GET_INFO: %w", err)
+	}
+	size := binary.NativeEndian.Uint32(info[80:84])
+	if size > maxBlob {
+		return fmt.Errorf("entries of %d bytes: larger than %d", size, maxBlob)
+	}
+	_, _ = h.WriteString(name)
+	_ = h.WriteByte(0)
+	_, _ = h.Write(info[32:]) // valid_hooks, hook_entry, underflow, num_entries, size
+	// The blob is read into memory outside the Go heap and unmapped at
+	// once: a large table must not grow the heap for a hash.
+	buf, err := unix.Mmap(-1, 0, entriesHdr+int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return fmt.Errorf("mmap %d bytes: %w", entriesHdr+int(size), err)
+	}
+	defer unix.Munmap(buf)
+	copy(buf, name)
+	binary.NativeEndian.PutUint32(buf[32:36], size)
+	if err := getsockopt(fd, level, soGetEntries, buf); err != nil {
+		// EAGAIN: the table was replaced between the two reads.
+		return fmt.Errorf("IPT_SO_GET_ENTRIES: %w", err)
+	}
+	blob := buf[entriesHdr:]
+	for off := 0; off < len(blob); {
+		if off+lay.size > len(blob) {
+			return fmt.Errorf("entry at %d overruns the blob", off)
+		}
+		next := int(binary.NativeEndian.Uint16(blob[off+lay.nextOff:]))
+		if next < lay.size || off+next > len(blob) {
+			return fmt.Errorf("bad next_offset %d at %d", next, off)
+		}
+		clear(blob[off+lay.counters : off+lay.counters+16])
+		off += next
+	}
+	_, _ = h.Write(blob)
+	return nil
+}
+
+// nf_tables netlink constants (linux/netfilter/nf_tables.h, nfnetlink.h).
+const (
+	nfnlSubsysNFTables = 10
+	nftMsgGetTable     = 1
+	nftMsgGetGen       = 16
+	nftaGenID          = 1
+	nftaTableName      = 1
+	nfprotoIPv4        = 2
+	nfprotoIPv6        = 10
+)
+
+// xtablesTables are the table names iptables-nft-save prints.
+var xtablesTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}
+
+func nftFingerprint(f Family) (fingerprint, error) {
+	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
+	if err != nil {
+		return fingerprint{}, fmt.Errorf("nfnetlink: %w", err)
+	}
+	defer c.Close()
+	// The generation first: a change after it is read gives another
+	// generation next time.
+	gen, err := nftGen(c)
+	if err != nil {
+		return fingerprint{}, err
+	}
+	fam := uint8(nfprotoIPv4)
+	if f == IPv6 {
+		fam = nfprotoIPv6
+	}
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetTable), Flags: netlink.Request | netlink.Dump},
+		Data:   []byte{fam, 0, 0, 0},
+	})
+	if err != nil {
+		return fingerprint{}, fmt.Errorf("listing nf_tables tables: %w", err)
+	}
+	var tables []string
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return fingerprint{}, fmt.Errorf("table message: %w", err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == nftaTableName {
+				if n := ad.String(); xtablesTables[n] {
+					tables = append(tables, n)
+				}
+			}
+		}
+		if err := ad.Err(); err != nil {
+			return fingerprint{}, fmt.Errorf("table message: %w", err)
+		}
+	}
+	legacy, err := legacyTableNames(f)
+	if err != nil {
+		return fingerprint{}, err
+	}
+	sort.Strings(tables)
+	var h maphash.Hash
+	h.SetSeed(fpSeed)
+	_ = binary.Write(&h, binary.BigEndian, gen)
+	_, _ = h.WriteString(strings.Join(tables, ",") + "|" + strings.Join(legacy, ","))
+	// Without an iptables table in the family the save prints nothing but
+	// perhaps the legacy warning: keep saving then, it is cheap.
+	return fingerprint{sum: h.Sum64(), empty: len(tables) == 0 && len(legacy) == 0}, nil
+}
+
+func nftGen(c *netlink.Conn) (uint32, error) {
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetGen), Flags: netlink.Request},
+		Data:   []byte{unix.AF_UNSPEC, 0, 0, 0},
+	})
+	if err != nil {
+		return 0, fmt.Errorf("NFT_MSG_GETGEN: %w", err)
+	}
+	for _, m := range msgs {
+		if len(m.Data) < 4 {
+			continue
+		}
+		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+		if err != nil {
+			return 0, fmt.Errorf("NFT_MSG_GETGEN reply: %w", err)
+		}
+		ad.ByteOrder = binary.BigEndian
+		for ad.Next() {
+			if ad.Type() == nftaGenID {
+				return ad.Uint32(), nil
+			}
+		}
+	}
+	return 0, errors.New("NFT_MSG_GETGEN: no generation in the reply")
+}
