@@ -37,6 +37,12 @@ type Real struct {
 
 	mu       sync.Mutex
 	bootTime int64 // seconds since the epoch, read once: identities must be stable
+
+	// scanMu serialises Find's scans over argv, the argv[0] basenames
+	// of the last scan by PID (see Find).
+	scanMu sync.Mutex
+	argv   map[int32]argvEntry
+	scans  uint64
 }
 
 var _ Interface = (*Real)(nil)
@@ -249,37 +255,146 @@ func (r *Real) Get(ctx context.Context, pid int32) (Process, error) {
 	return r.get(ctx, pid, nil)
 }
 
-// Find implements Interface. It reads only argv for every process and the
-// rest only for matches.
+// refreshScans is how often Find reads every process's argv again even
+// when its comm is unchanged (every refreshScans-th scan, the first
+// included): it bounds how long an argv rewritten in place (setproctitle)
+// or a reused PID with the same comm goes unseen.
+const refreshScans = 10
+
+// argvEntry is what a scan remembers of a process: its comm when argv[0]
+// was read and argv[0]'s basename.
+type argvEntry struct {
+	comm, name string
+	scan       uint64
+}
+
+// Find implements Interface. For every process it reads only the comm (a
+// small file that needs no lock on the process's memory, unlike cmdline);
+// argv[0] is read when the process is new to the scan or its comm changed
+// since argv[0] was read (exec sets the comm: an iptables-restore started
+// by kube-proxy's fork is a new comm, and a process that calls itself
+// iptables-restore with exec -a is new), and for every process on each
+// refreshScans-th scan. The rest is read only for matches.
 func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
-	cctx := r.ctx(ctx)
-	pids, err := process.PidsWithContext(cctx)
+	pids, err := r.pids()
 	if err != nil {
-		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+		return nil, err
+	}
+	if len(names) == 0 {
+		var out []Process
+		for _, pid := range pids {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+			p, err := r.get(ctx, pid, nil)
+			if err != nil || len(p.Cmdline) == 0 {
+				continue // exited, or a kernel thread
+			}
+			out = append(out, p)
+		}
+		return out, nil
 	}
 	want := map[string]bool{}
 	for _, n := range names {
 		want[n] = true
 	}
+	r.scanMu.Lock()
+	defer r.scanMu.Unlock()
+	if r.argv == nil {
+		r.argv = map[int32]argvEntry{}
+	}
+	r.scans++
+	full := r.scans%refreshScans == 1
+	buf := make([]byte, 4096)
 	var out []Process
 	for _, pid := range pids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		argv, err := (&process.Process{Pid: pid}).CmdlineSliceWithContext(cctx)
-		if err != nil || len(argv) == 0 {
-			continue // exited, or a kernel thread
+		ps := strconv.Itoa(int(pid))
+		comm, ok := readSmall(r.path(ps, "comm"), buf)
+		if !ok {
+			delete(r.argv, pid)
+			continue // exited
 		}
-		if len(want) > 0 && !want[ArgvName(argv)] {
-			continue
+		comm = strings.TrimSuffix(comm, "\n")
+		e, seen := r.argv[pid]
+		if full || !seen || e.comm != comm {
+			// argv[0] ends at the first NUL; a longer one is clipped
+			// by ArgvName anyway.
+			argv0, ok := readSmall(r.path(ps, "cmdline"), buf)
+			if !ok {
+				delete(r.argv, pid)
+				continue
+			}
+			if i := strings.IndexByte(argv0, 0); i >= 0 {
+				argv0 = argv0[:i]
+			}
+			e = argvEntry{comm: comm, name: ArgvName([]string{argv0})}
 		}
-		p, err := r.get(ctx, pid, argv)
+		e.scan = r.scans
+		r.argv[pid] = e
+		if e.name == "" || !want[e.name] {
+			continue // a kernel thread or zombie (no argv), or another program
+		}
+		p, err := r.get(ctx, pid, nil)
 		if err != nil {
 			continue // exited meanwhile
 		}
+		if n := ArgvName(p.Cmdline); n != e.name {
+			e.name = n // argv rewritten since it was read
+			r.argv[pid] = e
+			if !want[n] {
+				continue
+			}
+		}
 		out = append(out, p)
 	}
+	for pid, e := range r.argv {
+		if e.scan != r.scans {
+			delete(r.argv, pid)
+		}
+	}
 	return out, nil
+}
+
+// pids lists the numeric entries of the proc root.
+func (r *Real) pids() ([]int32, error) {
+	d, err := os.Open(r.root)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+	}
+	defer d.Close()
+	ents, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+	}
+	pids := make([]int32, 0, len(ents))
+	for _, e := range ents {
+		if e[0] < '0' || e[0] > '9' {
+			continue
+		}
+		if n, err := strconv.ParseInt(e, 10, 32); err == nil && n > 0 {
+			pids = append(pids, int32(n))
+		}
+	}
+	sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
+	return pids, nil
+}
+
+// readSmall reads at most len(buf) bytes of a proc file into buf and
+// returns them as a string (copied); ok is false when it cannot be read.
+func readSmall(path string, buf []byte) (string, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", false
+	}
+	defer unix.Close(fd)
+	n, err := unix.Read(fd, buf)
+	if err != nil || n < 0 {
+		return "", false
+	}
+	return string(buf[:n]), true
 }
 
 // Locks reads and parses <root>/locks.

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -249,5 +251,81 @@ func TestParseCapEff(t *testing.T) {
 	}
 	if _, ok := parseCapEff([]byte("Name:\tx\n")); ok {
 		t.Error("no CapEff line parsed as ok")
+	}
+}
+
+// TestRealFindReadsArgvOnlyWhenCommChanges, on a procfs-shaped directory:
+// argv[0] is read for a new PID and again when its comm changes (exec),
+// not while the comm stays (a changed cmdline then shows at the next full
+// refresh, every refreshScans-th scan); a vanished PID is forgotten.
+func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, s string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proc := func(pid int, comm, argv string) {
+		d := strconv.Itoa(pid)
+		write(d+"/comm", comm+"\n")
+		write(d+"/cmdline", argv)
+		write(d+"/stat", d+" ("+comm+") S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0")
+	}
+	write("stat", "cpu 0\nbtime 1000\n")
+	proc(10, "bash", "bash\x00-c\x00x\x00")
+	proc(11, "sleep", "iptables-restore\x00300\x00") // exec -a
+	proc(12, "kworker/0:1", "")
+	r := New(root)
+	ctx := context.Background()
+	find := func() []int32 {
+		t.Helper()
+		ps, err := r.Find(ctx, []string{"iptables-restore"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pids []int32
+		for _, p := range ps {
+			pids = append(pids, p.Pid)
+		}
+		return pids
+	}
+	if got := find(); !slices.Equal(got, []int32{11}) {
+		t.Fatalf("first scan: %v, want the impostor 11", got)
+	}
+	// 10 execs iptables-restore: exec changes the comm.
+	proc(10, "iptables-restor", "iptables-restore\x00-w\x00")
+	if got := find(); !slices.Equal(got, []int32{10, 11}) {
+		t.Fatalf("after exec: %v", got)
+	}
+	// A match is read whole before it is returned: 11 rewriting its argv
+	// away is seen at once.
+	proc(11, "sleep", "sleep\x00300\x00")
+	if got := find(); !slices.Equal(got, []int32{10}) {
+		t.Fatalf("after 11 rewrote its argv: %v", got)
+	}
+	// The other way, comm unchanged, argv[0] is not read again until the
+	// next full scan (scan refreshScans+1).
+	proc(11, "sleep", "iptables-restore\x00300\x00")
+	for scan := r.scans + 1; scan <= refreshScans; scan++ {
+		if got := find(); !slices.Equal(got, []int32{10}) {
+			t.Fatalf("scan %d: %v (argv re-read although the comm is unchanged?)", scan, got)
+		}
+	}
+	if got := find(); !slices.Equal(got, []int32{10, 11}) {
+		t.Fatalf("full scan %d: %v, want 10 and 11", r.scans, got)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "10")); err != nil {
+		t.Fatal(err)
+	}
+	if got := find(); !slices.Equal(got, []int32{11}) {
+		t.Fatalf("after 10 exited: %v", got)
+	}
+	if _, ok := r.argv[10]; ok || len(r.argv) != 2 {
+		t.Errorf("remembered %v", r.argv)
 	}
 }
