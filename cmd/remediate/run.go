@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
 
+	"github.com/remediate-dev/remediate/internal/memlimit"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/daemon"
@@ -45,6 +46,13 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	// client-go's retries and reflector errors are the daemon's business at
 	// debug level; what an operator needs is said once (wire_kube.go).
 	klog.SetLogger(zapr.NewLogger(demote(log.Named("klog"), zapcore.DebugLevel)))
+	// Without GOMEMLIMIT the Go heap gets a soft limit at 80% of the
+	// container's cgroup memory limit.
+	if ml := memlimit.Set(""); ml.Limit > 0 {
+		log.Info("Go memory limit from the cgroup", zap.Int64("limitBytes", ml.Limit), zap.Int64("cgroupLimitBytes", ml.CgroupLimit))
+	} else {
+		log.Debug("no Go memory limit from the cgroup", zap.String("reason", ml.Reason))
+	}
 
 	if err := checkPaths(o); err != nil {
 		for _, line := range strings.Split(err.Error(), "\n") {

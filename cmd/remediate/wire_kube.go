@@ -70,6 +70,9 @@ func (w *wiring) kube() *kubeWiring {
 			w.log.Info("API-dependent checks and actions are off", zap.String("reason", k.noAccess))
 			return
 		}
+		// Informers stream their initial lists (client-go's
+		// WatchListClient gate, on unless the environment says otherwise).
+		kube.EnableStreamingList()
 		ctx, cancel := context.WithCancel(context.Background())
 		w.closers = append(w.closers, cancel)
 		ns := cl.Namespace

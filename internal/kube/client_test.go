@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/rest"
 )
 
@@ -73,5 +74,26 @@ func TestContactTracksReachability(t *testing.T) {
 	_, err = c.Interface.Discovery().ServerVersion()
 	if st := c.Contact.Snapshot(); err == nil || st.LastError == nil || c.Contact.Reachable() {
 		t.Fatalf("closed server: err=%v", err)
+	}
+}
+
+// TestStreamingListGate: the daemon's call turns client-go's
+// WatchListClient gate on unless KUBE_FEATURE_WatchListClient says
+// otherwise (the environment is read once per process, so only the
+// default is checked here); the previous gates are put back after.
+func TestStreamingListGate(t *testing.T) {
+	if _, set := os.LookupEnv(watchListEnv); set {
+		t.Skipf("%s is set in this environment", watchListEnv)
+	}
+	if StreamingListEnabled() {
+		t.Fatal("WatchListClient on before: client-go's default changed?")
+	}
+	prev := setStreamingList()
+	defer clientfeatures.ReplaceFeatureGates(prev)
+	if !StreamingListEnabled() {
+		t.Fatal("WatchListClient is off after setStreamingList")
+	}
+	if !clientfeatures.FeatureGates().Enabled(clientfeatures.InformerResourceVersion) == prev.Enabled(clientfeatures.InformerResourceVersion) {
+		t.Error("another gate changed")
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/memlimit"
 )
 
 // Stats is what the child reports.
@@ -92,6 +93,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	kube.EnableStreamingList() // as the daemon does
+	memlimit.Set("")           // as the daemon does
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runtime.GC()
