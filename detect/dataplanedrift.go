@@ -225,10 +225,12 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 			obs.notes = append(obs.notes, fmt.Sprintf("%s: no nat KUBE-SERVICES chain in %s: kube-proxy does not program this family", fs, iptables.SaveCommand(fam, snap.Backend)))
 			continue
 		}
-		got := dataplane.FromIPTables(snap.Rules, dataplane.Family(fs), "iptables-"+string(snap.Backend))
-		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
+		// Cached: an unchanged save (the same *Ruleset) and an unchanged
+		// view generation give the same states and diffs as last cycle.
+		got := dataplane.FromIPTablesCached(snap.Rules, dataplane.Family(fs), "iptables-"+string(snap.Backend))
+		want := dataplane.DesireCached(n.Cluster, dataplane.Family(fs), n.Name)
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
-			diffs: dataplane.Compare(got, want, false), desired: want})
+			diffs: dataplane.CompareCached(got, want, false), desired: want})
 	}
 	return obs.done()
 }
@@ -255,7 +257,7 @@ func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, 
 			return nil, fmt.Errorf("listing kube-proxy's nftables table for the drift comparison: %w", err)
 		}
 		got := dataplane.FromNFTables(snap.Ruleset.Table(fam, nftables.KubeProxyTableName), dataplane.Family(fs))
-		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
+		want := dataplane.DesireCached(n.Cluster, dataplane.Family(fs), n.Name)
 		obs.families = append(obs.families, familyDrift{family: dataplane.Family(fs), source: got.Source,
 			diffs: dataplane.Compare(got, want, false), desired: want})
 	}
@@ -282,7 +284,7 @@ func observeIPVS(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs 
 		svcs = append(svcs, dataplane.IPVSService{VS: vs, Reals: rss})
 	}
 	for _, fs := range p.Families {
-		want := dataplane.Desire(n.Cluster, dataplane.Family(fs), n.Name)
+		want := dataplane.DesireCached(n.Cluster, dataplane.Family(fs), n.Name)
 		got := dataplane.FromIPVS(svcs, want)
 		if len(got.Ports) == 0 && len(got.Unattributed) == 0 {
 			obs.notes = append(obs.notes, fs+": no IPVS virtual server of this family")

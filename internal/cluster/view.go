@@ -108,6 +108,15 @@ type SliceTimes interface {
 	EndpointsChanged(namespace, name string) time.Time
 }
 
+// Generational is implemented by views that count their changes: two
+// reads at the same generation see the same Services and Endpoints (and
+// SliceTimes), so what is derived from the view can be kept until the
+// generation moves. A view bumps it after its contents changed, so a
+// derivation keyed on it is at most one change-notification late.
+type Generational interface {
+	Generation() uint64
+}
+
 // UsableForCluster is kube-proxy's rule for the endpoints of Cluster
 // traffic policy (pkg/proxy/topology.go CategorizeEndpoints): the ready
 // ones when any endpoint is ready (anyReady), else the serving terminating

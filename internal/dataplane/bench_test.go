@@ -115,3 +115,84 @@ func (s *staticView) Endpoints(ns, name string) []cluster.Endpoint {
 func (s *staticView) Freshness() cluster.Freshness {
 	return cluster.Freshness{Synced: true, Connected: true}
 }
+
+// genView is a staticView with a generation counter (as kube.View has).
+type genView struct {
+	*staticView
+	gen uint64
+}
+
+func (g *genView) Generation() uint64 { return g.gen }
+
+// TestCachedDerivationsFollowTheirInputs: the cached variants return the
+// very same result for the same save and view generation, and compute
+// again when the generation moves or the save is another one.
+func TestCachedDerivationsFollowTheirInputs(t *testing.T) {
+	fake, text := bigCluster(20, 2)
+	v := &genView{staticView: snapshotView(fake)}
+	rs, err := iptables.ParseString(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want1 := DesireCached(v, IPv4, "n1")
+	if DesireCached(v, IPv4, "n1") != want1 {
+		t.Error("same generation computed again")
+	}
+	if DesireCached(v, IPv6, "n1") == want1 || DesireCached(v, IPv4, "n2") == want1 {
+		t.Error("another family or node shared the result")
+	}
+	// The view changes: one Service loses its endpoints.
+	svc := v.svcs[0]
+	v.eps[[2]string{svc.Namespace, svc.Name}] = nil
+	if d := DesireCached(v, IPv4, "n1"); d != want1 {
+		t.Error("computed again at the same generation: the memo is not keyed on it?")
+	}
+	v.gen++
+	want2 := DesireCached(v, IPv4, "n1")
+	if want2 == want1 {
+		t.Fatal("generation moved, result shared")
+	}
+	got := FromIPTablesCached(rs, IPv4, "x")
+	if FromIPTablesCached(rs, IPv4, "x") != got {
+		t.Error("same save converted again")
+	}
+	if len(CompareCached(got, want1, false)) != 0 {
+		t.Errorf("in sync before the change: %v", diffLines(CompareCached(got, want1, false)))
+	}
+	if ds := CompareCached(got, want2, false); len(ds) == 0 {
+		t.Error("the Service without endpoints is not a difference")
+	}
+	rs2, _ := iptables.ParseString(text)
+	if FromIPTablesCached(rs2, IPv4, "x") == got {
+		t.Error("another save shared the result")
+	}
+	// A view without generations is computed every time.
+	if DesireCached(v.staticView, IPv4, "n1") == DesireCached(v.staticView, IPv4, "n1") {
+		t.Error("a view without generations was cached")
+	}
+}
+
+// BenchmarkDriftCycleUnchanged10kServices: the drift comparison of a cycle
+// in which neither the save (the same *Ruleset, reused by iptables.Real)
+// nor the view (same generation) changed: every derivation is shared.
+func BenchmarkDriftCycleUnchanged10kServices(b *testing.B) {
+	fake, text := bigCluster(10000, 5)
+	v := &genView{staticView: snapshotView(fake)}
+	rs, err := iptables.ParseString(text)
+	if err != nil {
+		b.Fatal(err)
+	}
+	CompareCached(FromIPTablesCached(rs, IPv4, "iptables-legacy"), DesireCached(v, IPv4, "n1"), false)
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	defer func() { b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "cpu-us/op") }()
+	for i := 0; i < b.N; i++ {
+		got := FromIPTablesCached(rs, IPv4, "iptables-legacy")
+		want := DesireCached(v, IPv4, "n1")
+		if ds := CompareCached(got, want, false); len(ds) != 0 {
+			b.Fatalf("%d diffs", len(ds))
+		}
+	}
+}

@@ -39,6 +39,7 @@ type View struct {
 	watchErr    error
 	watchErrAt  time.Time
 	gen         uint64 // bumped on every Service change
+	allGen      uint64 // bumped on every Service or EndpointSlice change
 	snapGen     uint64
 	snap        []cluster.Service
 	snapIsValid bool
@@ -119,10 +120,19 @@ func (v *View) touch(svc bool) {
 	now := v.clock.Now()
 	v.mu.Lock()
 	v.lastEvent = now
+	v.allGen++
 	if svc {
 		v.gen++
 	}
 	v.mu.Unlock()
+}
+
+// Generation implements cluster.Generational: it moves on every Service or
+// EndpointSlice event (after the informer's store changed).
+func (v *View) Generation() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.allGen
 }
 
 // recordWatchError records a failed LIST/WATCH. It is logged as a warning
