@@ -1,19 +1,14 @@
 package detect
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
-
-// maxProcScan bounds the process directories read looking for kube-proxy.
-const maxProcScan = 100000
 
 // kubeProxyAbsence says why kube-proxy is absent from this node, or ""
 // when it may be present: absent means nothing listens on either endpoint
@@ -43,25 +38,7 @@ func refused(err error) bool {
 }
 
 // processRunning reports whether a process whose comm is name exists under
-// procRoot.
+// procRoot (from the cycle's shared scan of every process's comm).
 func processRunning(procRoot, name string) (bool, error) {
-	d, err := os.Open(procRoot)
-	if err != nil {
-		return false, err
-	}
-	defer d.Close()
-	names, err := d.Readdirnames(maxProcScan)
-	if err != nil {
-		return false, err
-	}
-	for _, n := range names {
-		if n == "" || n[0] < '0' || n[0] > '9' {
-			continue
-		}
-		comm, err := os.ReadFile(filepath.Join(procRoot, n, "comm"))
-		if err == nil && string(bytes.TrimSpace(comm)) == name {
-			return true, nil
-		}
-	}
-	return false, nil
+	return procs.CommRunning(procRoot, name)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -178,6 +179,7 @@ func TestKubeProxyAbsentIsASkip(t *testing.T) {
 	}
 	os.MkdirAll(filepath.Join(proc, "77"), 0o755)
 	os.WriteFile(filepath.Join(proc, "77", "comm"), []byte("kube-proxy\n"), 0o644)
+	procs.ExpireCommScans() // a later cycle
 	fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
 	wantTargets(t, "running, refusing", fs, err, "kube-proxy/healthz", "kube-proxy/metrics")
 }

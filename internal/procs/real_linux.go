@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/shirou/gopsutil/v3/common"
 	"github.com/shirou/gopsutil/v3/process"
@@ -269,18 +270,19 @@ type argvEntry struct {
 }
 
 // Find implements Interface. For every process it reads only the comm (a
-// small file that needs no lock on the process's memory, unlike cmdline);
+// small file that needs no lock on the process's memory, unlike cmdline),
+// once per cycle for all scans (scanComms);
 // argv[0] is read when the process is new to the scan or its comm changed
 // since argv[0] was read (exec sets the comm: an iptables-restore started
 // by kube-proxy's fork is a new comm, and a process that calls itself
 // iptables-restore with exec -a is new), and for every process on each
 // refreshScans-th scan. The rest is read only for matches.
 func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
-	pids, err := r.pids()
-	if err != nil {
-		return nil, err
-	}
 	if len(names) == 0 {
+		pids, err := r.pids()
+		if err != nil {
+			return nil, err
+		}
 		var out []Process
 		for _, pid := range pids {
 			if err := ctx.Err(); err != nil {
@@ -298,6 +300,10 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	for _, n := range names {
 		want[n] = true
 	}
+	scan, err := scanComms(r.root)
+	if err != nil {
+		return nil, err
+	}
 	r.scanMu.Lock()
 	defer r.scanMu.Unlock()
 	if r.argv == nil {
@@ -307,22 +313,16 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	full := r.scans%refreshScans == 1
 	buf := make([]byte, 4096)
 	var out []Process
-	for _, pid := range pids {
+	for i, pid := range scan.pids {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		ps := strconv.Itoa(int(pid))
-		comm, ok := readSmall(r.path(ps, "comm"), buf)
-		if !ok {
-			delete(r.argv, pid)
-			continue // exited
-		}
-		comm = strings.TrimSuffix(comm, "\n")
+		comm := scan.comms[i]
 		e, seen := r.argv[pid]
 		if full || !seen || e.comm != comm {
 			// argv[0] ends at the first NUL; a longer one is clipped
 			// by ArgvName anyway.
-			argv0, ok := readSmall(r.path(ps, "cmdline"), buf)
+			argv0, ok := readSmall(r.path(strconv.Itoa(int(pid)), "cmdline"), buf)
 			if !ok {
 				delete(r.argv, pid)
 				continue
@@ -358,16 +358,95 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	return out, nil
 }
 
-// pids lists the numeric entries of the proc root.
-func (r *Real) pids() ([]int32, error) {
-	d, err := os.Open(r.root)
+// commScanTTL is how long one read of every process's comm is shared: the
+// process scans of one cycle (HungIPTablesRestore, HungNFT, kube-proxy's
+// absence) start together and read it once. Well under any interval.
+const commScanTTL = time.Second
+
+// maxProcs bounds the processes one scan reads.
+const maxProcs = 100000
+
+// commScan is the PIDs of a proc root and their comms at one moment.
+type commScan struct {
+	at    time.Time
+	pids  []int32
+	comms []string
+}
+
+// commScans holds the last scan of each proc root; mu serialises scans so
+// that concurrent callers share one.
+var commScans = struct {
+	mu sync.Mutex
+	m  map[string]*commScan
+}{m: map[string]*commScan{}}
+
+// scanComms returns every process of the proc root with its comm, from a
+// scan at most commScanTTL old. A process that exits during the scan is
+// left out.
+func scanComms(root string) (*commScan, error) {
+	commScans.mu.Lock()
+	defer commScans.mu.Unlock()
+	now := time.Now()
+	if s := commScans.m[root]; s != nil && now.Sub(s.at) >= 0 && now.Sub(s.at) < commScanTTL {
+		return s, nil
+	}
+	pids, err := listPIDs(root)
 	if err != nil {
-		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+		return nil, err
+	}
+	s := &commScan{at: now, pids: make([]int32, 0, len(pids)), comms: make([]string, 0, len(pids))}
+	buf := make([]byte, 64)
+	prefix := filepath.Clean(root) + "/"
+	for _, pid := range pids {
+		comm, ok := readSmall(prefix+strconv.Itoa(int(pid))+"/comm", buf)
+		if !ok {
+			continue // exited
+		}
+		s.pids = append(s.pids, pid)
+		s.comms = append(s.comms, strings.TrimSuffix(comm, "\n"))
+	}
+	if len(commScans.m) > 8 {
+		commScans.m = map[string]*commScan{}
+	}
+	commScans.m[root] = s
+	return s, nil
+}
+
+// ExpireCommScans drops the shared scans: the next scan reads every comm
+// again (a test standing for a later cycle).
+func ExpireCommScans() {
+	commScans.mu.Lock()
+	commScans.m = map[string]*commScan{}
+	commScans.mu.Unlock()
+}
+
+// CommRunning reports whether a process whose comm is name runs under the
+// proc root (from the shared scan of scanComms).
+func CommRunning(root, name string) (bool, error) {
+	s, err := scanComms(root)
+	if err != nil {
+		return false, err
+	}
+	for _, c := range s.comms {
+		if c == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func (r *Real) pids() ([]int32, error) { return listPIDs(r.root) }
+
+// listPIDs lists the numeric entries of a proc root (at most maxProcs).
+func listPIDs(root string) ([]int32, error) {
+	d, err := os.Open(root)
+	if err != nil {
+		return nil, fmt.Errorf("listing processes in %s: %w", root, err)
 	}
 	defer d.Close()
-	ents, err := d.Readdirnames(-1)
+	ents, err := d.Readdirnames(maxProcs + 100)
 	if err != nil {
-		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+		return nil, fmt.Errorf("listing processes in %s: %w", root, err)
 	}
 	pids := make([]int32, 0, len(ents))
 	for _, e := range ents {

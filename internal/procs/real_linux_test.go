@@ -284,6 +284,10 @@ func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
 	ctx := context.Background()
 	find := func() []int32 {
 		t.Helper()
+		// A new cycle: the comm scan of the last one has expired.
+		commScans.mu.Lock()
+		delete(commScans.m, root)
+		commScans.mu.Unlock()
 		ps, err := r.Find(ctx, []string{"iptables-restore"})
 		if err != nil {
 			t.Fatal(err)
@@ -327,5 +331,34 @@ func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
 	}
 	if _, ok := r.argv[10]; ok || len(r.argv) != 2 {
 		t.Errorf("remembered %v", r.argv)
+	}
+}
+
+// TestScanCommsShared: the scans of one cycle share one read of the comms
+// (a process started after it is seen by the next cycle's scan), and
+// CommRunning answers from it.
+func TestScanCommsShared(t *testing.T) {
+	root := t.TempDir()
+	mk := func(pid, comm string) {
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "comm"), []byte(comm+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("1", "init")
+	if ok, err := CommRunning(root, "kube-proxy"); ok || err != nil {
+		t.Fatalf("kube-proxy running: %v %v", ok, err)
+	}
+	mk("2", "kube-proxy")
+	if ok, _ := CommRunning(root, "kube-proxy"); ok {
+		t.Fatal("the cycle's scan was read again")
+	}
+	commScans.mu.Lock()
+	commScans.m[root].at = time.Now().Add(-commScanTTL)
+	commScans.mu.Unlock()
+	if ok, _ := CommRunning(root, "kube-proxy"); !ok {
+		t.Fatal("the next cycle's scan does not see kube-proxy")
 	}
 }
