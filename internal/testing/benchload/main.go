@@ -39,6 +39,7 @@ func main() {
 	interval := flag.Duration("interval", 2*time.Second, "the daemon's detection interval")
 	cycles := flag.Int("cycles", 20, "cycles measured per phase (after 3 warm-up cycles)")
 	scrape := flag.String("scrape", "", "internal: print this URL's body (run inside the namespace)")
+	idlePhase := flag.Bool("idle", true, "measure the idle phase too")
 	flag.Parse()
 	if *scrape != "" {
 		os.Exit(get(*scrape))
@@ -77,7 +78,10 @@ func main() {
 	defer run("ip", "netns", "del", ns)
 	run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
 
-	idle := measure(absBin, ns, polFile, tmp, "idle", *interval, *cycles)
+	var results []result
+	if *idlePhase {
+		results = append(results, measure(absBin, ns, polFile, tmp, "idle", *interval, *cycles))
+	}
 
 	text := natTable(*services)
 	restore := exec.Command("ip", "netns", "exec", ns, "iptables-legacy-restore", "-w", "5")
@@ -102,12 +106,12 @@ func main() {
 		}
 	}()
 	fmt.Printf("started %d extra processes (sleep); processes on the host now: %d\n", *procs, countProcs())
-	loaded := measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles)
+	results = append(results, measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles))
 
 	fmt.Println()
 	fmt.Println("| phase | CPU per cycle (own + children), median [min–max] | RSS median / max |")
 	fmt.Println("|---|---|---|")
-	for _, r := range []result{idle, loaded} {
+	for _, r := range results {
 		fmt.Printf("| %s | %s |  %.1f / %.1f MiB |\n", r.phase, r.cpu, r.rssMed, r.rssMax)
 	}
 }
@@ -128,6 +132,9 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 		"--policy", pol, "--state-dir", state, "--node-name", "benchload",
 		"--metrics-addr", addr, "--xtables-lock", filepath.Join(tmp, "xtables.lock"), "--log-level", "warn")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + tmp} // no KUBECONFIG, no GOMEMLIMIT
+	if p := os.Getenv("REMEDIATE_CPUPROFILE"); p != "" {
+		cmd.Env = append(cmd.Env, "REMEDIATE_CPUPROFILE="+p) // a local profiling hook, if built in
+	}
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
@@ -165,7 +172,7 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 			if c := count(); c >= n {
 				return c
 			}
-			time.Sleep(interval / 10)
+			time.Sleep(interval / 4) // each scrape costs the daemon ~1 ms
 		}
 		fatalf("%s: %d cycles not reached; daemon log:\n%s", phase, n, logs.String())
 		return 0
@@ -276,7 +283,8 @@ func natTable(n int) string {
 }
 
 func get(url string) int {
-	c := http.Client{Timeout: 5 * time.Second}
+	// Uncompressed: gzip would be work the daemon does for us only.
+	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableCompression: true}}
 	resp, err := c.Get(url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
