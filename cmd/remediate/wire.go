@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/memlimit"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -39,6 +41,9 @@ type wiring struct {
 	// kp is the kube-proxy client of the current policy (its last scrape
 	// is exported by kubeProxySyncCollector).
 	kp atomic.Pointer[kubeproxy.Client]
+	// initPages: the binary's init-only pages are given back after the
+	// first cycle.
+	initPages sync.Once
 }
 
 func newWiring(o *options, pol *policy.Policy, log *zap.Logger) *wiring {
@@ -152,6 +157,13 @@ func (w *wiring) Guardrails() guardrails.Cluster {
 func (w *wiring) OnReport(ctx context.Context, rep *remediate.Report) {
 	// --- wire reporters here ---
 	w.reportCycle(ctx, rep)
+	// Package initialisation (client-go's API scheme above all) touched
+	// much of the binary once: after the first cycle those file pages
+	// leave the RSS; what later cycles run comes back from the page cache.
+	w.initPages.Do(func() {
+		n, err := memlimit.DropInitPages()
+		w.log.Debug("dropped the binary's init-only pages", zap.Int64("advisedBytes", n), zap.Error(err))
+	})
 }
 
 // OnReloadError reports a rejected policy reload beyond the log and metric.

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // Backend is the iptables kernel backend.
@@ -214,8 +215,18 @@ func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 	if err != nil {
 		return nil, err
 	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
+	// The output buffer starts at the size of the last save of this family
+	// and backend, so a large table is read without growing it step by
+	// step (each step garbage the size of the table).
+	hint := 64 << 10
+	r.mu.Lock()
+	if l := r.last[sharedKey{f, b}]; l != nil && l.snap.Bytes > 0 {
+		hint = l.snap.Bytes + l.snap.Bytes/16
+	}
+	r.mu.Unlock()
+	out := &outBuf{b: make([]byte, 0, hint)}
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = out, &errb
 	start := time.Now()
 	err = cmd.Run()
 	d := time.Since(start)
@@ -225,12 +236,33 @@ func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 		}
 		return nil, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
 	}
-	size := out.Len()
-	rs, err := ParseString(out.String())
+	size := len(out.b)
+	rs, err := ParseString(out.text())
 	if err != nil {
 		return nil, fmt.Errorf("parsing %s output: %w", name, err)
 	}
 	return &Snapshot{Family: f, Backend: b, Rules: rs, Duration: d, Bytes: size}, nil
+}
+
+// outBuf collects a command's output; text hands it to the parser without
+// a copy when the buffer is not much larger than the output (the parsed
+// rules point into it, so its spare capacity would be kept with them).
+type outBuf struct{ b []byte }
+
+func (o *outBuf) Write(p []byte) (int, error) {
+	o.b = append(o.b, p...)
+	return len(p), nil
+}
+
+func (o *outBuf) text() string {
+	if len(o.b) == 0 {
+		return ""
+	}
+	if cap(o.b)-len(o.b) > len(o.b)/8 {
+		return string(o.b)
+	}
+	// The buffer is not written after this: the string is immutable.
+	return unsafe.String(unsafe.SliceData(o.b), len(o.b))
 }
 
 // DefaultBackend runs `iptables --version` (which takes no lock) and returns

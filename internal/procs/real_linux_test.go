@@ -362,3 +362,30 @@ func TestScanCommsShared(t *testing.T) {
 		t.Fatal("the next cycle's scan does not see kube-proxy")
 	}
 }
+
+// BenchmarkFindOnABusyNode: one cycle's process scans (HungIPTablesRestore's
+// and HungNFT's Find, kube-proxy's absence check) with 1,000 extra
+// processes running: one shared comm scan, argv read only for new PIDs.
+func BenchmarkFindOnABusyNode(b *testing.B) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		b.Skip("needs sleep")
+	}
+	for range 1000 {
+		netnstest.StartGroup(b, exec.Command("sleep", "600"))
+	}
+	r := New("/proc")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		ExpireCommScans() // a new cycle
+		if _, err := r.Find(ctx, []string{"iptables-restore", "iptables-legacy-restore", "ip6tables-restore"}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.Find(ctx, []string{"nft"}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := CommRunning("/proc", "kube-proxy"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -109,10 +109,10 @@ func main() {
 	results = append(results, measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles))
 
 	fmt.Println()
-	fmt.Println("| phase | CPU per cycle (own + children), median [min–max] | RSS median / max |")
-	fmt.Println("|---|---|---|")
+	fmt.Println("| phase | CPU per cycle (own + children), median [min–max] | RSS median / max | anonymous + file at the end |")
+	fmt.Println("|---|---|---|---|")
 	for _, r := range results {
-		fmt.Printf("| %s | %s |  %.1f / %.1f MiB |\n", r.phase, r.cpu, r.rssMed, r.rssMax)
+		fmt.Printf("| %s | %s | %.1f / %.1f MiB | %.1f + %.1f MiB |\n", r.phase, r.cpu, r.rssMed, r.rssMax, r.anon, r.file)
 	}
 }
 
@@ -120,6 +120,7 @@ type result struct {
 	phase          string
 	cpu            string
 	rssMed, rssMax float64
+	anon, file     float64 // at the end: anonymous (heap, stacks) and file-backed (the binary)
 }
 
 // measure runs the daemon in the namespace until warm-up plus cycles
@@ -198,8 +199,9 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 		cpu: fmt.Sprintf("%.0f ms (mean %.1f ms over %d cycles) [%.0f–%.0f]", perCycle[len(perCycle)/2], total, prevC-c0,
 			perCycle[0], perCycle[len(perCycle)-1]),
 		rssMed: rss[len(rss)/2], rssMax: rss[len(rss)-1],
+		anon: statusMiB(pid, "RssAnon:"), file: statusMiB(pid, "RssFile:"),
 	}
-	fmt.Printf("%s: CPU per cycle %s; RSS %.1f MiB median, %.1f max; load average %s\n", phase, r.cpu, r.rssMed, r.rssMax, loadavg())
+	fmt.Printf("%s: CPU per cycle %s; RSS %.1f MiB median, %.1f max (at the end %.1f anonymous + %.1f file); load average %s\n", phase, r.cpu, r.rssMed, r.rssMax, r.anon, r.file, loadavg())
 	return r
 }
 
@@ -222,7 +224,9 @@ func cpuTicks(pid int) int64 {
 	return t
 }
 
-func rssMiB(pid int) float64 {
+func rssMiB(pid int) float64 { return statusMiB(pid, "VmRSS:") }
+
+func statusMiB(pid int, key string) float64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		fatalf("%v", err)
@@ -230,7 +234,7 @@ func rssMiB(pid int) float64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if l := sc.Text(); strings.HasPrefix(l, "VmRSS:") {
+		if l := sc.Text(); strings.HasPrefix(l, key) {
 			kb, _ := strconv.Atoi(strings.Fields(l)[1])
 			return float64(kb) / 1024
 		}
