@@ -57,6 +57,7 @@ func Desire(v cluster.View, f Family, nodeName string) *Desired {
 	svcs := v.Services()
 	d := &Desired{Family: f, Ports: make(map[PortName]*DesiredPort, len(svcs))}
 	st, _ := v.(cluster.SliceTimes)
+	var scratch []endpoint
 	for _, s := range svcs {
 		if s.ProxyName != "" || s.Type == "ExternalName" {
 			continue
@@ -73,7 +74,7 @@ func Desire(v cluster.View, f Family, nodeName string) *Desired {
 			}
 		}
 		for _, p := range s.Ports {
-			dp := desirePort(s, p, vip, eps, f, nodeName)
+			dp := desirePort(s, p, vip, eps, f, nodeName, &scratch)
 			dp.Created = s.Created
 			if changed.After(dp.Changed) {
 				dp.Changed = changed
@@ -109,9 +110,12 @@ type endpoint struct {
 	e     *cluster.Endpoint
 }
 
-func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []cluster.Endpoint, f Family, nodeName string) *DesiredPort {
+// desirePort computes one port's entries; scratch is reused across calls
+// (nothing of it is kept: entries hold address values only).
+func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []cluster.Endpoint, f Family, nodeName string, scratch *[]endpoint) *DesiredPort {
 	dp := &DesiredPort{ServicePort: ServicePort{Name: PortName{Namespace: s.Namespace, Name: s.Name, Port: p.Name}, Protocol: p.Protocol}}
-	eps := make([]endpoint, 0, len(all))
+	eps := (*scratch)[:0]
+	defer func() { clear(eps); *scratch = eps[:0] }()
 	var seen map[netip.AddrPort]int
 	if len(all) > 32 {
 		seen = make(map[netip.AddrPort]int, len(all))
@@ -174,6 +178,7 @@ func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []
 			}
 		}
 		dp.Subset = anyReady && allHinted
+		clusterEPs = make([]netip.AddrPort, 0, len(eps))
 		for _, e := range eps {
 			if cluster.UsableForCluster(*e.e, anyReady) {
 				clusterEPs = append(clusterEPs, e.ap)
@@ -203,7 +208,8 @@ func desirePort(s cluster.Service, p cluster.ServicePort, vip netip.Addr, all []
 		}
 	}
 
-	clusterEPs, localEPs = unionSorted(nil, clusterEPs), unionSorted(nil, localEPs)
+	// Both are this call's own slices: sorted and deduplicated in place.
+	clusterEPs, localEPs = sortedSet(clusterEPs), sortedSet(localEPs)
 	entry := func(kind Kind, addr netip.Addr, port uint16, policyLocal bool) {
 		e := Entry{Kind: kind, Key: EntryKey{Addr: addr, Protocol: p.Protocol, Port: port}}
 		switch {

@@ -242,6 +242,15 @@ func sortedUnique(s []netip.AddrPort) bool {
 
 // unionSorted returns the sorted, deduplicated union of a and b in a new
 // slice (nil when both are empty).
+// sortedSet sorts a in place and removes duplicates (nil when empty).
+func sortedSet(a []netip.AddrPort) []netip.AddrPort {
+	if len(a) == 0 {
+		return nil
+	}
+	slices.SortFunc(a, netip.AddrPort.Compare)
+	return slices.Compact(a)
+}
+
 func unionSorted(a, b []netip.AddrPort) []netip.AddrPort {
 	if len(a)+len(b) == 0 {
 		return nil
