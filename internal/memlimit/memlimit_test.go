@@ -47,11 +47,18 @@ func TestCgroupLimit(t *testing.T) {
 	}
 }
 
-func TestSetLeavesGOMEMLIMIT(t *testing.T) {
+func TestSetLeavesGOMEMLIMITAndGOGC(t *testing.T) {
 	t.Setenv("GOMEMLIMIT", "150MiB")
+	t.Setenv("GOGC", "80")
 	before := debug.SetMemoryLimit(-1)
-	if r := Set(t.TempDir()); r.Limit != 0 || debug.SetMemoryLimit(-1) != before {
+	gc := debug.SetGCPercent(80)
+	defer debug.SetGCPercent(gc)
+	if r := Set(t.TempDir()); r.Limit != 0 || r.GCPercent != 0 || debug.SetMemoryLimit(-1) != before || debug.SetGCPercent(80) != 80 {
 		t.Fatalf("%+v", r)
+	}
+	t.Setenv("GOGC", "")
+	if r := Set(t.TempDir()); r.GCPercent != GCPercent || debug.SetGCPercent(gc) != GCPercent {
+		t.Fatalf("GOGC unset: %+v", r)
 	}
 }
 
