@@ -167,7 +167,8 @@ func TestCachedDerivationsFollowTheirInputs(t *testing.T) {
 		t.Error("another save shared the result")
 	}
 	// A view without generations is computed every time.
-	if DesireCached(v.staticView, IPv4, "n1") == DesireCached(v.staticView, IPv4, "n1") {
+	a := DesireCached(v.staticView, IPv4, "n1")
+	if b := DesireCached(v.staticView, IPv4, "n1"); a == b {
 		t.Error("a view without generations was cached")
 	}
 }
