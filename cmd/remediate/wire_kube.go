@@ -64,15 +64,16 @@ func (w *wiring) kube() *kubeWiring {
 	k := &w.k
 	k.once.Do(func() {
 		cl := w.pol.Cluster
+		// Informers stream their initial lists (client-go's
+		// WatchListClient gate, on unless the environment says
+		// otherwise); set before client-go reads any gate.
+		kube.EnableStreamingList()
 		c, err := kube.Connect(kube.Options{Kubeconfig: w.o.kubeconfig})
 		if err != nil {
 			k.noAccess = err.Error()
 			w.log.Info("API-dependent checks and actions are off", zap.String("reason", k.noAccess))
 			return
 		}
-		// Informers stream their initial lists (client-go's
-		// WatchListClient gate, on unless the environment says otherwise).
-		kube.EnableStreamingList()
 		ctx, cancel := context.WithCancel(context.Background())
 		w.closers = append(w.closers, cancel)
 		ns := cl.Namespace

@@ -89,12 +89,12 @@ func run() error {
 			return rt.RoundTrip(r)
 		})
 	}
+	kube.EnableStreamingList() // as the daemon does, before client-go reads a gate
 	c, err := kube.Connect(kube.Options{Kubeconfig: kc, WrapTransport: count})
 	if err != nil {
 		return err
 	}
-	kube.EnableStreamingList() // as the daemon does
-	memlimit.Set("")           // as the daemon does
+	memlimit.Set("") // as the daemon does
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runtime.GC()
