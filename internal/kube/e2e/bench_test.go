@@ -38,6 +38,7 @@ type viewStats struct {
 	Services        int     `json:"services"`
 	Endpoints       int     `json:"endpoints"`
 	RSSBytes        int64   `json:"rssBytes"`
+	PeakRSSBytes    int64   `json:"peakRSSBytes"`
 	BaselineRSS     int64   `json:"baselineRSSBytes"`
 	HeapInuseBytes  uint64  `json:"heapInuseBytes"`
 	HeapAllocBytes  uint64  `json:"heapAllocBytes"`
@@ -73,6 +74,7 @@ func BenchmarkViewSteadyState(b *testing.B) {
 		// client-go v0.34's default (one LIST, then WATCH), for comparison.
 		def := runChild(b, cp, cs, fmt.Sprintf("marker-%d", i), "KUBE_FEATURE_WatchListClient=false")
 		b.ReportMetric(float64(st.RSSBytes)/(1<<20), "RSS-MiB")
+		b.ReportMetric(float64(st.PeakRSSBytes)/(1<<20), "peak-RSS-MiB")
 		b.ReportMetric(float64(st.BaselineRSS)/(1<<20), "baseline-RSS-MiB")
 		b.ReportMetric(float64(st.HeapInuseBytes)/(1<<20), "heap-inuse-MiB")
 		b.ReportMetric(float64(st.HeapAllocBytes)/(1<<20), "heap-live-MiB")

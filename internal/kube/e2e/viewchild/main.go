@@ -30,6 +30,7 @@ type Stats struct {
 	Services        int     `json:"services"`
 	Endpoints       int     `json:"endpoints"`
 	RSSBytes        int64   `json:"rssBytes"`
+	PeakRSSBytes    int64   `json:"peakRSSBytes"` // VmHWM: the initial sync's peak
 	BaselineRSS     int64   `json:"baselineRSSBytes"`
 	HeapInuseBytes  uint64  `json:"heapInuseBytes"`
 	HeapAllocBytes  uint64  `json:"heapAllocBytes"`
@@ -43,13 +44,15 @@ type roundTripperFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-func rss() int64 {
+func rss() int64 { return status("VmRSS:") }
+
+func status(key string) int64 {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return -1
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
+		if strings.HasPrefix(l, key) {
 			f := strings.Fields(l)
 			kb, _ := strconv.ParseInt(f[1], 10, 64)
 			return kb << 10
@@ -113,6 +116,8 @@ func run() error {
 	}
 	syncTime := time.Since(start)
 	synced.Store(true)
+	// The daemon gives back its init-only pages after its first cycle.
+	_, _ = memlimit.DropInitPages()
 	fmt.Println("SYNCED")
 
 	saw := false
@@ -140,6 +145,7 @@ func run() error {
 	runtime.ReadMemStats(&ms)
 	st.HeapInuseBytes, st.HeapAllocBytes = ms.HeapInuse, ms.HeapAlloc
 	st.RSSBytes = rss()
+	st.PeakRSSBytes = status("VmHWM:")
 	js, _ := json.Marshal(st)
 	fmt.Println("VIEWSTATS " + string(js))
 	runtime.KeepAlive(v)
