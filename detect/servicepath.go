@@ -576,7 +576,10 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 			f.Evidence["probedAgo"] = now.Sub(st.lastRun).Round(time.Second).String()
 		}
 	}
-	judged := fmt.Sprintf("%d of %d Service paths probed answer (%s)", len(answered), len(paths), strings.Join(answered, "; "))
+	judged := fmt.Sprintf("%d of %d Service paths answer", len(answered), len(paths))
+	if len(answered) > 0 {
+		judged += " (" + strings.Join(answered, "; ") + ")"
+	}
 	if done < len(paths) {
 		judged += fmt.Sprintf("; %d wait for the next run (%s)", len(paths)-done, stopped)
 	}

@@ -103,7 +103,7 @@ func TestServicePathHealthy(t *testing.T) {
 		t.Fatalf("healthy: %+v", fs)
 	}
 	sameAddrs(t, "healthy", f.dial.Calls(), spAPIVIP) // one connect, no direct one
-	if j := d.Judged(); !strings.Contains(j, "1 of 1 Service paths probed answer") || !strings.Contains(j, "default/kubernetes 10.96.0.1:443 connected") {
+	if j := d.Judged(); !strings.Contains(j, "1 of 1 Service paths answer") || !strings.Contains(j, "default/kubernetes 10.96.0.1:443 connected") {
 		t.Fatalf("judged %q", j)
 	}
 }
