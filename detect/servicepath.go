@@ -529,6 +529,7 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 				break
 			}
 			if d.pause(ctx, spConfirmPause) != nil {
+				stopped, ok = "the detector's deadline", false
 				break
 			}
 			if svc, ok = connect(path.vip); !ok {

@@ -361,6 +361,21 @@ func TestServicePathDeadline(t *testing.T) {
 	if !strings.Contains(d.Judged(), "the detector's deadline") {
 		t.Fatalf("judged %q", d.Judged())
 	}
+	// Cancelled during the pause before the confirming connect: one
+	// failure counted, nothing judged, the next run starts there.
+	d = f.detector(t, nil)
+	d.pause = func(context.Context, time.Duration) error { return context.DeadlineExceeded }
+	fs, err = d.Detect(context.Background())
+	if err != nil || len(fs) != 0 || !strings.Contains(d.Judged(), "the detector's deadline") {
+		t.Fatalf("%+v %v %q", fs, err, d.Judged())
+	}
+	sameAddrs(t, "pause cut", f.dial.Calls(), spAPIVIP)
+	d.pause = func(context.Context, time.Duration) error { return nil }
+	f.clock.Step(10 * time.Second)
+	if fs := f.run(t, d); len(fs) != 1 || fs[0].Evidence["consecutiveFailures"] != 2 {
+		t.Fatalf("next run: %+v", fs)
+	}
+	sameAddrs(t, "after the cut", f.dial.Calls(), spAPIVIP, spAPIBackend)
 }
 
 func TestServicePathParams(t *testing.T) {
