@@ -1,11 +1,16 @@
-package detect
+package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +22,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -32,10 +38,12 @@ import (
 // answers) and a canary Service whose endpoint is a listener of the test.
 // Per mode:
 //
-//   - healthy: no finding;
+//   - healthy: no finding, and the real binary's --once (run inside the
+//     namespace) exits 0 with the check ok;
 //   - a filter rule dropping DNAT'ed traffic (kube-proxy's rules intact):
 //     the kubernetes path is critical at the next run, naming the backend,
-//     which answers directly; also from a fresh detector (as --once);
+//     which answers directly; the canary's at the run after; also from
+//     the real binary's --once in its one run (exit 2);
 //   - the rule removed: the findings clear at the next run;
 //   - the canary's backend down (both fail): a backend-problem warning,
 //     not the dataplane finding; back up: clears.
@@ -62,12 +70,12 @@ func TestE2EServicePathProbe(t *testing.T) {
 	}
 	prober := probe.New(probe.Options{Dial: cp.NetNS.DialContext})
 	params := func(p any) {
-		pp := p.(*ServicePathProbeParams)
+		pp := p.(*detect.ServicePathProbeParams)
 		pp.Canaries, pp.Families, pp.MinPeriod = []string{testNS + "/canary"}, []string{"IPv4"}, policy.D(time.Second)
 	}
 	const apiTarget, canaryTarget = "service-path/IPv4/default/kubernetes:443", "service-path/IPv4/" + testNS + "/canary:80"
 
-	run := func(t *testing.T, d Detector) map[string]Finding {
+	run := func(t *testing.T, d detect.Detector) map[string]detect.Finding {
 		t.Helper()
 		dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
 		defer dcancel()
@@ -76,11 +84,11 @@ func TestE2EServicePathProbe(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Detect: %v", err)
 		}
-		out := map[string]Finding{}
+		out := map[string]detect.Finding{}
 		for _, f := range fs {
 			out[f.Target] = f
 		}
-		t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(Judged).Judged())
+		t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(detect.Judged).Judged())
 		return out
 	}
 	// waitPaths waits until both Service paths answer (kube-proxy
@@ -109,16 +117,60 @@ func TestE2EServicePathProbe(t *testing.T) {
 		}
 	}
 
+	// once runs the real binary's --once inside the namespace (the
+	// daemon's host-namespace dialer is then the namespace's), with the
+	// cluster through the admin kubeconfig, and returns its exit code and
+	// report.
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onceDir := t.TempDir()
+	pol := filepath.Join(onceDir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte(e2eServicePathPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	onceRuns := 0
+	once := func(t *testing.T, nodeName string) (int, servicePathReport) {
+		t.Helper()
+		onceRuns++
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", cp.NetNS.Name, self, "--once", "-o", "json", "--policy", pol,
+			"--kubeconfig", cp.AdminKubeconfig, "--state-dir", filepath.Join(onceDir, "state", strconv.Itoa(onceRuns)),
+			"--node-name", nodeName, "--proc-root", "/proc")
+		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		start := time.Now()
+		out, err := cmd.Output()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("--once: %v\n%s", err, stderr.String())
+		}
+		var rep servicePathReport
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+		}
+		t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
+		return code, rep
+	}
+
 	mode := func(t *testing.T, nodeName string, dropOn, dropOff []string, kubeProxyRules func() string) {
 		waitPaths(t)
 		n := &node.Node{Name: nodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), Cluster: view, Probe: prober}
-		d := newDetector(t, ServicePathProbeName, n, params)
+		d := servicePathDetector(t, n, params)
 		t.Run("healthy", func(t *testing.T) {
 			for i := 0; i < 3; i++ {
 				if fs := run(t, d); len(fs) != 0 {
 					t.Fatalf("healthy: %v", fs)
 				}
 				time.Sleep(time.Second)
+			}
+			code, rep := once(t, nodeName)
+			if code != 0 || len(rep.OK) != 1 || rep.OK[0].Rule != "service-path-probe" || !strings.Contains(rep.OK[0].Judged, "2 of 2 Service paths answer") {
+				t.Fatalf("--once healthy: exit %d, %+v", code, rep)
 			}
 		})
 		t.Run("DNAT'ed traffic dropped", func(t *testing.T) {
@@ -127,7 +179,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			added := time.Now()
 			fs := run(t, d)
 			f, ok := fs[apiTarget]
-			if !ok || f.Severity != Critical || f.Evidence["verdict"] != "dataplane" {
+			if !ok || f.Severity != detect.Critical || f.Evidence["verdict"] != "dataplane" {
 				t.Fatalf("dropped DNAT'ed traffic: no critical finding at the next run: %v", fs)
 			}
 			if !strings.Contains(f.Message, cp.NetNS.Address+":6443 connected") || !strings.Contains(f.Message, "10.96.0.1:443") {
@@ -138,16 +190,20 @@ func TestE2EServicePathProbe(t *testing.T) {
 			// of 4 went to the kubernetes path first).
 			time.Sleep(time.Second)
 			fs = run(t, d)
-			if f, ok := fs[canaryTarget]; !ok || f.Severity != Critical || !strings.Contains(f.Message, backend.String()+" connected") {
+			if f, ok := fs[canaryTarget]; !ok || f.Severity != detect.Critical || !strings.Contains(f.Message, backend.String()+" connected") {
 				t.Fatalf("canary not reported at the second run: %v", fs)
 			}
 			if _, ok := fs[apiTarget]; !ok {
 				t.Fatalf("kubernetes finding gone while the rule is there: %v", fs)
 			}
-			// A fresh detector (as --once) judges in its one run.
-			fs = run(t, newDetector(t, ServicePathProbeName, n, params))
-			if f, ok := fs[apiTarget]; !ok || f.Severity != Critical {
-				t.Fatalf("fresh detector (--once): %v", fs)
+			// The real binary's --once judges in its one run.
+			code, rep := once(t, nodeName)
+			found := false
+			for _, f := range rep.Findings {
+				found = found || (f.Rule == "service-path-probe" && f.Target == apiTarget && f.Severity == "critical")
+			}
+			if code != 2 || !found {
+				t.Fatalf("--once: exit %d, %+v", code, rep)
 			}
 			// The backend still answers directly, and kube-proxy's rules
 			// are what they were.
@@ -171,7 +227,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			time.Sleep(time.Second)
 			fs := run(t, d)
 			f, ok := fs[canaryTarget]
-			if !ok || f.Severity != Warning || f.Evidence["verdict"] != "backend" || !strings.Contains(f.Message, "a backend problem, not the Service dataplane") {
+			if !ok || f.Severity != detect.Warning || f.Evidence["verdict"] != "backend" || !strings.Contains(f.Message, "a backend problem, not the Service dataplane") {
 				t.Fatalf("backend down: %v", fs)
 			}
 			if _, ok := fs[apiTarget]; ok || len(fs) != 1 {
@@ -214,6 +270,52 @@ func TestE2EServicePathProbe(t *testing.T) {
 			[]string{"nft", "delete table inet rmdprobe"},
 			func() string { return netnsRun(t, cp, "nft", "list", "table", "ip", "kube-proxy") })
 	})
+}
+
+const e2eServicePathPolicy = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: audit
+detectorTimeout: 15s
+rules:
+- name: service-path-probe
+  detector: {type: ServicePathProbe, canaries: [probe-e2e/canary], families: [IPv4]}
+`
+
+// servicePathReport is the part of the --once JSON report the test reads.
+type servicePathReport struct {
+	Findings []struct {
+		Rule     string `json:"rule"`
+		Target   string `json:"target"`
+		Severity string `json:"severity"`
+		Message  string `json:"message"`
+	} `json:"findings"`
+	Skipped []struct {
+		Rule   string `json:"rule"`
+		Reason string `json:"reason"`
+	} `json:"skipped"`
+	OK []struct {
+		Rule   string `json:"rule"`
+		Judged string `json:"judged"`
+	} `json:"ok"`
+}
+
+// servicePathDetector builds a ServicePathProbe as the engine does.
+func servicePathDetector(t *testing.T, n *node.Node, tweak func(any)) detect.Detector {
+	t.Helper()
+	typ, ok := detect.Lookup(detect.ServicePathProbeName)
+	if !ok {
+		t.Fatal("ServicePathProbe not registered")
+	}
+	p := typ.NewParams()
+	tweak(p)
+	if v, ok := p.(policy.Validator); ok && len(v.Validate()) > 0 {
+		t.Fatalf("params invalid: %v", v.Validate())
+	}
+	d, err := typ.New(p, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
 
 // saveCounters matches what changes between two iptables-save of the same
