@@ -320,10 +320,11 @@ type servicePath struct {
 	// pause waits between confirming connects (a test replaces it).
 	pause func(ctx context.Context, d time.Duration) error
 
-	mu      sync.Mutex
-	lastRun time.Time
-	next    probe.Ref // the path the next run starts with
-	state   map[probe.Ref]*spState
+	mu         sync.Mutex
+	lastRun    time.Time
+	lastJudged string
+	next       probe.Ref // the path the next run starts with
+	state      map[probe.Ref]*spState
 }
 
 func newServicePathProbe(p *ServicePathProbeParams, n *node.Node) (Detector, error) {
@@ -464,9 +465,8 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.lastRun.IsZero() && now.Sub(d.lastRun) < d.p.MinPeriod.Duration {
-		out := d.lastFindings()
-		d.set("last probed %s ago (minPeriod %s): every path answered", now.Sub(d.lastRun).Round(time.Second), d.p.MinPeriod.Duration)
-		return out, nil
+		d.set("%s (probed %s ago; not again within minPeriod %s)", d.lastJudged, now.Sub(d.lastRun).Round(time.Second), d.p.MinPeriod.Duration)
+		return d.lastFindings(now), nil
 	}
 	paths, not := planServicePaths(n.Cluster, d.specs, d.p.Families, n.Name)
 	if len(paths) == 0 {
@@ -571,12 +571,7 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 		st.last, st.lastRun = &f, now
 		done++
 	}
-	out := d.lastFindings()
-	for _, f := range out {
-		if st := d.state[mustRef(f.Target)]; st != nil && st.lastRun.Before(now) {
-			f.Evidence["probedAgo"] = now.Sub(st.lastRun).Round(time.Second).String()
-		}
-	}
+	out := d.lastFindings(now)
 	judged := fmt.Sprintf("%d of %d Service paths answer", len(answered), len(paths))
 	if len(answered) > 0 {
 		judged += " (" + strings.Join(answered, "; ") + ")"
@@ -590,28 +585,29 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 	if len(not) > 0 {
 		judged += "; not probed: " + strings.Join(not, "; ")
 	}
+	d.lastJudged = judged
 	d.set("%s", judged)
 	return out, nil
 }
 
-func mustRef(target string) probe.Ref {
-	r, _ := probe.ParseRef(target)
-	return r
-}
-
-// lastFindings returns the judged findings still standing, by target.
-func (d *servicePath) lastFindings() []Finding {
+// lastFindings returns the judged findings still standing, by target; one
+// judged before now says how long ago (probedAgo).
+func (d *servicePath) lastFindings(now time.Time) []Finding {
 	var out []Finding
 	for _, st := range d.state {
-		if st.last != nil {
-			f := *st.last
-			ev := make(map[string]any, len(f.Evidence)+1)
-			for k, v := range f.Evidence {
-				ev[k] = v
-			}
-			f.Evidence = ev
-			out = append(out, f)
+		if st.last == nil {
+			continue
 		}
+		f := *st.last
+		ev := make(map[string]any, len(f.Evidence)+1)
+		for k, v := range f.Evidence {
+			ev[k] = v
+		}
+		if st.lastRun.Before(now) {
+			ev["probedAgo"] = now.Sub(st.lastRun).Round(time.Second).String()
+		}
+		f.Evidence = ev
+		out = append(out, f)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Target < out[j].Target })
 	return out

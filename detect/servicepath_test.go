@@ -106,6 +106,15 @@ func TestServicePathHealthy(t *testing.T) {
 	if j := d.Judged(); !strings.Contains(j, "1 of 1 Service paths answer") || !strings.Contains(j, "default/kubernetes 10.96.0.1:443 connected") {
 		t.Fatalf("judged %q", j)
 	}
+	// Again within minPeriod: no connect, the last judgement.
+	f.clock.Step(5 * time.Second)
+	if fs := f.run(t, d); len(fs) != 0 {
+		t.Fatalf("within minPeriod: %+v", fs)
+	}
+	sameAddrs(t, "within minPeriod", f.dial.Calls())
+	if j := d.Judged(); !strings.Contains(j, "1 of 1 Service paths answer") || !strings.Contains(j, "probed 5s ago; not again within minPeriod 10s") {
+		t.Fatalf("judged %q", j)
+	}
 }
 
 // The Service path dropped while the backend answers: critical, judged in
