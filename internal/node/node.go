@@ -19,6 +19,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -68,6 +69,10 @@ type Node struct {
 	KubeProxy kubeproxy.Interface
 	// IPVS is the kernel's IP Virtual Server tables (subsystem "ipvs").
 	IPVS ipvs.Interface
+	// Probe makes bounded TCP connects (connect, close, no payload) from
+	// the node's network namespace, for the Service path probe (subsystem
+	// "probe").
+	Probe probe.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
