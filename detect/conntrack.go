@@ -88,7 +88,7 @@ func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 func init() {
 	Define(ConntrackExhaustionName,
 		"conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
-		newConntrackExhaustion, Targets(finding.KindConntrackTable))
+		newConntrackExhaustion, Targets(finding.KindConntrackTable), Windowed())
 }
 
 // ctSample is one observation of the counters.

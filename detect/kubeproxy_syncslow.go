@@ -53,7 +53,7 @@ func (p *KubeProxySyncSlowParams) Validate() []policy.FieldError {
 func init() {
 	Define("KubeProxySyncSlow",
 		"kube-proxy's recent sync duration quantile (from histogram deltas over a window) exceeds a fraction of syncPeriod (per IP family)",
-		newKubeProxySyncSlow, Targets(finding.KindKubeProxy))
+		newKubeProxySyncSlow, Targets(finding.KindKubeProxy), Windowed())
 }
 
 type kubeProxySyncSlow struct {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
@@ -37,6 +38,8 @@ type options struct {
 	once        bool
 	dryRun      bool
 	output      string
+	sample      time.Duration
+	bundle      string
 
 	// stateWarning is said in the --once report (a dry run on a state dir
 	// it cannot write).
@@ -94,6 +97,9 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 			if o.logFormat != "" && o.logFormat != "json" && o.logFormat != "console" {
 				return usageErrorf("--log-format must be json or console, got %q", o.logFormat)
 			}
+			if err := checkSample(o); err != nil {
+				return err
+			}
 			var lvl zapcore.Level
 			if err := lvl.Set(o.logLevel); err != nil {
 				return usageErrorf("--log-level must be debug, info, warn or error, got %q", o.logLevel)
@@ -137,6 +143,8 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.BoolVar(&o.once, "once", false, "run one detection pass plus decisions and exit (0: no findings, 2: findings, 1: error)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "force audit mode for this run: report what would be done, change nothing")
 	fs.StringVarP(&o.output, "output", "o", "text", "--once output: text or json")
+	fs.DurationVar(&o.sample, "sample", defaultSample, "--once: sample rate and window checks twice this far apart so they judge in one run (0: one snapshot; else at least 5s)")
+	fs.StringVar(&o.bundle, "bundle", "", "--once: also write the evidence (report, *-save, nft, IPVS, conntrack, kube-proxy endpoints, locks, processes, journal tail) to this .tar.gz")
 	_ = root.MarkFlagFilename("policy", "yaml", "yml")
 	_ = root.MarkFlagDirname("state-dir")
 	_ = root.MarkFlagFilename("kubeconfig")

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// fakeKubeProxy serves kube-proxy's /metrics (1.33+ per-family series) and
+// /proxyMode; restoreFailures is read at every scrape.
+func fakeKubeProxy(t *testing.T, restoreFailures func(scrape int64) int) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	var scrapes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/proxyMode":
+			fmt.Fprint(w, "iptables")
+		case "/metrics":
+			n := scrapes.Add(1)
+			fmt.Fprintf(w, `# TYPE kubeproxy_sync_proxy_rules_iptables_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family="IPv4"} %d
+# TYPE kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total counter
+kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family="IPv4"} 0
+# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %d
+`, restoreFailures(n), time.Now().Unix())
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &scrapes
+}
+
+func restorePolicy(t *testing.T, dir, url string) string {
+	t.Helper()
+	p := filepath.Join(dir, "policy.yaml")
+	pol := fmt.Sprintf(`apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: audit
+kubeProxy:
+  metricsURL: %[1]s/metrics
+  healthzURL: %[1]s/healthz
+  proxyModeURL: %[1]s/proxyMode
+  syncPeriod: 30s
+rules:
+- name: restore-failures
+  detector: {type: KubeProxyRestoreFailures}
+- name: pending
+  detector: {type: KubeProxyEndpointChangesPending}
+`, url)
+	if err := os.WriteFile(p, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// A kube-proxy whose iptables-restore failure counter rises while --once
+// samples is reported by one run of the real binary; with --sample 0 the
+// same kube-proxy gives no verdict (one snapshot has no rate).
+func TestOnceSampleRestoreFailuresRise(t *testing.T) {
+	srv, scrapes := fakeKubeProxy(t, func(n int64) int {
+		if n == 1 {
+			return 7 // failures before the run do not count
+		}
+		return 9
+	})
+	dir := t.TempDir()
+	pol := restorePolicy(t, dir, srv.URL)
+	start := time.Now()
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "5s", "-o", "json", "--policy", pol,
+		"--state-dir", filepath.Join(dir, "s1"), "--node-name", "n1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	took := time.Since(start)
+	code := cmd.ProcessState.ExitCode()
+	if code != exitFindings {
+		t.Fatalf("exit %d (%v), want 2\n%s\n%s", code, err, out, stderr.String())
+	}
+	if took < 5*time.Second || took > 40*time.Second {
+		t.Errorf("run took %s, want the 5s sample and well under a minute", took)
+	}
+	var rep struct {
+		Findings []struct {
+			Rule, Detector, Target, Severity, Message string
+			Evidence                                  map[string]any
+		}
+		Sampled *struct {
+			Seconds float64
+			Rules   []string
+			Capped  []string
+		}
+	}
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(rep.Findings) != 1 || rep.Findings[0].Detector != "KubeProxyRestoreFailures" || rep.Findings[0].Target != "kube-proxy/IPv4" ||
+		rep.Findings[0].Severity != "critical" || rep.Findings[0].Evidence["failures"] != 2.0 {
+		t.Fatalf("findings %+v, want one critical KubeProxyRestoreFailures for kube-proxy/IPv4 with 2 failures\n%s", rep.Findings, out)
+	}
+	if ws := rep.Findings[0].Evidence["windowSeconds"].(float64); ws < 4.5 || ws > 30 {
+		t.Errorf("windowSeconds %v, want about the 5s sample", ws)
+	}
+	if rep.Sampled == nil || rep.Sampled.Seconds != 5 || strings.Join(rep.Sampled.Rules, ",") != "restore-failures,pending" ||
+		strings.Join(rep.Sampled.Capped, ",") != "pending" {
+		t.Errorf("sampled %+v, want 5s over restore-failures and pending, pending capped", rep.Sampled)
+	}
+	// stderr is no terminal here: no progress lines.
+	if strings.Contains(stderr.String(), "sampling") {
+		t.Errorf("progress lines on a non-terminal stderr:\n%s", stderr.String())
+	}
+
+	// One snapshot: the same rising kube-proxy gives nothing to judge.
+	scrapes.Store(0)
+	start = time.Now()
+	cmd = mainCmd(os.Args[0], "--once", "--sample", "0", "-o", "json", "--policy", pol,
+		"--state-dir", filepath.Join(dir, "s2"), "--node-name", "n1")
+	out, _ = cmd.Output()
+	if code := cmd.ProcessState.ExitCode(); code != exitOK || time.Since(start) > 5*time.Second {
+		t.Fatalf("--sample 0: exit %d after %s, want 0 at once\n%s", code, time.Since(start), out)
+	}
+	if strings.Contains(string(out), `"sampled"`) {
+		t.Errorf("--sample 0 reports sampling:\n%s", out)
+	}
+}
+
+// A policy with no detector that judges across samples does not wait.
+func TestOnceSampleNothingWindowed(t *testing.T) {
+	dir := t.TempDir()
+	pol := writePolicy(t, dir, "audit", 0)
+	start := time.Now()
+	code, out, _ := run(t, "--once", "--sample", "30s", "--policy", pol, "--state-dir", dir)
+	if code != exitOK || time.Since(start) > 5*time.Second || strings.Contains(out, "Sampled:") {
+		t.Fatalf("exit %d after %s\n%s", code, time.Since(start), out)
+	}
+}
+
+func TestSampleFlagBounds(t *testing.T) {
+	for _, c := range []struct{ args, msg string }{
+		{"--once --sample 2s", "--sample must be 0 (one snapshot) or at least 5s"},
+		{"--once --sample -1s", "--sample must be 0"},
+		{"--once --sample 11m", "--sample must be at most 10m"},
+		{"--bundle x.tar.gz", "--bundle needs --once"},
+	} {
+		code, out, errOut := run(t, strings.Fields(c.args)...)
+		if code != exitError || out != "" || !strings.Contains(errOut, c.msg) {
+			t.Errorf("%s: exit %d, stderr %q, want %q", c.args, code, errOut, c.msg)
+		}
+	}
+}
