@@ -25,21 +25,22 @@ const (
 
 // options are the root command's flags.
 type options struct {
-	policy      string
-	stateDir    string
-	nodeName    string
-	kubeconfig  string
-	procRoot    string
-	sysRoot     string
-	xtablesLock string
-	metricsAddr string
-	logFormat   string
-	logLevel    string
-	once        bool
-	dryRun      bool
-	output      string
-	sample      time.Duration
-	bundle      string
+	policy       string
+	stateDir     string
+	nodeName     string
+	kubeconfig   string
+	procRoot     string
+	sysRoot      string
+	xtablesLock  string
+	metricsAddr  string
+	logFormat    string
+	logLevel     string
+	once         bool
+	dryRun       bool
+	output       string
+	sample       time.Duration
+	bundle       string
+	bundleMaxMiB int
 
 	// stateWarning is said in the --once report (a dry run on a state dir
 	// it cannot write).
@@ -112,7 +113,7 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 	root.SetVersionTemplate("remediate {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
 	addRootFlags(root, o)
-	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newCleanupCmd(stdout, stderr), newVersionCmd(stdout))
+	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newBundleCmd(stdout, stderr), newCleanupCmd(stdout, stderr), newVersionCmd(stdout))
 	// The completion command is cobra's; made strict like the others (an
 	// unknown shell is a usage error, not help and exit 0).
 	root.InitDefaultCompletionCmd()
@@ -145,6 +146,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVarP(&o.output, "output", "o", "text", "--once output: text or json")
 	fs.DurationVar(&o.sample, "sample", defaultSample, "--once: sample rate and window checks twice this far apart so they judge in one run (0: one snapshot; else at least 5s)")
 	fs.StringVar(&o.bundle, "bundle", "", "--once: also write the evidence (report, *-save, nft, IPVS, conntrack, kube-proxy endpoints, locks, processes, journal tail) to this .tar.gz")
+	fs.IntVar(&o.bundleMaxMiB, "bundle-max-mib", 20, "--bundle: the most the bundle's parts may hold together, MiB (each part is also capped; cut parts are marked)")
 	_ = root.MarkFlagFilename("policy", "yaml", "yml")
 	_ = root.MarkFlagDirname("state-dir")
 	_ = root.MarkFlagFilename("kubeconfig")

@@ -149,6 +149,17 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, capped []st
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	eng.Close(rctx)
 	rcancel()
+	if o.bundle != "" {
+		// After the pass: the bundle's reads (saves, nft, conntrack) do
+		// not compete with the detectors' deadlines.
+		parts, berr := writeBundle(ctx, o, eng.Policy(), w, rep)
+		if berr != nil {
+			rep.Warnings = append(rep.Warnings, "no bundle written: "+berr.Error())
+			code = exitError
+		} else {
+			fmt.Fprintf(stderr, "remediate: bundle %s written (%d parts; read it with: remediate bundle show %s)\n", o.bundle, parts, o.bundle)
+		}
+	}
 	if o.output == "json" {
 		err = rep.WriteJSON(stdout)
 	} else {

@@ -43,6 +43,9 @@ func checkSample(o *options) error {
 	if o.bundle != "" && !o.once {
 		return usageErrorf("--bundle needs --once")
 	}
+	if o.bundleMaxMiB < 1 || o.bundleMaxMiB > 1024 {
+		return usageErrorf("--bundle-max-mib must be between 1 and 1024, got %d", o.bundleMaxMiB)
+	}
 	return nil
 }
 
