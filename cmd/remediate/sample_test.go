@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // fakeKubeProxy serves kube-proxy's /metrics (1.33+ per-family series) and
@@ -154,5 +158,64 @@ func TestSampleFlagBounds(t *testing.T) {
 		if code != exitError || out != "" || !strings.Contains(errOut, c.msg) {
 			t.Errorf("%s: exit %d, stderr %q, want %q", c.args, code, errOut, c.msg)
 		}
+	}
+}
+
+// openPTY returns a pseudo-terminal's controller and terminal ends.
+func openPTY(t *testing.T) (ctl, tty *os.File) {
+	t.Helper()
+	ctl, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminals here: %v", err)
+	}
+	t.Cleanup(func() { ctl.Close() })
+	if err := unix.IoctlSetPointerInt(int(ctl.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		t.Fatal(err)
+	}
+	n, err := unix.IoctlGetInt(int(ctl.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tty, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|unix.O_NOCTTY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctl, tty
+}
+
+// With stderr on a terminal, the wait says how long is left.
+func TestOnceSampleProgressOnTerminal(t *testing.T) {
+	srv, _ := fakeKubeProxy(t, func(int64) int { return 0 })
+	dir := t.TempDir()
+	pol := restorePolicy(t, dir, srv.URL)
+	ctl, tty := openPTY(t)
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "5s", "--policy", pol, "--state-dir", filepath.Join(dir, "s"), "--node-name", "n1")
+	cmd.Stderr = tty
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	tty.Close() // the child holds it
+	var progress bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&progress, ctl); close(done) }() // ends with EIO when the child exits
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("terminal output did not end")
+	}
+	got := progress.String()
+	for _, want := range []string{"remediate: first sample of 2 rate/window checks taken; second in 5s (--sample 0 skips)",
+		"remediate: sampling, ", "s left", "remediate: taking the second sample"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("terminal lacks %q:\n%s", want, got)
+		}
+	}
+	if !strings.Contains(out.String(), "Sampled: 2 rate/window checks twice, 5s apart (restore-failures, pending)") {
+		t.Errorf("report:\n%s", out.String())
 	}
 }
