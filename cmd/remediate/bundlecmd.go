@@ -65,7 +65,7 @@ func showBundle(path string, stdout, stderr io.Writer) int {
 				note = append(note, "error: "+p.Error)
 			}
 			if p.Truncated {
-				note = append(note, fmt.Sprintf("cut (was %d bytes)", p.Original))
+				note = append(note, fmt.Sprintf("cut (%d+ bytes obtained)", p.Original))
 			}
 			if p.Redactions > 0 {
 				note = append(note, fmt.Sprintf("%d redacted", p.Redactions))

@@ -101,6 +101,9 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 			if err := checkSample(o); err != nil {
 				return err
 			}
+			if cmd.Flags().Changed("sample") && !o.once {
+				return usageErrorf("--sample needs --once")
+			}
 			var lvl zapcore.Level
 			if err := lvl.Set(o.logLevel); err != nil {
 				return usageErrorf("--log-level must be debug, info, warn or error, got %q", o.logLevel)

@@ -153,6 +153,8 @@ func TestSampleFlagBounds(t *testing.T) {
 		{"--once --sample -1s", "--sample must be 0"},
 		{"--once --sample 11m", "--sample must be at most 10m"},
 		{"--bundle x.tar.gz", "--bundle needs --once"},
+		{"--sample 20s", "--sample needs --once"},
+		{"--once --bundle-max-mib 0", "--bundle-max-mib must be between 1 and 1024"},
 	} {
 		code, out, errOut := run(t, strings.Fields(c.args)...)
 		if code != exitError || out != "" || !strings.Contains(errOut, c.msg) {

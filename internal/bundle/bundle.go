@@ -53,7 +53,8 @@ type Part struct {
 	// Error is why the content is missing or partial.
 	Error string `json:"error,omitempty"`
 	// Truncated: the content was cut at the part's cap; Original is how
-	// long it was.
+	// much had been obtained (a collector may itself stop reading just
+	// past the cap, so the source may have been longer still).
 	Truncated bool  `json:"truncated,omitempty"`
 	Original  int64 `json:"originalSize,omitempty"`
 	// Redactions counts the secrets replaced in the part.
