@@ -13,7 +13,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/remediate-dev/remediate/internal/bundle"
 )
@@ -270,5 +272,60 @@ func TestBundleShowHostile(t *testing.T) {
 	}
 	if code, _, errOut := run(t, "bundle", "show"); code != exitError || !strings.Contains(errOut, "needs FILE") {
 		t.Errorf("no FILE: exit %d %s", code, errOut)
+	}
+}
+
+// The bundle is collected while another process holds the xtables lock:
+// the saves succeed (they never take it) and the lock's holder is named.
+func TestOnceBundleUnderHeldXtablesLock(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (iptables-legacy-save)")
+	}
+	if _, err := exec.LookPath("iptables-legacy-save"); err != nil {
+		t.Skip("no iptables-legacy-save")
+	}
+	dir := t.TempDir()
+	lock := filepath.Join(dir, "xtables.lock")
+	f, err := os.Create(lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	pol := bundlePolicy(t, dir, kubeProxyWithSecrets(t, 0))
+	path := filepath.Join(dir, "b.tar.gz")
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "0", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+		"--node-name", "n1", "--xtables-lock", lock, "--bundle", path)
+	cmd.Env = append(cmd.Env, "XTABLES_LOCKFILE="+lock) // iptables' own lock, for the commands it runs
+	start := time.Now()
+	out, _ := cmd.Output()
+	if code := cmd.ProcessState.ExitCode(); code == exitError || time.Since(start) > 30*time.Second {
+		t.Fatalf("exit %d after %s\n%s", code, time.Since(start), out)
+	}
+	parts := readParts(t, path)
+	var m bundle.Manifest
+	if err := json.Unmarshal(parts[bundle.ManifestName], &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range m.Parts {
+		if (p.Name == "iptables-legacy-save.txt" || p.Name == "ip6tables-legacy-save.txt") && p.Error != "" {
+			t.Errorf("%s failed under the held lock: %s", p.Name, p.Error)
+		}
+	}
+	var fl struct {
+		Held    bool
+		Holders []struct{ Pid int }
+	}
+	if err := json.Unmarshal(parts["xtables-lock.json"], &fl); err != nil {
+		t.Fatalf("%v\n%s", err, parts["xtables-lock.json"])
+	}
+	self := false
+	for _, h := range fl.Holders {
+		self = self || h.Pid == os.Getpid()
+	}
+	if !fl.Held || !self {
+		t.Errorf("xtables-lock.json does not name this test (pid %d) as the holder:\n%s", os.Getpid(), parts["xtables-lock.json"])
 	}
 }
