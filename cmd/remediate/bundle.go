@@ -138,7 +138,7 @@ func (c *collector) run(ctx context.Context, name string, args ...string) ([]byt
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.WaitDelay = time.Second
 	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &capBuffer{b: &out, n: c.partMax + 1}, &capBuffer{b: &errb, n: 4096}
+	cmd.Stdout, cmd.Stderr = &bundle.CapWriter{B: &out, N: int64(c.partMax) + 1}, &bundle.CapWriter{B: &errb, N: 4096}
 	err := cmd.Run()
 	if err != nil {
 		err = fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
@@ -349,17 +349,4 @@ func readBounded(path string, max int) ([]byte, error) {
 	}
 	defer f.Close()
 	return io.ReadAll(io.LimitReader(f, int64(max)))
-}
-
-// capBuffer keeps the first n bytes written.
-type capBuffer struct {
-	b *bytes.Buffer
-	n int
-}
-
-func (c *capBuffer) Write(p []byte) (int, error) {
-	if rest := c.n - c.b.Len(); rest > 0 {
-		c.b.Write(p[:min(len(p), rest)])
-	}
-	return len(p), nil
 }

@@ -92,19 +92,11 @@ func startFakeKubeProxy(t *testing.T) int {
 }
 
 func bundlePolicy(t *testing.T, dir, url string) string {
-	t.Helper()
-	p := filepath.Join(dir, "policy.yaml")
-	pol := fmt.Sprintf(`apiVersion: remediate.dev/v1alpha1
-kind: RemediationPolicy
-kubeProxy: {metricsURL: %[1]s/metrics, healthzURL: %[1]s/healthz, proxyModeURL: %[1]s/proxyMode}
+	return policyFile(t, dir, fmt.Sprintf(`kubeProxy: {metricsURL: %[1]s/metrics, healthzURL: %[1]s/healthz, proxyModeURL: %[1]s/proxyMode}
 rules:
 - name: bloat
   detector: {type: KubeProxyRuleBloat}
-`, url)
-	if err := os.WriteFile(p, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+`, url))
 }
 
 // One --once --bundle run of the real binary: every part named in the

@@ -65,15 +65,18 @@ func capForSamples(p *policy.Policy, n int) []string {
 	return changed
 }
 
-// takeFirstSample runs the windowed detectors once and waits d, telling a
-// terminal how long is left. It returns what the report says about the
+// takeFirstSample runs the windowed detectors once and waits d after they
+// finished, telling a terminal how long is left. It returns what the report says about the
 // sampling, or an error when ctx ends first.
 func takeFirstSample(ctx context.Context, eng *remediate.Engine, d time.Duration, stderr io.Writer) (*remediate.SampleInfo, error) {
-	start := time.Now()
 	rules := eng.Sample(ctx)
 	if len(rules) == 0 {
 		return nil, nil // nothing judges across samples: no reason to wait
 	}
+	// From the end of the first sample: its last read is then at least d
+	// old at the second, so no cached answer (kube-proxy's, up to
+	// minSample) is read twice.
+	start := time.Now()
 	tty := isTerminal(stderr)
 	if tty {
 		fmt.Fprintf(stderr, "remediate: first sample of %d rate/window checks taken; second in %s (--sample 0 skips)\n", len(rules), d.Round(time.Second))

@@ -43,12 +43,18 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %d
 	return srv, &scrapes
 }
 
-func restorePolicy(t *testing.T, dir, url string) string {
+// policyFile writes a policy (apiVersion and kind added) into dir.
+func policyFile(t *testing.T, dir, body string) string {
 	t.Helper()
 	p := filepath.Join(dir, "policy.yaml")
-	pol := fmt.Sprintf(`apiVersion: remediate.dev/v1alpha1
-kind: RemediationPolicy
-mode: audit
+	if err := os.WriteFile(p, []byte("apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\n"+body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func restorePolicy(t *testing.T, dir, url string) string {
+	return policyFile(t, dir, fmt.Sprintf(`mode: audit
 kubeProxy:
   metricsURL: %[1]s/metrics
   healthzURL: %[1]s/healthz
@@ -59,11 +65,7 @@ rules:
   detector: {type: KubeProxyRestoreFailures}
 - name: pending
   detector: {type: KubeProxyEndpointChangesPending}
-`, url)
-	if err := os.WriteFile(p, []byte(pol), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
+`, url))
 }
 
 // A kube-proxy whose iptables-restore failure counter rises while --once

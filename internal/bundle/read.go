@@ -116,7 +116,7 @@ func Read(r io.Reader, lim Limits) (*Bundle, error) {
 		var kept bytes.Buffer
 		var w io.Writer = h
 		if keep[hdr.Name] {
-			w = io.MultiWriter(h, &capWriter{b: &kept, n: lim.KeepBytes})
+			w = io.MultiWriter(h, &CapWriter{B: &kept, N: lim.KeepBytes})
 		}
 		n, err := io.Copy(w, io.LimitReader(tr, lim.MaxEntryBytes))
 		if err != nil {
@@ -205,15 +205,17 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// capWriter keeps the first n bytes and discards the rest.
-type capWriter struct {
-	b *bytes.Buffer
-	n int64
+// CapWriter keeps the first N bytes written to B and discards the rest
+// (without failing the writer, so a command's output can be cut while it
+// runs to the end).
+type CapWriter struct {
+	B *bytes.Buffer
+	N int64
 }
 
-func (c *capWriter) Write(p []byte) (int, error) {
-	if rest := c.n - int64(c.b.Len()); rest > 0 {
-		c.b.Write(p[:min(int64(len(p)), rest)])
+func (c *CapWriter) Write(p []byte) (int, error) {
+	if rest := c.N - int64(c.B.Len()); rest > 0 {
+		c.B.Write(p[:min(int64(len(p)), rest)])
 	}
 	return len(p), nil
 }
