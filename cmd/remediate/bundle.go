@@ -251,7 +251,7 @@ func (c *collector) conntrack(ctx context.Context) {
 	}
 	v.Max, _ = c.n.Conntrack.Max(ctx)
 	v.Hash, _ = c.n.Conntrack.HashSize(ctx)
-	c.addJSON("conntrack.json", "ctnetlink count and IPCTNL_MSG_CT_GET_STATS_CPU summed (like conntrack -C, -S); nf_conntrack_max, hashsize", v, errors.Join(err1, err2))
+	c.addJSON("conntrack.json", "ctnetlink IPCTNL_MSG_CT_GET_STATS (count) and IPCTNL_MSG_CT_GET_STATS_CPU summed (like conntrack -C, -S); nf_conntrack_max, hashsize", v, errors.Join(err1, err2))
 }
 
 // kubeProxy: its metrics, healthz, proxyMode and configz, as served.
@@ -329,7 +329,11 @@ func (c *collector) processes(ctx context.Context) {
 
 // journal: the audit journal's last records.
 func (c *collector) journal() {
-	recs, err := journal.ReadAll(c.o.stateDir)
+	dir := c.o.stateDir
+	if c.o.journalDir != "" {
+		dir = c.o.journalDir // a dry run on a private copy of an unwritable state dir
+	}
+	recs, err := journal.ReadAll(dir)
 	if len(recs) > journalTail {
 		recs = recs[len(recs)-journalTail:]
 	}
@@ -338,7 +342,7 @@ func (c *collector) journal() {
 		b.WriteString(journal.Format(r))
 		b.WriteByte('\n')
 	}
-	c.add("journal-tail.txt", fmt.Sprintf("the last %d records of %s", journalTail, filepath.Join(c.o.stateDir, "journal.jsonl")), []byte(b.String()), err)
+	c.add("journal-tail.txt", fmt.Sprintf("the last %d records of %s", journalTail, filepath.Join(dir, "journal.jsonl")), []byte(b.String()), err)
 }
 
 // readBounded reads at most max bytes of a file.

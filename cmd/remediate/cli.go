@@ -42,6 +42,9 @@ type options struct {
 	bundle       string
 	bundleMaxMiB int
 
+	// journalDir is the state dir as given (the bundle reads the journal's
+	// tail there even when a dry run works on a private copy).
+	journalDir string
 	// stateWarning is said in the --once report (a dry run on a state dir
 	// it cannot write).
 	stateWarning string
