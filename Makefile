@@ -16,8 +16,11 @@ include tools/helm/helm.mk
 
 all: build
 
+# bin/kubectl-remediate is the kubectl plugin (kubectl remediate NODE):
+# put it on PATH to use it.
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/remediate
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/kubectl-remediate ./cmd/kubectl-remediate
 
 # Release binaries for the image's platforms, static, version stamped from
 # git, and one SPDX SBOM of the modules linked into them (tools/sbom).
