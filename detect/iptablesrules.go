@@ -44,6 +44,15 @@ type IPTablesRulesParams struct {
 	CheckFirewallDrop bool `yaml:"checkFirewallDrop"`
 	// CheckBackendMix reports KUBE-* rules present in both legacy and nft.
 	CheckBackendMix bool `yaml:"checkBackendMix"`
+	// CheckKubeProxyChains compares kube-proxy's other rules with what
+	// kube-proxy v1.34 writes in iptables mode: the nat POSTROUTING jump to
+	// KUBE-POSTROUTING (and the filter jumps), the KUBE-MARK-MASQ mark rule,
+	// KUBE-POSTROUTING's RETURN, mark-clearing and MASQUERADE rules, and
+	// every rule of kube-proxy's chains that lost the match conditions
+	// kube-proxy gives it (version-skew corruption). One finding per
+	// table, chain (per-Service chains grouped: KUBE-SEP-*) and check.
+	// iptables mode only (IPVS mode's chains differ).
+	CheckKubeProxyChains bool `yaml:"checkKubeProxyChains"`
 	// MaxKubeRules reports more KUBE-* rules than this in one backend and
 	// family (0 turns the check off).
 	MaxKubeRules int `yaml:"maxKubeRules"`
@@ -67,16 +76,17 @@ type IPTablesRulesParams struct {
 // SetDefaults sets the defaults of IPTablesRules (registry.Defaulter).
 func (p *IPTablesRulesParams) SetDefaults() {
 	*p = IPTablesRulesParams{
-		Families:          []string{"IPv4", "IPv6"},
-		Backends:          []string{"legacy", "nft"},
-		ProxyMode:         "iptables",
-		CheckServicesJump: true,
-		CheckFirewallDrop: true,
-		CheckBackendMix:   true,
-		MaxKubeRules:      10000,
-		MaxSaveDuration:   policy.D(2 * time.Second),
-		SaveTimeout:       policy.D(8 * time.Second),
-		MaxSaveDutyCycle:  0.1,
+		Families:             []string{"IPv4", "IPv6"},
+		Backends:             []string{"legacy", "nft"},
+		ProxyMode:            "iptables",
+		CheckServicesJump:    true,
+		CheckFirewallDrop:    true,
+		CheckBackendMix:      true,
+		CheckKubeProxyChains: true,
+		MaxKubeRules:         10000,
+		MaxSaveDuration:      policy.D(2 * time.Second),
+		SaveTimeout:          policy.D(8 * time.Second),
+		MaxSaveDutyCycle:     0.1,
 	}
 }
 
@@ -123,7 +133,7 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("IPTablesRules",
-		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES jumps, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
+		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES and KUBE-POSTROUTING jumps, the masquerade mark and MASQUERADE rules, rules that lost their match conditions, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
 		newIPTablesRules, Targets(finding.KindIPTablesRules))
 }
 
@@ -378,6 +388,13 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		}
 	}
 
+	if d.p.CheckKubeProxyChains && mode.check && mode.mode != string(kubeproxy.ModeIPVS) {
+		out = append(out, defectFindings(s, iptables.KubeProxyDefects(s.Rules, iptables.DefectOptions{
+			SkipServicesJumps:    d.p.CheckServicesJump,
+			SkipBareFirewallDrop: d.p.CheckFirewallDrop,
+		}), base, mode)...)
+	}
+
 	if n := s.Rules.KubeRuleCount(); d.p.MaxKubeRules > 0 && n > d.p.MaxKubeRules {
 		ev := base()
 		ev["maxKubeRules"] = d.p.MaxKubeRules
@@ -430,4 +447,81 @@ func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot
 			"nftSaveMs":        nft.Duration.Milliseconds(),
 		},
 	}}
+}
+
+// maxDefectExamples bounds the rules listed in one finding's evidence.
+const maxDefectExamples = 5
+
+// defectFindings turns kube-proxy rule defects into findings: one per
+// table, chain group and check, with the count and the first rules.
+func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[string]any, mode proxyMode) []Finding {
+	type group struct {
+		first  iptables.Defect
+		n      int
+		breaks bool
+		rules  []string
+		lines  []int
+		chains map[string]bool
+	}
+	var order []string
+	groups := map[string]*group{}
+	for _, df := range ds {
+		what := df.Check
+		if df.Check == iptables.CheckJump {
+			what = df.To
+		}
+		key := df.Table + "/" + iptables.ChainGroup(df.Chain) + "/" + what
+		g := groups[key]
+		if g == nil {
+			g = &group{first: df, chains: map[string]bool{}}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.n++
+		g.breaks = g.breaks || df.Breaks
+		g.chains[df.Chain] = true
+		if df.Rule != "" && len(g.rules) < maxDefectExamples {
+			g.rules = append(g.rules, df.Rule)
+			g.lines = append(g.lines, df.Line)
+		}
+	}
+	where := fmt.Sprintf("(%s, %s)", s.Family, s.Backend)
+	out := make([]Finding, 0, len(order))
+	for _, key := range order {
+		g := groups[key]
+		df := g.first
+		sev := Warning
+		if g.breaks {
+			sev = Critical
+		}
+		ev := base()
+		ev["table"], ev["chain"], ev["check"] = df.Table, iptables.ChainGroup(df.Chain), df.Check
+		ev["problem"], ev["canonical"], ev["impact"], ev["count"] = df.Problem, df.Want, df.Impact, g.n
+		ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
+		if len(df.Missing) > 0 {
+			ev["missingConditions"] = df.Missing
+		}
+		if len(g.rules) > 0 {
+			ev["rules"], ev["lines"] = g.rules, g.lines
+		}
+		var msg string
+		switch {
+		case df.Check == iptables.CheckJump && df.Rule == "":
+			msg = fmt.Sprintf("%s %s does not jump to %s %s: %s", df.Table, df.Chain, df.To, where, df.Impact)
+		case g.n > 1:
+			msg = fmt.Sprintf("%d rules of %s %s %s: %s (e.g. %q): %s", g.n, df.Table, iptables.ChainGroup(df.Chain), where, df.Problem, df.Rule, df.Impact)
+		case df.Rule == "":
+			msg = fmt.Sprintf("%s %s %s: %s (want %q): %s", df.Table, df.Chain, where, df.Problem, df.Want, df.Impact)
+		default:
+			msg = fmt.Sprintf("%s %s %s: %s: %q (want %s): %s", df.Table, df.Chain, where, df.Problem, df.Rule, df.Want, df.Impact)
+		}
+		out = append(out, Finding{
+			Detector: "IPTablesRules",
+			Target:   iptablesTarget(s.Family, s.Backend, key),
+			Severity: sev,
+			Message:  msg,
+			Evidence: ev,
+		})
+	}
+	return out
 }

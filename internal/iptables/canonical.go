@@ -412,7 +412,7 @@ func markMasqDefects(nat *Table) (string, []Defect) {
 		}
 	}
 	switch {
-	case c == nil && nat.Chain("KUBE-SERVICES") != nil:
+	case c == nil && programsServices(nat):
 		m := orDefault(mark)
 		return m, []Defect{{Table: "nat", Chain: "KUBE-MARK-MASQ", Check: CheckMarkMasq, Breaks: true, Want: want(m),
 			Problem: "chain KUBE-MARK-MASQ missing", Impact: "rules that mark Service traffic for SNAT jump to nothing (kube-proxy's restores fail)"}}
@@ -444,6 +444,22 @@ func markMasqDefects(nat *Table) (string, []Defect) {
 		Impact: "the packet mark is overwritten or the SNAT bit not set: other components' marks are lost or traffic is not masqueraded"})
 }
 
+// programsServices reports whether the nat table holds kube-proxy's
+// per-Service chains: a whole rule set kube-proxy wrote, in which a missing
+// KUBE-MARK-MASQ or KUBE-POSTROUTING chain is a defect (a partial KUBE-*
+// set, such as a mode switch's leftovers, is reported by other checks).
+func programsServices(nat *Table) bool {
+	if nat == nil {
+		return false
+	}
+	for _, c := range nat.Chains {
+		if isServiceChain(c.Name) {
+			return true
+		}
+	}
+	return false
+}
+
 func orDefault(m string) string {
 	if m == "" {
 		return DefaultMasqueradeMark
@@ -463,7 +479,7 @@ func (c *Chain) rules() []Rule {
 func postroutingDefects(nat *Table, mark string) []Defect {
 	c := nat.Chain("KUBE-POSTROUTING")
 	if c == nil {
-		if nat.Chain("KUBE-SERVICES") == nil {
+		if !programsServices(nat) {
 			return nil
 		}
 		return []Defect{{Table: "nat", Chain: "KUBE-POSTROUTING", Check: CheckMasquerade, Breaks: true,

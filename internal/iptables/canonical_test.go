@@ -147,7 +147,16 @@ func TestKubeProxyDefectsNotKubeProxy(t *testing.T) {
 }
 
 func TestKubeProxyDefectsMissingChains(t *testing.T) {
-	rs, err := ParseString("*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n")
+	partial := "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\nCOMMIT\n"
+	rs, err := ParseString(partial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A partial KUBE-* set (leftovers, no Service chains): not judged.
+	if ds := KubeProxyDefects(rs, DefectOptions{}); len(ds) != 0 {
+		t.Fatalf("partial set: %+v", ds)
+	}
+	rs, err = ParseString(strings.Replace(partial, ":KUBE-SERVICES - [0:0]\n", ":KUBE-SERVICES - [0:0]\n:KUBE-SVC-X - [0:0]\n", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
