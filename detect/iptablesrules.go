@@ -271,10 +271,8 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		if d.p.CheckBackendMix {
 			mix := mixFinding(fam, snaps)
-			if bd, ok := d.n.IPTables.(iptables.BackendDetector); ok && len(mix) > 0 {
-				if b, err := bd.DefaultBackend(ctx); err == nil {
-					mix[0].Evidence["nodeIptablesBackend"] = string(b)
-				}
+			if len(mix) > 0 {
+				d.mixVersions(ctx, &mix[0])
 			}
 			out = append(out, mix...)
 		}
@@ -313,14 +311,19 @@ type proxyMode struct {
 }
 
 func (d *iptablesRules) proxyMode(ctx context.Context) proxyMode {
-	if d.p.ProxyMode != "auto" {
-		m := d.p.ProxyMode
-		return proxyMode{mode: m, check: m == "iptables" || m == "ipvs", note: "from the policy"}
+	return resolveProxyMode(ctx, d.n, d.p.ProxyMode)
+}
+
+// resolveProxyMode is kube-proxy's mode as configured ("auto": as
+// kube-proxy's /proxyMode says).
+func resolveProxyMode(ctx context.Context, n *node.Node, configured string) proxyMode {
+	if configured != "auto" {
+		return proxyMode{mode: configured, check: configured == "iptables" || configured == "ipvs", note: "from the policy"}
 	}
-	if d.n.KubeProxy == nil {
-		return proxyMode{check: true, note: "kube-proxy mode unknown: " + d.n.Why("kube-proxy")}
+	if n.KubeProxy == nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + n.Why("kube-proxy")}
 	}
-	m, err := d.n.KubeProxy.ProxyMode(ctx)
+	m, err := n.KubeProxy.ProxyMode(ctx)
 	if err != nil {
 		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
 	}
@@ -418,6 +421,37 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		})
 	}
 	return out
+}
+
+// mixVersions adds to a backend-mix finding which iptables the host and
+// kube-proxy use, each read from its own root filesystem (never the
+// daemon's image, never by running a binary): the set in kube-proxy's
+// backend is the one it maintains, the other is stale.
+func (d *iptablesRules) mixVersions(ctx context.Context, f *Finding) {
+	host, kp, _, notes := readIPTablesParties(ctx, d.n, nil)
+	if host.known() {
+		f.Evidence["nodeIptablesBackend"], f.Evidence["nodeIptables"] = string(host.In.Backend), host.In.Describe()
+	} else {
+		f.Evidence["nodeIptables"] = host.Err.Error()
+	}
+	switch {
+	case kp == nil:
+	case !kp.known():
+		f.Evidence["kubeProxyIptables"] = kp.Err.Error()
+	default:
+		f.Evidence["kubeProxyIptablesBackend"], f.Evidence["kubeProxyIptables"] = string(kp.In.Backend), kp.In.Describe()
+		if kp.In.Backend != "" {
+			stale := iptables.Legacy
+			if kp.In.Backend == iptables.Legacy {
+				stale = iptables.NFT
+			}
+			f.Evidence["staleBackend"] = string(stale)
+			f.Message += fmt.Sprintf("; kube-proxy's iptables writes %s, so the %s set is the stale one", kp.In.Backend, stale)
+		}
+	}
+	if len(notes) > 0 {
+		f.Evidence["iptablesNotes"] = notes
+	}
 }
 
 func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot) []Finding {

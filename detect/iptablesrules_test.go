@@ -14,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -160,8 +161,15 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	f.SetRules(iptables.IPv4, iptables.Legacy, healthy)
 	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-X - [0:0]\n-A KUBE-SERVICES -j KUBE-X\nCOMMIT\n")
 	f.SetRules(iptables.IPv6, iptables.Legacy, "")
-	f.Default = iptables.NFT
-	n, _ := newIssue3Node(nil)
+	// The host uses nft (its /usr/sbin/iptables, read through the proc
+	// root's PID 1), kube-proxy's container legacy: the nft set is stale.
+	pf := procs.NewFake(999)
+	pf.Add(fakeProc(50, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "/usr/local/bin/kube-proxy"))
+	n, _ := newIssue3Node(pf)
+	n.ProcRoot = fakeProcRoot(t, map[int]map[string]string{
+		1:  debianRoot("nft", "1.8.9"),
+		50: debianRoot("legacy", "1.8.7"),
+	})
 	n.IPTables = f
 	got, err := newIssue3Detector(t, "IPTablesRules", n, nil).Detect(context.Background())
 	if err != nil {
@@ -174,8 +182,12 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	}
 	for _, g := range got {
 		if g.Target == "iptables/IPv4/backend-mix" {
-			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 || g.Evidence["nodeIptablesBackend"] != "nft" {
+			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 || g.Evidence["nodeIptablesBackend"] != "nft" ||
+				g.Evidence["kubeProxyIptablesBackend"] != "legacy" || g.Evidence["staleBackend"] != "nft" {
 				t.Errorf("mix evidence = %v", g.Evidence)
+			}
+			if !strings.HasSuffix(g.Message, "kube-proxy's iptables writes legacy, so the nft set is the stale one") {
+				t.Errorf("mix message = %q", g.Message)
 			}
 		}
 		if u, _ := g.Evidence["unavailableBackends"].([]string); !reflect.DeepEqual(u, []string{"ip6tables-nft-save"}) {
