@@ -43,6 +43,20 @@ func fakeProcRoot(t *testing.T, roots map[int]map[string]string) string {
 	return dir
 }
 
+// writeFiles writes files under dir.
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for p, c := range files {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // debianRoot is a root filesystem whose iptables is the Debian
 // alternatives link to the backend's multi-call binary, with the version
 // string embedded as in the real binaries.
