@@ -60,8 +60,11 @@ type Interface interface {
 }
 
 // BackendDetector is optionally implemented by an Interface: the backend
-// the node's plain `iptables` command uses (what kubelet and most tools
-// write with; kube-proxy's image picks its own).
+// of the plain `iptables` command on the daemon's PATH, that is, of the
+// daemon's own image, which says nothing about the node's or kube-proxy's.
+//
+// Deprecated: detectors read the host's and kube-proxy's iptables from
+// their own root filesystems with ReadInstall.
 type BackendDetector interface {
 	DefaultBackend(ctx context.Context) (Backend, error)
 }
