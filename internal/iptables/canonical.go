@@ -82,17 +82,27 @@ type Defect struct {
 // collapse to their prefix with "*", so that one corruption of thousands of
 // endpoint chains is one finding.
 func ChainGroup(chain string) string {
-	for _, p := range servicePrefixes {
+	for i, p := range servicePrefixes {
 		if strings.HasPrefix(chain, p) {
-			return p + "*"
+			return serviceGroups[i]
 		}
 	}
 	return chain
 }
 
-var servicePrefixes = []string{"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"}
+var (
+	servicePrefixes = []string{"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"}
+	serviceGroups   = []string{"KUBE-SVC-*", "KUBE-SVL-*", "KUBE-EXT-*", "KUBE-FW-*", "KUBE-SEP-*"}
+)
 
-func isServiceChain(chain string) bool { return ChainGroup(chain) != chain }
+func isServiceChain(chain string) bool {
+	for _, p := range servicePrefixes {
+		if strings.HasPrefix(chain, p) {
+			return true
+		}
+	}
+	return false
+}
 
 // kubeJump is one of kube-proxy's jumps from a built-in chain
 // (iptablesJumpChains and iptablesKubeletJumpChains in proxier.go).
@@ -151,6 +161,7 @@ func KubeProxyDefects(rs *Ruleset, o DefectOptions) []Defect {
 	mark, markDefects := markMasqDefects(nat)
 	out = append(out, markDefects...)
 	out = append(out, postroutingDefects(nat, mark)...)
+	buf := make(ruleOpts, 0, 16)
 	for _, t := range []*Table{filter, nat} {
 		if t == nil {
 			continue
@@ -159,7 +170,7 @@ func KubeProxyDefects(rs *Ruleset, o DefectOptions) []Defect {
 			if !kubeProxyChain(c.Name) {
 				continue
 			}
-			out = append(out, ruleDefects(t.Name, c, mark, o)...)
+			out = append(out, ruleDefects(t.Name, c, mark, o, &buf)...)
 		}
 	}
 	return out
@@ -234,20 +245,31 @@ func condArgs(conds []string) []string {
 	return out
 }
 
-// ruleOpts is a rule's options before its target: name → value, with
-// negation.
-type ruleOpts map[string]optVal
+// ruleOpts is a rule's options before its target, in order (a rule has
+// a handful: a slice searched linearly is cheaper than a map).
+type ruleOpts []optVal
 
 type optVal struct {
-	val string
-	neg bool
+	name, val string
+	neg       bool
 }
 
-// Opts returns the rule's match options (everything before -j/-g except
-// comments), keyed by option name ("-d", "--dport", "--mark"), with
-// "-m" modules keyed as "-m <name>".
-func (r Rule) opts() ruleOpts {
-	o := ruleOpts{}
+func (o ruleOpts) get(name string) (optVal, bool) {
+	for _, v := range o {
+		if v.name == name {
+			return v, true
+		}
+	}
+	return optVal{}, false
+}
+
+// opts returns the rule's match options (everything before -j/-g except
+// comments), keyed by option name ("-d", "--dport", "--mark"); "-m"
+// modules are entries named "-m" with the module as value.
+func (r Rule) opts() ruleOpts { return r.appendOpts(make(ruleOpts, 0, 8)) }
+
+// appendOpts is opts appending to o (callers reuse one buffer).
+func (r Rule) appendOpts(o ruleOpts) ruleOpts {
 	neg := false
 	for i := 0; i < len(r.Args); i++ {
 		a := r.Args[i]
@@ -260,7 +282,7 @@ func (r Rule) opts() ruleOpts {
 		}
 		if a == "-m" || a == "--match" {
 			if i+1 < len(r.Args) {
-				o["-m "+r.Args[i+1]] = optVal{}
+				o = append(o, optVal{name: "-m", val: r.Args[i+1]})
 				i++
 			}
 			neg = false
@@ -275,11 +297,30 @@ func (r Rule) opts() ruleOpts {
 			v = r.Args[i+1]
 			i++
 		}
-		name := canonicalOpt(a)
-		o[name] = optVal{val: v, neg: neg}
+		o = append(o, optVal{name: canonicalOpt(a), val: v, neg: neg})
 		neg = false
 	}
 	return o
+}
+
+// hasConditions reports whether the rule has any condition besides
+// comments (Conditions without allocating).
+func (r Rule) hasConditions() bool {
+	for i := 0; i < len(r.Args); i++ {
+		a := r.Args[i]
+		if a == "-j" || a == "-g" || a == "--jump" || a == "--goto" {
+			return false
+		}
+		if (a == "-m" || a == "--match") && i+1 < len(r.Args) && r.Args[i+1] == "comment" {
+			i++
+			for i+1 < len(r.Args) && r.Args[i+1] == "--comment" {
+				i += 2
+			}
+			continue
+		}
+		return true
+	}
+	return false
 }
 
 // canonicalOpt maps long option spellings to the short ones iptables-save
@@ -307,7 +348,7 @@ func (o ruleOpts) has(c string) bool {
 	neg := strings.HasPrefix(c, "! ")
 	c = strings.TrimPrefix(c, "! ")
 	name, val, _ := strings.Cut(c, " ")
-	v, ok := o[name]
+	v, ok := o.get(name)
 	if !ok || v.neg != neg {
 		return false
 	}
@@ -315,7 +356,10 @@ func (o ruleOpts) has(c string) bool {
 }
 
 func missingConds(r Rule, conds []string) []string {
-	o := r.opts()
+	return r.opts().missing(conds)
+}
+
+func (o ruleOpts) missing(conds []string) []string {
 	var miss []string
 	for _, c := range conds {
 		if !o.has(c) {
@@ -626,21 +670,22 @@ var ruleReqs = []ruleReq{
 // verdicts are targets that end a packet's traversal.
 var verdicts = map[string]bool{"DROP": true, "REJECT": true, "ACCEPT": true, "DNAT": true, "SNAT": true, "MASQUERADE": true}
 
-func ruleDefects(table string, c *Chain, mark string, o DefectOptions) []Defect {
+func ruleDefects(table string, c *Chain, mark string, o DefectOptions, buf *ruleOpts) []Defect {
 	var out []Defect
 	for i, r := range c.Rules {
-		if table == "filter" && c.Name == "KUBE-FIREWALL" && r.Target == "DROP" && len(r.Conditions()) == 0 && o.SkipBareFirewallDrop {
+		if table == "filter" && c.Name == "KUBE-FIREWALL" && r.Target == "DROP" && !r.hasConditions() && o.SkipBareFirewallDrop {
 			continue
 		}
-		text := r.Text(c.Name)
+		text := func() string { return r.Text(c.Name) }
 		matched := false
 		for _, q := range ruleReqs {
 			if q.table != table || !q.chain(c.Name) || !q.target(r.Target) {
 				continue
 			}
 			matched = true
-			miss := missingConds(r, q.all)
-			ro := r.opts()
+			*buf = r.appendOpts((*buf)[:0])
+			ro := *buf
+			miss := ro.missing(q.all)
 			for _, group := range q.anyOf {
 				okAny := false
 				for _, g := range group {
@@ -656,34 +701,39 @@ func ruleDefects(table string, c *Chain, mark string, o DefectOptions) []Defect 
 			if c.Name == "KUBE-FIREWALL" && ro.has("-d 127.0.0.0/8") {
 				// kubelet's and kube-proxy's localnet rule: all three
 				// conditions, or it drops loopback traffic.
-				miss = append(miss, missingConds(r, []string{"! -s 127.0.0.0/8", "! --ctstate RELATED,ESTABLISHED,DNAT"})...)
+				miss = append(miss, ro.missing([]string{"! -s 127.0.0.0/8", "! --ctstate RELATED,ESTABLISHED,DNAT"})...)
 			}
-			if c.Name == "KUBE-FORWARD" && r.Target == "ACCEPT" && ro.has("--mark") && ro["--mark"].val != mark+"/"+mark {
-				out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text, Line: r.Line,
-					Want: "-m mark --mark " + mark + "/" + mark, Problem: "changed: accepts mark " + ro["--mark"].val + ", not the masquerade mark " + mark + "/" + mark,
+			if c.Name == "KUBE-FORWARD" && r.Target == "ACCEPT" && ro.has("--mark") && markOpt(ro) != mark+"/"+mark {
+				out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text(), Line: r.Line,
+					Want: "-m mark --mark " + mark + "/" + mark, Problem: "changed: accepts mark " + markOpt(ro) + ", not the masquerade mark " + mark + "/" + mark,
 					Impact: "forwarded Service traffic marked for SNAT is not accepted when the FORWARD policy drops", Breaks: true})
 			}
 			if len(miss) > 0 {
-				out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text, Line: r.Line,
+				out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text(), Line: r.Line,
 					Missing: miss, Want: "conditions " + strings.Join(append(append([]string(nil), q.all...), flatten(q.anyOf)...), ", "),
 					Problem: "lost its match conditions", Impact: q.impact, Breaks: q.breaks})
 			}
 			break
 		}
-		if !matched && verdicts[r.Target] && len(r.Conditions()) == 0 && !(table == "nat" && strings.HasPrefix(c.Name, "KUBE-SEP-")) {
-			out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text, Line: r.Line,
+		if !matched && verdicts[r.Target] && !r.hasConditions() && !(table == "nat" && strings.HasPrefix(c.Name, "KUBE-SEP-")) {
+			out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckLostMatch, Rule: text(), Line: r.Line,
 				Want:    "kube-proxy writes no unconditional " + r.Target + " in " + ChainGroup(c.Name),
 				Problem: "unconditional " + r.Target, Impact: "every packet reaching " + c.Name + " gets " + r.Target, Breaks: r.Target != "ACCEPT"})
 		}
 		if table == "nat" && isServiceChain(c.Name) && !strings.HasPrefix(c.Name, "KUBE-SEP-") && i < len(c.Rules)-1 &&
-			r.Target != "KUBE-MARK-MASQ" && r.Target != "" && len(r.Conditions()) == 0 && shadowsRest(c.Rules[i+1:]) {
-			out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckShadowed, Rule: text, Line: r.Line,
+			r.Target != "KUBE-MARK-MASQ" && r.Target != "" && !r.hasConditions() && shadowsRest(c.Rules[i+1:]) {
+			out = append(out, Defect{Table: table, Chain: c.Name, Check: CheckShadowed, Rule: text(), Line: r.Line,
 				Want:    "only the last jump of " + ChainGroup(c.Name) + " is unconditional",
 				Problem: fmt.Sprintf("unconditional jump to %s is followed by %d rule(s) it makes unreachable", r.Target, len(c.Rules)-1-i),
 				Impact:  "a load-balancing or traffic-policy rule lost its match: every packet takes the first path (one endpoint gets all traffic, or a traffic policy is ignored)", Breaks: true})
 		}
 	}
 	return out
+}
+
+func markOpt(o ruleOpts) string {
+	v, _ := o.get("--mark")
+	return v.val
 }
 
 // shadowsRest reports whether any later rule has a jump target (a

@@ -202,3 +202,46 @@ func FuzzKubeProxyDefects(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkKubeProxyDefects10kServices: a kube-proxy-shaped rule set of
+// 10,000 Services with 5 endpoints each (about 130k nat rules), all
+// canonical: the cost the check adds to each IPTablesRules save.
+func BenchmarkKubeProxyDefects10kServices(b *testing.B) {
+	_, text := loadFixture(b)
+	var nb strings.Builder
+	nb.WriteString(text[:strings.Index(text, "*nat")])
+	nb.WriteString("*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n:KUBE-POSTROUTING - [0:0]\n")
+	var rules strings.Builder
+	for s := 0; s < 10000; s++ {
+		svc := fmt.Sprintf("KUBE-SVC-%012d", s)
+		nb.WriteString(":" + svc + " - [0:0]\n")
+		rules.WriteString(fmt.Sprintf("-A KUBE-SERVICES -d 10.96.%d.%d/32 -p tcp -m comment --comment \"ns/s%d:http cluster IP\" -m tcp --dport 80 -j %s\n", s/250, s%250, s, svc))
+		for e := 0; e < 5; e++ {
+			sep := fmt.Sprintf("KUBE-SEP-%06d%06d", s, e)
+			nb.WriteString(":" + sep + " - [0:0]\n")
+			if e < 4 {
+				rules.WriteString(fmt.Sprintf("-A %s -m comment --comment \"ns/s%d:http -> 10.244.0.%d:8080\" -m statistic --mode random --probability 0.2 -j %s\n", svc, s, e, sep))
+			} else {
+				rules.WriteString(fmt.Sprintf("-A %s -m comment --comment \"ns/s%d:http -> 10.244.0.%d:8080\" -j %s\n", svc, s, e, sep))
+			}
+			rules.WriteString(fmt.Sprintf("-A %s -s 10.244.0.%d/32 -m comment --comment \"ns/s%d:http\" -j KUBE-MARK-MASQ\n", sep, e, s))
+			rules.WriteString(fmt.Sprintf("-A %s -p tcp -m comment --comment \"ns/s%d:http\" -m tcp -j DNAT --to-destination 10.244.0.%d:8080\n", sep, s, e))
+		}
+	}
+	nb.WriteString("-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n-A POSTROUTING -j KUBE-POSTROUTING\n")
+	nb.WriteString("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN\n-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0\n-A KUBE-POSTROUTING -j MASQUERADE\n")
+	nb.WriteString(rules.String())
+	nb.WriteString("COMMIT\n")
+	rs, err := ParseString(nb.String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(rs.RuleCount()), "rules")
+	b.ResetTimer()
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if ds := KubeProxyDefects(rs, DefectOptions{}); len(ds) != 0 {
+			b.Fatalf("defects: %+v", ds[:1])
+		}
+	}
+}
