@@ -123,7 +123,7 @@ func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
 func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) {
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
-		return nil, Skip("kube-proxy mode is %q (%s): the module check is for iptables mode", mode.mode, mode.note)
+		return nil, Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
 	}
 	be, beSource := d.backend(ctx)
 	snap := kmod.Read(d.n.ProcRoot, hostRoot(d.n))
