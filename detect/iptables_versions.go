@@ -234,13 +234,12 @@ func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]Finding, error) {
 			notes = append(notes, note)
 		}
 	}
+	all := []iptablesParty{host}
+	if kp != nil {
+		all = append(all, *kp)
+	}
 	var parties []string
-	for _, p := range append([]iptablesParty{host}, append(func() []iptablesParty {
-		if kp != nil {
-			return []iptablesParty{*kp}
-		}
-		return nil
-	}(), cni...)...) {
+	for _, p := range append(all, cni...) {
 		if p.known() {
 			parties = append(parties, p.Who+": "+p.In.Describe())
 		} else {

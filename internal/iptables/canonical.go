@@ -112,7 +112,7 @@ type kubeJump struct {
 	cond []string
 }
 
-// KubeProxyJumps are kube-proxy's jumps from built-in chains in iptables
+// kubeProxyJumps are kube-proxy's jumps from built-in chains in iptables
 // mode.
 var kubeProxyJumps = []kubeJump{
 	{"nat", "PREROUTING", "KUBE-SERVICES", nil},
@@ -133,7 +133,7 @@ var kubeProxyJumps = []kubeJump{
 
 // DefectOptions tune KubeProxyDefects.
 type DefectOptions struct {
-	// SkipJumps leaves out the nat PREROUTING/OUTPUT → KUBE-SERVICES jumps
+	// SkipServicesJumps leaves out the nat PREROUTING/OUTPUT → KUBE-SERVICES jumps
 	// (checked on their own by the caller).
 	SkipServicesJumps bool
 	// SkipBareFirewallDrop leaves out a KUBE-FIREWALL DROP without any
