@@ -63,11 +63,7 @@ func (p *IPTablesVersionSkewParams) SetDefaults() {
 // Validate implements policy.Validator.
 func (p *IPTablesVersionSkewParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
-	switch p.ProxyMode {
-	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
-	}
+	errs = append(errs, validateProxyMode(p.ProxyMode)...)
 	switch p.VersionSkew {
 	case "minor", "patch", "off":
 	default:
@@ -78,11 +74,7 @@ func (p *IPTablesVersionSkewParams) Validate() []policy.FieldError {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("cniAgents[%d]", i), Msg: fmt.Sprintf("must be a process name (argv[0] basename), not %q", n)})
 		}
 	}
-	for i, f := range p.Families {
-		if f != string(iptables.IPv4) && f != string(iptables.IPv6) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
+	errs = append(errs, validateFamilies(p.Families)...)
 	if p.SaveTimeout.Duration <= 0 {
 		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
 	}

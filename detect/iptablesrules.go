@@ -93,14 +93,7 @@ func (p *IPTablesRulesParams) SetDefaults() {
 // Validate implements policy.Validator.
 func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
-	if len(p.Families) == 0 {
-		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
-	}
-	for i, f := range p.Families {
-		if f != string(iptables.IPv4) && f != string(iptables.IPv6) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
+	errs = append(errs, validateFamilies(p.Families)...)
 	if len(p.Backends) == 0 {
 		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
 	}
@@ -109,11 +102,7 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
 		}
 	}
-	switch p.ProxyMode {
-	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
-	}
+	errs = append(errs, validateProxyMode(p.ProxyMode)...)
 	if p.MaxKubeRules < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxKubeRules", Msg: "must be >= 0 (0 = off)"})
 	}
@@ -129,6 +118,16 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be below saveTimeout"})
 	}
 	return errs
+}
+
+// validateProxyMode checks a proxyMode parameter (see
+// IPTablesRulesParams.ProxyMode).
+func validateProxyMode(m string) []policy.FieldError {
+	switch m {
+	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
+		return nil
+	}
+	return []policy.FieldError{{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", m)}}
 }
 
 func init() {

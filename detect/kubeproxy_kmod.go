@@ -37,19 +37,8 @@ func (p *KubeProxyKernelModulesParams) SetDefaults() {
 // Validate implements policy.Validator.
 func (p *KubeProxyKernelModulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
-	switch p.ProxyMode {
-	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
-	}
-	if len(p.Families) == 0 {
-		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
-	}
-	for i, f := range p.Families {
-		if f != string(iptables.IPv4) && f != string(iptables.IPv6) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
+	errs = append(errs, validateProxyMode(p.ProxyMode)...)
+	errs = append(errs, validateFamilies(p.Families)...)
 	switch p.Backend {
 	case "auto", "legacy", "nft":
 	default:
