@@ -392,8 +392,10 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 
 	if d.p.CheckKubeProxyChains && mode.check && mode.mode != string(kubeproxy.ModeIPVS) {
 		out = append(out, defectFindings(s, iptables.KubeProxyDefects(s.Rules, iptables.DefectOptions{
-			SkipServicesJumps:    d.p.CheckServicesJump,
-			SkipBareFirewallDrop: d.p.CheckFirewallDrop,
+			// Those two are checkServicesJump's and checkFirewallDrop's
+			// (which may be turned off on their own).
+			SkipServicesJumps:    true,
+			SkipBareFirewallDrop: true,
 		}), base, mode)...)
 	}
 
