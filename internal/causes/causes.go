@@ -14,6 +14,7 @@
 package causes
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"net/netip"
@@ -168,8 +169,9 @@ type Config struct {
 	NodePodCIDRs []netip.Prefix
 	// MinSyncPeriod from /configz.
 	MinSyncPeriod time.Duration
-	// Minor is kube-proxy's minor version (1.Minor) when known, else 0.
-	Minor int
+	// Version is kube-proxy's version as known ("1.34", "1.33+"; "" not
+	// known).
+	Version string
 	// AtLeast128 is true when kube-proxy is known to be 1.28 or later
 	// (from its version, or from series only newer versions export).
 	AtLeast128 bool
@@ -352,9 +354,9 @@ func configCauses(c *Config) []Cause {
 		}
 	}
 	if c.AtLeast128 && c.MinSyncPeriod > 0 {
-		ver := "1.28+"
-		if c.Minor > 0 {
-			ver = fmt.Sprintf("1.%d", c.Minor)
+		ver := c.Version
+		if ver == "" {
+			ver = "1.28+"
 		}
 		out = append(out, Cause{Kind: LargeMinSyncPeriod, Score: float64(c.MinSyncPeriod) / float64(MinSyncLarge),
 			Summary: fmt.Sprintf("kube-proxy minSyncPeriod %s on %s (field guide 1: on 1.28+ values like the legacy %s only delay convergence)",
@@ -381,4 +383,46 @@ func dur(d time.Duration) string {
 	default:
 		return d.Round(time.Millisecond).String()
 	}
+}
+
+// LockSource gives what was seen of the xtables lock over the last window:
+// implemented by a hold history; without one the detectors fill LockWindow
+// from the current /proc/locks snapshot.
+type LockSource interface {
+	LockWindow(ctx context.Context, window time.Duration) (*LockWindow, error)
+}
+
+// Evidence keys of a finding that carries causes.
+const (
+	// EvidenceTop is the top likely cause's one-line summary (a string;
+	// absent when no cause is likely).
+	EvidenceTop = "topCause"
+	// EvidenceLikely is the ranked []Cause at or past their thresholds.
+	EvidenceLikely = "likelyCauses"
+	// EvidenceRuledOut is the []Cause checked and under their thresholds.
+	EvidenceRuledOut = "ruledOutCauses"
+	// EvidenceNotObserved lists why a cause could not be judged
+	// ([]string).
+	EvidenceNotObserved = "causesNotObserved"
+)
+
+// Attach puts the result into a finding's evidence (ev must not be nil).
+func (r Result) Attach(ev map[string]any, notObserved []string) {
+	if top := r.Top(); top != "" {
+		ev[EvidenceTop] = top
+	}
+	ev[EvidenceLikely] = nonNil(r.Likely)
+	if len(r.RuledOut) > 0 {
+		ev[EvidenceRuledOut] = r.RuledOut
+	}
+	if len(notObserved) > 0 {
+		ev[EvidenceNotObserved] = notObserved
+	}
+}
+
+func nonNil(c []Cause) []Cause {
+	if c == nil {
+		return []Cause{}
+	}
+	return c
 }

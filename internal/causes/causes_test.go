@@ -34,15 +34,15 @@ func TestRank(t *testing.T) {
 	}{
 		{name: "nothing observed"},
 		{
-			name: "churn only: 60 changes in 2 min is 150 per 5 min, 15x the guide's 10",
-			in:   Inputs{Churn: &Churn{Changes: 60, Window: 2 * time.Minute}},
+			name:   "churn only: 60 changes in 2 min is 150 per 5 min, 15x the guide's 10",
+			in:     Inputs{Churn: &Churn{Changes: 60, Window: 2 * time.Minute}},
 			likely: "endpoint-churn", top: "endpoint churn 150 changes per 5 min (60 in the last 2m0s",
 			topScoreLow: 15, topScoreHigh: 15,
 		},
 		{
-			name:   "quiet churn is ruled out",
-			in:     Inputs{Churn: &Churn{Changes: 2, Window: 5 * time.Minute}},
-			out:    "endpoint-churn",
+			name: "quiet churn is ruled out",
+			in:   Inputs{Churn: &Churn{Changes: 2, Window: 5 * time.Minute}},
+			out:  "endpoint-churn",
 		},
 		{
 			name: "throttling 80% outranks churn 2x",
@@ -103,7 +103,7 @@ func TestRank(t *testing.T) {
 		{
 			name: "clusterCIDR not containing the podCIDR; minSyncPeriod 30s on 1.34",
 			in: Inputs{Config: &Config{ClusterCIDRs: pfx("10.0.0.0/16"), NodePodCIDRs: pfx("10.244.1.0/24"),
-				MinSyncPeriod: 30 * time.Second, Minor: 34, AtLeast128: true}},
+				MinSyncPeriod: 30 * time.Second, Version: "1.34", AtLeast128: true}},
 			likely: "large-min-sync-period,cluster-cidr-mismatch", top: "minSyncPeriod 30s on 1.34",
 			topScoreLow: 3, topScoreHigh: 3,
 		},
