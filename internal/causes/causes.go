@@ -220,8 +220,11 @@ func Rank(in Inputs) Result {
 				per5, c.Changes, dur(c.Window), ChurnPer5Min),
 			Figures: []Figure{{"changesPer5m", per5, "per5m"}, {"changes", c.Changes, ""}, {"windowSeconds", c.Window.Seconds(), "s"}}})
 	}
-	if t := in.Throttling; t != nil && t.Periods > 0 {
-		share := float64(t.Throttled) / float64(t.Periods)
+	if t := in.Throttling; t != nil {
+		share := 0.0
+		if t.Periods > 0 {
+			share = float64(t.Throttled) / float64(t.Periods)
+		}
 		over := "over the last " + dur(t.Window)
 		if t.Lifetime {
 			over = "since its cgroup started"

@@ -59,8 +59,9 @@ func TestRank(t *testing.T) {
 			likely: "cpu-throttling", top: "since its cgroup started", topScoreLow: 2, topScoreHigh: 2,
 		},
 		{
-			name: "no quota periods: nothing to judge",
+			name: "no quota periods: not throttled",
 			in:   Inputs{Throttling: &Throttling{Periods: 0}},
+			out:  "cpu-throttling",
 		},
 		{
 			name: "slow save 640ms is bad; 12k rules concerning",

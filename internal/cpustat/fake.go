@@ -61,3 +61,10 @@ func (f *Fake) NodeCPU(context.Context) (CPUTimes, error) {
 	f.reads++
 	return f.node, f.nodeErr
 }
+
+// RemoveCgroup makes CgroupCPU(pid) fail as for a process that exited.
+func (f *Fake) RemoveCgroup(pid int32) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.cgroups, pid)
+}
