@@ -12,6 +12,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -108,6 +109,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
 	}
+
+	// cpustat: kube-proxy's cgroup cpu.stat (found from /proc/<pid>/cgroup
+	// under --proc-root, read under --cgroup-root) and /proc/stat, for the
+	// likely causes the kube-proxy symptom findings carry.
+	n.CPU = cpustat.New(cpustat.Config{ProcRoot: w.o.procRoot, CgroupRoot: w.o.cgroupRoot})
 
 	// kube-proxy: its /metrics, /healthz and /proxyMode over HTTP, at the
 	// policy's URLs, each read bounded by scrapeTimeout and shared by the
