@@ -72,7 +72,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 	}
 	clk.Step(20 * time.Second)
 	cpu.SetNode(cpustat.CPUTimes{User: 1200, Idle: 9500, SoftIRQ: 400}, nil) // softirq 300 of 1000 ticks
-	kp.SetMetrics(slowMetrics(110, 10, 40))                                   // 30 changes in 20 s: 450 per 5 min
+	kp.SetMetrics(slowMetrics(110, 10, 40))                                  // 30 changes in 20 s: 450 per 5 min
 	fs, err := d.Detect(ctx)
 	if err != nil || len(fs) != 1 {
 		t.Fatalf("slow syncs: %v %v", fs, err)
