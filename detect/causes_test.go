@@ -186,3 +186,28 @@ func TestCausesNotObserved(t *testing.T) {
 		t.Errorf("top %v", top)
 	}
 }
+
+// TestLockFindingCarriesCauses: an XtablesLockContention finding carries
+// the causes too (here the holder, and kube-proxy's rule count from the
+// last scrape the kube-proxy detectors made: none yet, said so).
+func TestLockFindingCarriesCauses(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	ps := procs.NewFake(1)
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 77, Comm: "python3", Cmdline: []string{"python3"}}})
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 78, Comm: "iptables-legacy", Cmdline: []string{"iptables-restore"}}})
+	ps.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{ps.MustGet(77)}, Waiters: []procs.Process{ps.MustGet(78)}})
+	n := &node.Node{Name: "n1", Clock: clk, Log: zap.NewNop(), Procs: ps, CPU: cpustat.NewFake(), XtablesLock: "/run/xtables.lock"}
+	d := newDetector(t, "XtablesLockContention", n, func(p any) { p.(*XtablesLockContentionParams).MaxWaiters = 1 })
+	fs, err := d.Detect(context.Background())
+	if err != nil || len(fs) != 1 {
+		t.Fatalf("%v %v", fs, err)
+	}
+	ev := fs[0].Evidence
+	if top, _ := ev[causes.EvidenceTop].(string); !strings.Contains(top, "xtables lock held by python3 (pid 77), not kube-proxy") || !strings.Contains(top, "1 waiting") {
+		t.Errorf("top cause %q", top)
+	}
+	why := strings.Join(ev[causes.EvidenceNotObserved].([]string), "; ")
+	if !strings.Contains(why, "endpoint churn: kube-proxy's metrics not read") {
+		t.Errorf("not observed: %s", why)
+	}
+}

@@ -74,11 +74,12 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	// The causes: kube-proxy's churn, rule set size and save time, its
-	// throttling, over at least maxHold. kube-proxy's metrics are the
-	// cycle's shared scrape; without them the causes say so.
+	// throttling, over at least maxHold. kube-proxy's metrics are the last
+	// scrape the kube-proxy detectors made (no request here: a lock
+	// detector never waits on kube-proxy); without one the causes say so.
 	var sc *kubeproxy.Scrape
-	if d.n.KubeProxy != nil {
-		sc, _ = d.n.KubeProxy.Metrics(ctx)
+	if ls, ok := d.n.KubeProxy.(interface{ LastScrape() *kubeproxy.Scrape }); ok && d.n.KubeProxy != nil {
+		sc = ls.LastScrape()
 	}
 	span := d.p.MaxHold.Duration
 	d.causes.observe(ctx, d.n, sc, span)
