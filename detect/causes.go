@@ -30,6 +30,17 @@ import (
 // throttling rate over less than this is noise.
 const causeWindowMin = 30 * time.Second
 
+// cpuSampleMin is the least time between two CPU samples.
+const cpuSampleMin = time.Second
+
+// lastOf returns the newest sample of a window.
+func lastOf[T any](w window[T]) (sample[T], bool) {
+	if len(w.samples) == 0 {
+		return sample[T]{}, false
+	}
+	return w.samples[len(w.samples)-1], true
+}
+
 // podCIDRTTL is how long the Node's podCIDRs are reused.
 const podCIDRTTL = 5 * time.Minute
 
@@ -59,10 +70,7 @@ func (w *causeWatch) observe(ctx context.Context, n *node.Node, sc *kubeproxy.Sc
 	span = max(span, causeWindowMin)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if sc != nil {
-		if sc.Seq == w.lastSeq {
-			return // the same scrape again: this cycle is already recorded
-		}
+	if sc != nil && sc.Seq != w.lastSeq { // a scrape seen again adds nothing
 		w.lastSeq = sc.Seq
 		if v := sc.Metrics.EndpointChangesTotal; v != nil {
 			w.churn.add(sc.Seq, sc.At, *v, span)
@@ -74,8 +82,11 @@ func (w *causeWatch) observe(ctx context.Context, n *node.Node, sc *kubeproxy.Sc
 	if n.CPU == nil {
 		return
 	}
-	w.seq++
 	now := n.Clock.Now()
+	if last, ok := lastOf(w.node); ok && now.Sub(last.at) < cpuSampleMin {
+		return // sampled moments ago (a detector run twice in a cycle)
+	}
+	w.seq++
 	if t, err := n.CPU.NodeCPU(ctx); err == nil {
 		w.node.add(w.seq, now, t, span)
 	}
