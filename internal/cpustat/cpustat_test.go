@@ -220,3 +220,24 @@ func FuzzParseProcStat(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRealSample is the per-cycle cost of the likely-cause figures on
+// this machine: /proc/stat and this process's cgroup cpu.stat (what a
+// detector reads each cycle once kube-proxy's process is known).
+func BenchmarkRealSample(b *testing.B) {
+	r := New(Config{})
+	ctx := context.Background()
+	pid := int32(os.Getpid())
+	if _, err := r.CgroupCPU(ctx, pid); err != nil {
+		b.Skipf("no cpu.stat with throttling counters for this process: %v", err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.NodeCPU(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := r.CgroupCPU(ctx, pid); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
