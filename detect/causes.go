@@ -61,6 +61,7 @@ type causeWatch struct {
 	// could not be told apart).
 	kp       *procs.Process
 	podCIDRs []netip.Prefix
+	podErr   error
 	podAt    time.Time
 }
 
@@ -184,10 +185,13 @@ func (w *causeWatch) rank(ctx context.Context, n *node.Node, sc *kubeproxy.Scrap
 	} else {
 		in.Lock = l
 	}
-	if c, err := w.config(ctx, n, sc); err != nil {
+	if c, podErr, err := w.config(ctx, n, sc); err != nil {
 		why = append(why, "kube-proxy configuration: "+err.Error())
 	} else {
 		in.Config = c
+		if podErr != nil {
+			why = append(why, "clusterCIDR vs the Node's podCIDR: "+podErr.Error())
+		}
 	}
 	return causes.Rank(in), why
 }
@@ -314,17 +318,18 @@ func lockWindow(ctx context.Context, n *node.Node, kp *procs.Process, span time.
 	return out, nil
 }
 
-// config reads kube-proxy's /configz and the Node's podCIDRs.
-func (w *causeWatch) config(ctx context.Context, n *node.Node, sc *kubeproxy.Scrape) (*causes.Config, error) {
+// config reads kube-proxy's /configz and the Node's podCIDRs (podErr: why
+// the podCIDRs are not known).
+func (w *causeWatch) config(ctx context.Context, n *node.Node, sc *kubeproxy.Scrape) (c *causes.Config, podErr, err error) {
 	cr, ok := n.KubeProxy.(kubeproxy.ConfigReader)
 	if !ok || n.KubeProxy == nil {
-		return nil, errors.New("kube-proxy's /configz is not read here")
+		return nil, nil, errors.New("kube-proxy's /configz is not read here")
 	}
 	cz, err := cr.Configz(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	c := &causes.Config{MinSyncPeriod: cz.MinSyncPeriod}
+	c = &causes.Config{MinSyncPeriod: cz.MinSyncPeriod}
 	for _, s := range strings.Split(cz.ClusterCIDR, ",") {
 		if p, err := netip.ParsePrefix(strings.TrimSpace(s)); err == nil {
 			c.ClusterCIDRs = append(c.ClusterCIDRs, p.Masked())
@@ -338,41 +343,45 @@ func (w *causeWatch) config(ctx context.Context, n *node.Node, sc *kubeproxy.Scr
 		}
 	}
 	if len(c.ClusterCIDRs) > 0 {
-		c.NodePodCIDRs = w.nodePodCIDRs(ctx, n)
+		c.NodePodCIDRs, podErr = w.nodePodCIDRs(ctx, n)
 	}
-	return c, nil
+	return c, podErr, nil
 }
 
-// nodePodCIDRs returns the Node's podCIDRs (cached for podCIDRTTL; nil
-// without cluster access or on error).
-func (w *causeWatch) nodePodCIDRs(ctx context.Context, n *node.Node) []netip.Prefix {
+// nodePodCIDRs returns the Node's podCIDRs (cached for podCIDRTTL, a
+// failure too, so a refused GET is not repeated every cycle).
+func (w *causeWatch) nodePodCIDRs(ctx context.Context, n *node.Node) ([]netip.Prefix, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	now := n.Clock.Now()
 	if !w.podAt.IsZero() && now.Sub(w.podAt) < podCIDRTTL {
-		return w.podCIDRs
+		return w.podCIDRs, w.podErr
 	}
 	if n.Kube == nil || n.Name == "" {
-		return nil
+		return nil, errors.New(n.Why("kubernetes"))
 	}
 	gctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	nd, err := n.Kube.CoreV1().Nodes().Get(gctx, n.Name, metav1.GetOptions{})
-	if err != nil {
-		return nil
-	}
-	cidrs := nd.Spec.PodCIDRs
-	if len(cidrs) == 0 && nd.Spec.PodCIDR != "" {
-		cidrs = []string{nd.Spec.PodCIDR}
-	}
 	var out []netip.Prefix
-	for _, s := range cidrs {
-		if p, err := netip.ParsePrefix(s); err == nil && len(out) < 4 {
-			out = append(out, p.Masked())
+	nd, err := n.Kube.CoreV1().Nodes().Get(gctx, n.Name, metav1.GetOptions{})
+	if err == nil {
+		cidrs := nd.Spec.PodCIDRs
+		if len(cidrs) == 0 && nd.Spec.PodCIDR != "" {
+			cidrs = []string{nd.Spec.PodCIDR}
 		}
+		for _, s := range cidrs {
+			if p, perr := netip.ParsePrefix(s); perr == nil && len(out) < 4 {
+				out = append(out, p.Masked())
+			}
+		}
+		if len(out) == 0 {
+			err = fmt.Errorf("node %s has no podCIDR", n.Name)
+		}
+	} else {
+		err = fmt.Errorf("reading node %s: %w", n.Name, err)
 	}
-	w.podCIDRs, w.podAt = out, now
-	return out
+	w.podCIDRs, w.podErr, w.podAt = out, err, now
+	return out, err
 }
 
 // familyOfTarget is the IP family a kube-proxy finding is about.

@@ -162,7 +162,9 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 func TestCausesNotObserved(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
 	kp := kubeproxy.NewFake(clk, 10*time.Second)
-	n := &node.Node{Name: "n1", Clock: clk, Log: zap.NewNop(), KubeProxy: kp, Unavailable: map[string]string{"cpustat": "cpu accounting unavailable: test"}}
+	kp.SetConfigz(&kubeproxy.Configz{SyncPeriod: 10 * time.Second, ClusterCIDR: "10.244.0.0/16"}, nil)
+	n := &node.Node{Name: "n1", Clock: clk, Log: zap.NewNop(), KubeProxy: kp,
+		Unavailable: map[string]string{"cpustat": "cpu accounting unavailable: test", "kubernetes": "no cluster access: test"}}
 	d := newDetector(t, "KubeProxySyncSlow", n, func(p any) { p.(*KubeProxySyncSlowParams).Window.Duration = time.Minute })
 	ctx := context.Background()
 	kp.SetMetrics(slowMetrics(100, 0, 10))
@@ -176,7 +178,8 @@ func TestCausesNotObserved(t *testing.T) {
 		t.Fatalf("%v %v", fs, err)
 	}
 	why := strings.Join(fs[0].Evidence[causes.EvidenceNotObserved].([]string), "; ")
-	for _, w := range []string{"CPU throttling and softirq: cpu accounting unavailable: test", "xtables lock holders:", "kube-proxy configuration:"} {
+	for _, w := range []string{"CPU throttling and softirq: cpu accounting unavailable: test", "xtables lock holders:",
+		"clusterCIDR vs the Node's podCIDR: no cluster access: test"} {
 		if !strings.Contains(why, w) {
 			t.Errorf("not observed %q lacks %q", why, w)
 		}
