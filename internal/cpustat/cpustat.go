@@ -201,6 +201,115 @@ func CPUStatCandidates(root string, lines []CgroupLine) ([]Candidate, error) {
 	return out, nil
 }
 
+// OutsidePath splits a cgroup path that climbs out of the reader's cgroup
+// namespace ("/../../kubepods/x": the process is outside it) into the
+// levels it climbs and the rest; ok is false for a path that does not.
+func OutsidePath(p string) (up int, rest string, ok bool) {
+	segs := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for up < len(segs) && segs[up] == ".." {
+		up++
+	}
+	if up == 0 {
+		return 0, "", false
+	}
+	rest = strings.Join(segs[up:], "/")
+	if slices.Contains(segs[up:], "..") {
+		return 0, "", false
+	}
+	return up, rest, true
+}
+
+// maxResolveLevels bounds the directory levels searched when resolving a
+// path outside this cgroup namespace.
+const maxResolveLevels = 3
+
+// resolveOutside rewrites the lines whose path leaves this daemon's cgroup
+// namespace (a private one: containerd's default on cgroup v2) into paths
+// from the hierarchy's root. PID 1 of the proc root lies outside too, and
+// its path climbs exactly to the root: its ".." count is the depth of this
+// namespace's root. A path climbing k levels then continues from depth-k
+// levels below the root; those levels are found by a bounded glob, and only
+// a single match is taken. Unresolved lines are left as they are
+// (CPUStatCandidates refuses them, saying why).
+func (r *Real) resolveOutside(lines []CgroupLine) []CgroupLine {
+	var initLines []CgroupLine
+	out := make([]CgroupLine, len(lines))
+	copy(out, lines)
+	for i, l := range out {
+		up, rest, ok := OutsidePath(l.Path)
+		if !ok {
+			continue
+		}
+		if initLines == nil {
+			b, err := readSmall(filepath.Join(r.cfg.ProcRoot, "1", "cgroup"))
+			if err != nil {
+				return out
+			}
+			if initLines, err = ParseProcCgroup(bytes.NewReader(b)); err != nil {
+				return out
+			}
+		}
+		depth := -1
+		for _, il := range initLines {
+			if il.ID == l.ID {
+				if d, _, ok := OutsidePath(il.Path); ok {
+					depth = d
+				}
+			}
+		}
+		levels := depth - up
+		if depth < 0 || levels < 0 || levels > maxResolveLevels {
+			continue
+		}
+		if levels == 0 {
+			out[i].Path = path.Clean("/" + rest)
+			continue
+		}
+		found := map[string]bool{}
+		for _, dir := range hierarchyDirs(l) {
+			base := filepath.Join(r.cfg.CgroupRoot, dir)
+			pattern := filepath.Join(append([]string{globEscape(base)}, append(slices.Repeat([]string{"*"}, levels), globEscape(filepath.FromSlash(rest)))...)...)
+			ms, _ := filepath.Glob(pattern)
+			for _, m := range ms {
+				if rel, err := filepath.Rel(base, m); err == nil {
+					found["/"+filepath.ToSlash(rel)] = true
+				}
+			}
+		}
+		if len(found) == 1 {
+			for p := range found {
+				out[i].Path = p
+			}
+		}
+	}
+	return out
+}
+
+// globEscape quotes filepath.Match's special characters.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, c := range s {
+		if strings.ContainsRune(`*?[\`, c) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
+
+// hierarchyDirs are the directories under the cgroup root that may hold a
+// line's hierarchy (as CPUStatCandidates tries them).
+func hierarchyDirs(l CgroupLine) []string {
+	if len(l.Controllers) == 0 {
+		return []string{"", "unified"}
+	}
+	dirs := []string{strings.Join(l.Controllers, ",")}
+	if slices.Contains(l.Controllers, "cpu") && len(l.Controllers) > 1 {
+		dirs = append(dirs, "cpu")
+	}
+	return dirs
+}
+
 // Candidate is a cpu.stat file that may hold a cgroup's accounting.
 type Candidate struct {
 	Version int
@@ -339,6 +448,7 @@ func (r *Real) CgroupCPU(ctx context.Context, pid int32) (CgroupCPU, error) {
 	if err != nil {
 		return CgroupCPU{}, fmt.Errorf("%s: %w", p, err)
 	}
+	lines = r.resolveOutside(lines)
 	cands, err := CPUStatCandidates(r.cfg.CgroupRoot, lines)
 	if err != nil {
 		return CgroupCPU{}, fmt.Errorf("%s: %w", p, err)

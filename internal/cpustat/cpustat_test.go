@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,17 @@ func TestParseProcCgroupAndCandidates(t *testing.T) {
 	if _, err := ParseProcCgroup(strings.NewReader("")); err == nil {
 		t.Error("empty: no error")
 	}
+	for _, tc := range []struct {
+		p    string
+		up   int
+		rest string
+		ok   bool
+	}{{"/../../a/b", 2, "a/b", true}, {"/a/b", 0, "", false}, {"/../a/../b", 0, "", false}, {"/..", 1, "", true}} {
+		up, rest, ok := OutsidePath(tc.p)
+		if up != tc.up || rest != tc.rest || ok != tc.ok {
+			t.Errorf("OutsidePath(%q) = %d %q %v", tc.p, up, rest, ok)
+		}
+	}
 }
 
 func TestParseProcStat(t *testing.T) {
@@ -166,6 +178,27 @@ func TestRealReadsFiles(t *testing.T) {
 	if err != nil || n.SoftIRQ != 1 {
 		t.Errorf("node: %+v %v", n, err)
 	}
+	// This daemon in a private cgroup namespace two levels deep: init's
+	// path climbs 2 levels, kube-proxy's (pid 60) too, then descends.
+	write(filepath.Join(proc, "1", "cgroup"), "0::/../../init.scope\n")
+	write(filepath.Join(proc, "60", "cgroup"), "0::/../../kubepods/kp60\n")
+	write(filepath.Join(cg, "kubepods", "kp60", "cpu.stat"), "nr_periods 10\nnr_throttled 6\nthrottled_usec 1\n")
+	c, err = r.CgroupCPU(ctx, 60)
+	if err != nil || c.Path != "/kubepods/kp60" || c.Throttled != 6 {
+		t.Errorf("outside the namespace, same depth: %+v %v", c, err)
+	}
+	// kube-proxy's path climbs 1 of the 2 levels: one level to search.
+	write(filepath.Join(proc, "61", "cgroup"), "0::/../kp61\n")
+	write(filepath.Join(cg, "pods", "kp61", "cpu.stat"), "nr_periods 10\nnr_throttled 2\nthrottled_usec 1\n")
+	c, err = r.CgroupCPU(ctx, 61)
+	if err != nil || c.Path != "/pods/kp61" || c.Throttled != 2 {
+		t.Errorf("outside the namespace, one level searched: %+v %v", c, err)
+	}
+	// Two matches: ambiguous, refused.
+	write(filepath.Join(cg, "other", "kp61", "cpu.stat"), "nr_periods 10\n")
+	if _, err := r.CgroupCPU(ctx, 61); err == nil || !strings.Contains(err.Error(), "cgroup namespace") {
+		t.Errorf("ambiguous: %v", err)
+	}
 	// An oversized file is refused, not read whole.
 	write(filepath.Join(proc, "50", "cgroup"), "0::/big\n")
 	write(filepath.Join(cg, "big", "cpu.stat"), strings.Repeat("nr_periods 1\n", maxFile))
@@ -194,6 +227,11 @@ func FuzzParseProcCgroup(f *testing.F) {
 		lines, err := ParseProcCgroup(strings.NewReader(s))
 		if err != nil {
 			return
+		}
+		for _, l := range lines {
+			if _, rest, ok := OutsidePath(l.Path); ok && slices.Contains(strings.Split(rest, "/"), "..") {
+				t.Fatalf("OutsidePath(%q) rest %q climbs again", l.Path, rest)
+			}
 		}
 		c, err := CPUStatCandidates("/cg", lines)
 		if err != nil {
