@@ -15,6 +15,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -212,5 +213,42 @@ func TestLockFindingCarriesCauses(t *testing.T) {
 	why := strings.Join(ev[causes.EvidenceNotObserved].([]string), "; ")
 	if !strings.Contains(why, "endpoint churn: kube-proxy's metrics not read") {
 		t.Errorf("not observed: %s", why)
+	}
+}
+
+// TestSlowSaveFromLastSnapshot: rule counts and save time come from the
+// shared iptables adapter's last save of the finding's family (never a save
+// of their own), ahead of kube-proxy's own counts.
+func TestSlowSaveFromLastSnapshot(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
+	kp := kubeproxy.NewFake(clk, 10*time.Second)
+	ipt := iptables.NewFake()
+	ipt.SetRules(iptables.IPv4, iptables.Legacy, "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j ACCEPT\nCOMMIT\n")
+	ipt.SetDuration(iptables.IPv4, iptables.Legacy, 700*time.Millisecond)
+	ipt.SetRules(iptables.IPv6, iptables.Legacy, "*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n")
+	ipt.SetDuration(iptables.IPv6, iptables.Legacy, 5*time.Second) // another family: not this finding's
+	shared := iptables.NewShared(ipt, time.Minute)
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		if _, err := shared.Save(context.Background(), f, iptables.Legacy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := &node.Node{Name: "n1", Clock: clk, Log: zap.NewNop(), KubeProxy: kp, IPTables: shared}
+	d := newDetector(t, "KubeProxySyncSlow", n, func(p any) { p.(*KubeProxySyncSlowParams).Window.Duration = time.Minute })
+	kp.SetMetrics(slowMetrics(100, 0, 10))
+	if _, err := d.Detect(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(20 * time.Second)
+	kp.SetMetrics(slowMetrics(110, 10, 10))
+	fs, err := d.Detect(context.Background())
+	if err != nil || len(fs) != 1 {
+		t.Fatalf("%v %v", fs, err)
+	}
+	if top := fs[0].Evidence[causes.EvidenceTop]; top != "IPv4 legacy save took 700ms (field guide 2: > 500 ms is bad)" {
+		t.Errorf("top %v", top)
+	}
+	if ipt.Calls(iptables.IPv4, iptables.Legacy) != 1 {
+		t.Errorf("causes ran a save of their own: %d saves", ipt.Calls(iptables.IPv4, iptables.Legacy))
 	}
 }
