@@ -34,10 +34,21 @@ func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 	return nil
 }
 
+// CapSamples implements SampleCounted: a one-shot run with n samples
+// judges growth over at most n scrapes (two: non-zero at both and higher
+// at the second).
+func (p *KubeProxyEndpointChangesPendingParams) CapSamples(n int) bool {
+	if n >= 2 && p.Scrapes > n {
+		p.Scrapes = n
+		return true
+	}
+	return false
+}
+
 func init() {
 	Define("KubeProxyEndpointChangesPending",
 		"kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
-		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy))
+		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy), Windowed())
 }
 
 type kubeProxyPending struct {

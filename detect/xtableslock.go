@@ -47,7 +47,7 @@ func (p *XtablesLockContentionParams) Validate() []policy.FieldError {
 func init() {
 	Define("XtablesLockContention",
 		"a process holding the xtables lock longer than maxHold, or maxWaiters processes waiting for it; one finding per real holder",
-		newXtablesLockContention, Targets(finding.KindProcess))
+		newXtablesLockContention, Targets(finding.KindProcess), Windowed())
 }
 
 type xtablesLock struct {

@@ -66,9 +66,22 @@ type Report struct {
 	// OK lists the rules whose detector ran and found nothing, with what
 	// it judged: with Findings and Skipped, every rule appears once.
 	OK []OKCheck `json:"ok"`
+	// Sampled says how rate and window checks were sampled by a one-shot
+	// run (remediate --once --sample); absent when they were not.
+	Sampled *SampleInfo `json:"sampled,omitempty"`
 	// Warnings are problems of the daemon itself that are not findings
 	// (a quarantined state file, a journal write error).
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// SampleInfo is how a one-shot run sampled the checks that judge across
+// samples: a first sample of Rules, then this report Seconds later.
+type SampleInfo struct {
+	Seconds float64  `json:"seconds"`
+	Rules   []string `json:"rules"`
+	// Capped are the rules whose sample count was capped to the two
+	// samples taken (detect.SampleCounted).
+	Capped []string `json:"capped,omitempty"`
 }
 
 // ExitCode is the --once exit status: 2 when findings are present
@@ -94,6 +107,13 @@ func (r *Report) WriteText(w io.Writer) error {
 		mode += " (--dry-run)"
 	}
 	fmt.Fprintf(w, "Node: %s   Mode: %s   Time: %s\n", r.Node, mode, r.Time.UTC().Format(time.RFC3339))
+	if s := r.Sampled; s != nil {
+		fmt.Fprintf(w, "Sampled: %d rate/window checks twice, %s apart (%s)\n", len(s.Rules),
+			time.Duration(s.Seconds*float64(time.Second)).Round(time.Second), strings.Join(s.Rules, ", "))
+		if len(s.Capped) > 0 {
+			fmt.Fprintf(w, "Sample counts capped to the 2 samples taken: %s\n", strings.Join(s.Capped, ", "))
+		}
+	}
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}

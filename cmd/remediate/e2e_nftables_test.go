@@ -318,7 +318,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		if err := os.WriteFile(pol, []byte(e2eNFTablesPolicy), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "--once", "-o", "json", "--policy", pol,
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "--once", "--sample", "0", "-o", "json", "--policy", pol,
 			"--state-dir", filepath.Join(dir, "state"), "--node-name", kp.NodeName, "--proc-root", "/proc")
 		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
 		var stderr strings.Builder

@@ -85,7 +85,7 @@ current-context: c
 users: [{name: u, user: {token: x}}]
 `, ln.Addr())), 0o600)
 	pol := writePolicy(t, dir, "audit", 0)
-	cmd := mainCmd(os.Args[0], "--once", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "0", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()

@@ -167,6 +167,6 @@ func prepareStateDir(o *options) (cleanup func(), err error) {
 		return nil, fmt.Errorf("--state-dir %s is not writable (%v), and no private copy: %w", o.stateDir, werr, err)
 	}
 	o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
-	o.stateDir = tmp
+	o.journalDir, o.stateDir = o.stateDir, tmp
 	return cleanup, nil
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -145,6 +146,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.KubeProxy = kp
 		w.kp.Store(kp)
 	}
+
+	// probe: TCP connects (connect, close, no payload) from this network
+	// namespace (the node's, with hostNetwork) for ServicePathProbe; each
+	// bounded by the rule's connectTimeout, at most maxConnects per run.
+	n.Probe = probe.New(probe.Options{})
 
 	// kubernetes: the API client and the Services/EndpointSlices view
 	// (in-cluster or --kubeconfig; built once, shared across reloads).

@@ -114,8 +114,9 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	return out, nil
 }
 
-// configzURL is /configz on the metrics server.
-func configzURL(metricsURL string) string {
+// ConfigzURL is /configz on the metrics server of metricsURL ("" when it
+// does not parse).
+func ConfigzURL(metricsURL string) string {
 	u, err := url.Parse(metricsURL)
 	if err != nil {
 		return ""
@@ -127,7 +128,7 @@ func configzURL(metricsURL string) string {
 // Configz implements ConfigReader: GET /configz on the metrics address,
 // cached like the other answers.
 func (c *Client) Configz(ctx context.Context) (*Configz, error) {
-	u := configzURL(c.opts.MetricsURL)
+	u := ConfigzURL(c.opts.MetricsURL)
 	return c.config.get(ctx, c.clock, c.opts.CacheTTL, func() (*Configz, error) {
 		status, body, err := c.get(ctx, u, "application/json")
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -77,6 +78,10 @@ type Node struct {
 	// LockHistory, when set, gives the xtables lock holds of a recent
 	// window for those causes; nil: the current /proc/locks snapshot.
 	LockHistory causes.LockSource
+	// Probe makes bounded TCP connects (connect, close, no payload) from
+	// the node's network namespace, for the Service path probe (subsystem
+	// "probe").
+	Probe probe.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic
