@@ -64,6 +64,7 @@ type kubeProxySyncSlow struct {
 	mu   sync.Mutex
 	hist map[kubeproxy.Family]*window[kubeproxy.Histogram]
 	judgement
+	causes causeWatch
 }
 
 func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, error) {
@@ -86,7 +87,14 @@ func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	limit := time.Duration(d.p.Fraction * float64(kp.SyncPeriod()))
 	d.set("sync p%g under %s over the last %s (or too few syncs to judge)", d.p.Quantile*100, limit, span)
+	d.causes.observe(ctx, d.n, sc, span)
+	out := d.findings(sc, span, limit)
+	d.causes.attach(ctx, d.n, sc, familyOfTarget, span, out)
+	return out, nil
+}
 
+// findings records the scrape's histograms and decides per family.
+func (d *kubeProxySyncSlow) findings(sc *kubeproxy.Scrape, span, limit time.Duration) []Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Finding
@@ -114,7 +122,7 @@ func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
 			out = append(out, *fd)
 		}
 	}
-	return out, nil
+	return out
 }
 
 // slowSyncFinding is the decision on the syncs observed in a window (delta

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/finding"
 )
 
@@ -127,6 +128,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Severity, f.Rule, f.Detector, f.Target, oneLine(f.Message))
 		}
 		tw.Flush()
+		writeTopCauses(w, r.Findings)
 	}
 	fmt.Fprintln(w)
 	if len(r.Decisions) == 0 {
@@ -153,6 +155,23 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "%d checks: %d with findings, %d ok, %d skipped. Evidence and full detail: -o json.\n",
 		len(r.OK)+len(r.Skipped)+r.rulesWithFindings(), r.rulesWithFindings(), len(r.OK), len(r.Skipped))
 	return nil
+}
+
+// writeTopCauses writes, for each finding that carries likely causes, its
+// top one in one line (the ranked list with figures is in -o json).
+func writeTopCauses(w io.Writer, fs []ReportFinding) {
+	first := true
+	for _, f := range fs {
+		top, err := finding.EvidenceString(f.Evidence, causes.EvidenceTop)
+		if err != nil {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):")
+			first = false
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", f.Rule, f.Target, oneLine(top))
+	}
 }
 
 // checkTable writes a titled RULE/DETECTOR/<what> table, if it has rows.

@@ -31,6 +31,7 @@ type options struct {
 	kubeconfig   string
 	procRoot     string
 	sysRoot      string
+	cgroupRoot   string
 	xtablesLock  string
 	metricsAddr  string
 	logFormat    string
@@ -143,6 +144,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; without either, API-dependent checks are skipped)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "procfs root; every /proc and /proc/sys read goes through it")
 	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
 	fs.StringVar(&o.logFormat, "log-format", "", "json or console (default json for the daemon, console for --once)")
@@ -158,6 +160,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	_ = root.MarkFlagFilename("kubeconfig")
 	_ = root.MarkFlagDirname("proc-root")
 	_ = root.MarkFlagDirname("sys-root")
+	_ = root.MarkFlagDirname("cgroup-root")
 	_ = root.MarkFlagFilename("xtables-lock")
 	fixed := func(vals ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

@@ -30,6 +30,7 @@ func TestMisconfiguredPathsFailAtStart(t *testing.T) {
 		{[]string{"--proc-root", dir}, "Error: --proc-root " + dir + ": not a procfs"},
 		{[]string{"--sys-root", "/nonexistent"}, "Error: --sys-root /nonexistent: no such file or directory"},
 		{[]string{"--sys-root", file}, "Error: --sys-root " + file + ": not a directory"},
+		{[]string{"--cgroup-root", "/nonexistent"}, "Error: --cgroup-root /nonexistent: no such file or directory"},
 		{[]string{"--xtables-lock", "/nonexistent/xtables.lock"}, "Error: --xtables-lock /nonexistent/xtables.lock: its directory: no such file or directory"},
 		{[]string{"--xtables-lock", dir}, "Error: --xtables-lock " + dir + ": is a directory"},
 	}

@@ -42,6 +42,9 @@ func checkPaths(o *options) error {
 	if err := readableDir(o.sysRoot); err != nil {
 		errs = append(errs, fmt.Errorf("--sys-root %s: %w", o.sysRoot, err))
 	}
+	if err := readableDir(o.cgroupRoot); err != nil {
+		errs = append(errs, fmt.Errorf("--cgroup-root %s: %w", o.cgroupRoot, err))
+	}
 	if fi, err := os.Stat(o.xtablesLock); err == nil {
 		if fi.IsDir() {
 			errs = append(errs, fmt.Errorf("--xtables-lock %s: is a directory, not the lock file", o.xtablesLock))
