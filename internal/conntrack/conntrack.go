@@ -126,7 +126,23 @@ type Flow struct {
 	Zone     uint16
 	// ID is the kernel's CTA_ID of the entry (0 when unknown).
 	ID uint32
+	// Status is the entry's CTA_STATUS bits (StatusSeenReply, ...; 0 when
+	// the dump did not say).
+	Status uint32
+	// TCPState is the TCP entry's conntrack state (TCPStateEstablished,
+	// ...; 0 = none or not TCP).
+	TCPState uint8
 }
+
+// Status bits of an entry (enum ip_conntrack_status).
+const (
+	// StatusSeenReply: packets were seen in both directions. A UDP entry
+	// with it is a "stream" and lives nf_conntrack_udp_timeout_stream
+	// after its last packet; without it nf_conntrack_udp_timeout.
+	StatusSeenReply uint32 = 1 << 1
+	// StatusAssured: the entry is not early-dropped when the table is full.
+	StatusAssured uint32 = 1 << 2
+)
 
 func (f Flow) String() string {
 	return fmt.Sprintf("proto=%d %s->%s reply %s->%s zone=%d id=%d",

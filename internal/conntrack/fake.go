@@ -23,6 +23,10 @@ type Fake struct {
 	HashSizeValue uint64
 	// StatsValue is returned by Stats.
 	StatsValue Stats
+	// TimeoutsValue are the timeouts (TimeoutTuner); IgnoreSetTimeouts
+	// makes SetTimeouts succeed without changing them.
+	TimeoutsValue     Timeouts
+	IgnoreSetTimeouts bool
 	// Record is what SetMax last recorded (HasRecord says whether any).
 	Record    MaxRecord
 	HasRecord bool
@@ -37,8 +41,10 @@ type Fake struct {
 var _ Interface = (*Fake)(nil)
 
 // NewFake returns a Fake with the given max and hashsize.
+// The timeouts are the kernel's defaults (30 s, 120 s, 120 s).
 func NewFake(max, hashSize uint64) *Fake {
-	return &Fake{MaxValue: max, HashSizeValue: hashSize, Errs: map[string]error{}, Calls: map[string]int{}}
+	return &Fake{MaxValue: max, HashSizeValue: hashSize, Errs: map[string]error{}, Calls: map[string]int{},
+		TimeoutsValue: Timeouts{UDP: 30 * time.Second, UDPStream: 120 * time.Second, TCPTimeWait: 120 * time.Second}}
 }
 
 // Do runs fn with the fake locked, to change its state from another
@@ -225,4 +231,63 @@ func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 		}
 	}
 	return res, nil
+}
+
+var _ TableScanner = (*Fake)(nil)
+
+// ScanTable implements TableScanner over Flows (every family and protocol).
+func (f *Fake) ScanTable(ctx context.Context, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var res ScanResult
+	if err := f.call("ScanTable"); err != nil {
+		return res, err
+	}
+	if limit <= 0 {
+		return res, errors.New("scan needs a positive limit")
+	}
+	for i := range f.Flows {
+		if res.Scanned == limit {
+			res.Truncated = true
+			break
+		}
+		res.Scanned++
+		fl := f.Flows[i]
+		if err := fn(&fl); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+var _ TimeoutTuner = (*Fake)(nil)
+
+// Timeouts implements TimeoutTuner (TimeoutsValue).
+func (f *Fake) Timeouts(ctx context.Context) (Timeouts, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.TimeoutsValue, f.call("Timeouts")
+}
+
+// SetTimeouts implements TimeoutTuner: the non-zero fields are stored
+// unless IgnoreSetTimeouts (a kernel that does not take the write).
+func (f *Fake) SetTimeouts(ctx context.Context, t Timeouts) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SetTimeouts"); err != nil {
+		return err
+	}
+	if f.IgnoreSetTimeouts {
+		return nil
+	}
+	if t.UDP > 0 {
+		f.TimeoutsValue.UDP = t.UDP
+	}
+	if t.UDPStream > 0 {
+		f.TimeoutsValue.UDPStream = t.UDPStream
+	}
+	if t.TCPTimeWait > 0 {
+		f.TimeoutsValue.TCPTimeWait = t.TCPTimeWait
+	}
+	return nil
 }

@@ -358,3 +358,77 @@ func (r *Real) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 	}
 	return res, nil
 }
+
+var _ TableScanner = (*Real)(nil)
+
+// ScanTable implements TableScanner: one unfiltered AF_UNSPEC dump (every
+// family and protocol), streamed and decoded into one reused Flow.
+func (r *Real) ScanTable(ctx context.Context, limit int, fn func(f *Flow) error) (ScanResult, error) {
+	start := time.Now()
+	var res ScanResult
+	if limit <= 0 {
+		return res, errors.New("scan needs a positive limit")
+	}
+	err := r.withSock(func(s *nlSock) error {
+		seq := s.nextSeq()
+		s.enc.reset()
+		s.enc.dumpAllRequest(seq, s.pid)
+		_, err := s.streamFlows(ctx, seq, false, func(f *Flow) error {
+			if res.Scanned == limit {
+				res.Truncated = true
+				return errDone
+			}
+			res.Scanned++
+			return fn(f)
+		})
+		return err
+	})
+	if errors.Is(err, errDone) {
+		err = nil
+	}
+	res.Duration = time.Since(start)
+	if err != nil {
+		return res, fmt.Errorf("scan conntrack table: %w", err)
+	}
+	return res, nil
+}
+
+var _ TimeoutTuner = (*Real)(nil)
+
+// timeoutSysctl is the sysctl of the observed namespace (timeouts are per
+// network namespace; Config.NetNS 0 = the daemon's own).
+func (r *Real) timeoutSysctl() sysctl.Interface { return sysctl.NewNetNS(r.cfg.ProcRoot, r.cfg.NetNS) }
+
+// Timeouts implements TimeoutTuner.
+func (r *Real) Timeouts(ctx context.Context) (Timeouts, error) {
+	s := r.timeoutSysctl()
+	var t Timeouts
+	for _, e := range []struct {
+		key string
+		d   *time.Duration
+	}{{UDPTimeoutKey, &t.UDP}, {UDPTimeoutStreamKey, &t.UDPStream}, {TCPTimeoutTimeWaitKey, &t.TCPTimeWait}} {
+		v, err := sysctl.GetUint(s, e.key)
+		if err != nil {
+			return t, err
+		}
+		*e.d = time.Duration(v) * time.Second
+	}
+	return t, nil
+}
+
+// SetTimeouts implements TimeoutTuner.
+func (r *Real) SetTimeouts(ctx context.Context, t Timeouts) error {
+	s := r.timeoutSysctl()
+	for _, e := range []struct {
+		key string
+		d   time.Duration
+	}{{UDPTimeoutKey, t.UDP}, {UDPTimeoutStreamKey, t.UDPStream}, {TCPTimeoutTimeWaitKey, t.TCPTimeWait}} {
+		if e.d <= 0 {
+			continue
+		}
+		if err := sysctl.SetUint(s, e.key, uint64(e.d/time.Second)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -98,8 +98,10 @@ func ReadFile(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	return trim(string(b)), nil
 }
+
+func trim(s string) string { return strings.TrimSpace(s) }
 
 // ReadUintFile reads a one-value kernel file holding an unsigned integer.
 func ReadUintFile(path string) (uint64, error) {
