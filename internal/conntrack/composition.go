@@ -331,55 +331,66 @@ func (c *Composer) Result() Composition {
 }
 
 // spaceSaving is the stream-summary of the space-saving algorithm as a
-// min-heap of counters with an index from key to heap position: O(log m)
-// per entry, m counters of memory.
+// min-heap (of positions into a fixed array of counters, so reordering the
+// heap touches no map) with an index from key to counter: O(log m) per
+// entry, m counters of memory.
 type spaceSaving struct {
 	capacity int
-	heap     []ssCounter
-	index    map[Endpoint]int
+	counters []ssCounter // never reordered
+	heap     []int32     // counter numbers, a min-heap by count
+	index    map[Endpoint]int32
 }
 
 type ssCounter struct {
 	key        Endpoint
 	count, err uint64
+	pos        int32 // in heap
 }
 
 func newSpaceSaving(capacity int) spaceSaving {
-	return spaceSaving{capacity: capacity, heap: make([]ssCounter, 0, capacity), index: make(map[Endpoint]int, capacity)}
+	return spaceSaving{capacity: capacity, counters: make([]ssCounter, 0, capacity), heap: make([]int32, 0, capacity),
+		index: make(map[Endpoint]int32, capacity)}
 }
 
 func (s *spaceSaving) add(k Endpoint) {
-	if i, ok := s.index[k]; ok {
-		s.heap[i].count++
-		s.down(i)
+	if c, ok := s.index[k]; ok {
+		s.counters[c].count++
+		s.down(int(s.counters[c].pos))
 		return
 	}
-	if len(s.heap) < s.capacity {
-		s.heap = append(s.heap, ssCounter{key: k, count: 1})
-		i := len(s.heap) - 1
-		s.index[k] = i
-		s.up(i)
+	if len(s.counters) < s.capacity {
+		c := int32(len(s.counters))
+		s.counters = append(s.counters, ssCounter{key: k, count: 1, pos: int32(len(s.heap))})
+		s.heap = append(s.heap, c)
+		s.index[k] = c
+		s.up(len(s.heap) - 1)
 		return
 	}
 	// Replace the smallest counter: the newcomer inherits its count as
 	// possible overcount.
-	m := s.heap[0]
+	c := s.heap[0]
+	m := &s.counters[c]
 	delete(s.index, m.key)
-	s.heap[0] = ssCounter{key: k, count: m.count + 1, err: m.count}
-	s.index[k] = 0
+	m.key, m.err = k, m.count
+	m.count++
+	s.index[k] = c
 	s.down(0)
+}
+
+func (s *spaceSaving) less(i, j int) bool {
+	return s.counters[s.heap[i]].count < s.counters[s.heap[j]].count
 }
 
 func (s *spaceSaving) swap(i, j int) {
 	s.heap[i], s.heap[j] = s.heap[j], s.heap[i]
-	s.index[s.heap[i].key] = i
-	s.index[s.heap[j].key] = j
+	s.counters[s.heap[i]].pos = int32(i)
+	s.counters[s.heap[j]].pos = int32(j)
 }
 
 func (s *spaceSaving) up(i int) {
 	for i > 0 {
 		p := (i - 1) / 2
-		if s.heap[p].count <= s.heap[i].count {
+		if !s.less(i, p) {
 			return
 		}
 		s.swap(i, p)
@@ -395,10 +406,10 @@ func (s *spaceSaving) down(i int) {
 			return
 		}
 		m := l
-		if r := l + 1; r < n && s.heap[r].count < s.heap[l].count {
+		if r := l + 1; r < n && s.less(r, l) {
 			m = r
 		}
-		if s.heap[i].count <= s.heap[m].count {
+		if !s.less(m, i) {
 			return
 		}
 		s.swap(i, m)
@@ -409,7 +420,7 @@ func (s *spaceSaving) down(i int) {
 // top returns the n largest counters, largest first (ties: by key text,
 // for stable output).
 func (s *spaceSaving) top(n int) []HeavyHitter {
-	c := append([]ssCounter(nil), s.heap...)
+	c := append([]ssCounter(nil), s.counters...)
 	sort.Slice(c, func(i, j int) bool {
 		if c[i].count != c[j].count {
 			return c[i].count > c[j].count

@@ -78,8 +78,8 @@ func TestSpaceSavingBounds(t *testing.T) {
 		truth[k]++
 		s.add(k)
 	}
-	if len(s.heap) != m || len(s.index) != m {
-		t.Fatalf("sketch holds %d counters (%d indexed), want %d", len(s.heap), len(s.index), m)
+	if len(s.heap) != m || len(s.index) != m || len(s.counters) != m {
+		t.Fatalf("sketch holds %d counters (%d in the heap, %d indexed), want %d", len(s.counters), len(s.heap), len(s.index), m)
 	}
 	top := s.top(m)
 	for _, h := range top {
@@ -98,11 +98,11 @@ func TestSpaceSavingBounds(t *testing.T) {
 	if top[0].Endpoint.Port != 53 || top[0].Endpoint.Addr != netip.MustParseAddr("10.96.0.10") {
 		t.Errorf("heaviest %s", top[0].Endpoint)
 	}
-	for i := range s.heap { // heap invariant and index consistency
-		if s.index[s.heap[i].key] != i {
-			t.Fatalf("index of %s is %d, at %d", s.heap[i].key, s.index[s.heap[i].key], i)
+	for i, c := range s.heap { // heap invariant and index consistency
+		if s.counters[c].pos != int32(i) || s.index[s.counters[c].key] != c {
+			t.Fatalf("counter %d at heap %d says pos %d, index %d", c, i, s.counters[c].pos, s.index[s.counters[c].key])
 		}
-		if l := 2*i + 1; l < len(s.heap) && s.heap[l].count < s.heap[i].count {
+		if l := 2*i + 1; l < len(s.heap) && s.less(l, i) {
 			t.Fatalf("heap order broken at %d", i)
 		}
 	}
@@ -190,5 +190,26 @@ func TestTimeoutsRestoreCommand(t *testing.T) {
 	}
 	if got := (Timeouts{}).RestoreCommand(); got != "" {
 		t.Errorf("empty restore %q", got)
+	}
+}
+
+// BenchmarkComposerAdd250k is the counting alone (no kernel) over 250k
+// entries whose ~1000 sources overflow the sketch (every source a miss
+// after the first 64: its worst case).
+func BenchmarkComposerAdd250k(b *testing.B) {
+	flows := make([]Flow, 250_000)
+	for i := range flows {
+		c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 16), byte(i >> 8)}), uint16(1024+i&0xff))
+		flows[i] = Flow{Proto: ProtoUDP, OrigSrc: c, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), Status: StatusSeenReply}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c := NewComposer(DefaultTopN, 0)
+		for j := range flows {
+			c.Add(&flows[j])
+		}
+		if r := c.Result(); r.Total != 250_000 {
+			b.Fatal(r.Total)
+		}
 	}
 }
