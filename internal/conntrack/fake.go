@@ -207,10 +207,24 @@ var _ Scanner = (*Fake)(nil)
 
 // ScanProtocol implements Scanner over Flows.
 func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	res, err := f.scan("ScanProtocol", limit, func(fl *Flow) bool { return fl.Proto == proto && fl.OrigDst.Addr().Is4() != v6 }, fn)
+	res.KernelFiltered = true
+	return res, err
+}
+
+var _ TableScanner = (*Fake)(nil)
+
+// ScanTable implements TableScanner over Flows (every family and protocol).
+func (f *Fake) ScanTable(ctx context.Context, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	return f.scan("ScanTable", limit, func(*Flow) bool { return true }, fn)
+}
+
+// scan calls fn with a copy of each flow keep accepts, at most limit.
+func (f *Fake) scan(method string, limit int, keep func(*Flow) bool, fn func(fl *Flow) error) (ScanResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res := ScanResult{KernelFiltered: true}
-	if err := f.call("ScanProtocol"); err != nil {
+	var res ScanResult
+	if err := f.call(method); err != nil {
 		return res, err
 	}
 	if limit <= 0 {
@@ -218,7 +232,7 @@ func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 	}
 	for i := range f.Flows {
 		fl := f.Flows[i]
-		if fl.Proto != proto || fl.OrigDst.Addr().Is4() == v6 {
+		if !keep(&fl) {
 			continue
 		}
 		if res.Scanned == limit {
@@ -226,33 +240,6 @@ func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 			break
 		}
 		res.Scanned++
-		if err := fn(&fl); err != nil {
-			return res, err
-		}
-	}
-	return res, nil
-}
-
-var _ TableScanner = (*Fake)(nil)
-
-// ScanTable implements TableScanner over Flows (every family and protocol).
-func (f *Fake) ScanTable(ctx context.Context, limit int, fn func(fl *Flow) error) (ScanResult, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var res ScanResult
-	if err := f.call("ScanTable"); err != nil {
-		return res, err
-	}
-	if limit <= 0 {
-		return res, errors.New("scan needs a positive limit")
-	}
-	for i := range f.Flows {
-		if res.Scanned == limit {
-			res.Truncated = true
-			break
-		}
-		res.Scanned++
-		fl := f.Flows[i]
 		if err := fn(&fl); err != nil {
 			return res, err
 		}

@@ -325,34 +325,18 @@ var _ Scanner = (*Real)(nil)
 // filtered in the kernel by the original tuple's protocol (on kernels whose
 // CTA_FILTER is trusted, see New), checked again in user space.
 func (r *Real) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(f *Flow) error) (ScanResult, error) {
-	start := time.Now()
-	var res ScanResult
-	if limit <= 0 {
-		return res, errors.New("scan needs a positive limit")
-	}
 	fam := uint8(afInet)
 	if v6 {
 		fam = afInet6
 	}
-	err := r.withSock(func(s *nlSock) error {
-		var err error
-		res.KernelFiltered, err = s.dumpByProto(ctx, fam, proto, !r.cfg.NoKernelFilter, func(f *Flow) error {
+	res, err := r.scan(ctx, limit, func(s *nlSock, each func(f *Flow) error) (bool, error) {
+		return s.dumpByProto(ctx, fam, proto, !r.cfg.NoKernelFilter, func(f *Flow) error {
 			if f.Proto != proto || f.OrigDst.Addr().Is4() == v6 {
 				return nil
 			}
-			if res.Scanned == limit {
-				res.Truncated = true
-				return errDone
-			}
-			res.Scanned++
-			return fn(f)
+			return each(f)
 		})
-		return err
-	})
-	if errors.Is(err, errDone) {
-		err = nil
-	}
-	res.Duration = time.Since(start)
+	}, fn)
 	if err != nil {
 		return res, fmt.Errorf("scan conntrack entries of protocol %d: %w", proto, err)
 	}
@@ -364,16 +348,29 @@ var _ TableScanner = (*Real)(nil)
 // ScanTable implements TableScanner: one unfiltered AF_UNSPEC dump (every
 // family and protocol), streamed and decoded into one reused Flow.
 func (r *Real) ScanTable(ctx context.Context, limit int, fn func(f *Flow) error) (ScanResult, error) {
+	res, err := r.scan(ctx, limit, func(s *nlSock, each func(f *Flow) error) (bool, error) {
+		seq := s.nextSeq()
+		s.enc.reset()
+		s.enc.dumpAllRequest(seq, s.pid)
+		return s.streamFlows(ctx, seq, false, each)
+	}, fn)
+	if err != nil {
+		return res, fmt.Errorf("scan conntrack table: %w", err)
+	}
+	return res, nil
+}
+
+// scan runs dump on a fresh socket, passing fn the entries dump hands to
+// each until limit (> 0) of them, then stopping with Truncated set.
+func (r *Real) scan(ctx context.Context, limit int, dump func(s *nlSock, each func(f *Flow) error) (filtered bool, err error), fn func(f *Flow) error) (ScanResult, error) {
 	start := time.Now()
 	var res ScanResult
 	if limit <= 0 {
 		return res, errors.New("scan needs a positive limit")
 	}
 	err := r.withSock(func(s *nlSock) error {
-		seq := s.nextSeq()
-		s.enc.reset()
-		s.enc.dumpAllRequest(seq, s.pid)
-		_, err := s.streamFlows(ctx, seq, false, func(f *Flow) error {
+		var err error
+		res.KernelFiltered, err = dump(s, func(f *Flow) error {
 			if res.Scanned == limit {
 				res.Truncated = true
 				return errDone
@@ -387,10 +384,7 @@ func (r *Real) ScanTable(ctx context.Context, limit int, fn func(f *Flow) error)
 		err = nil
 	}
 	res.Duration = time.Since(start)
-	if err != nil {
-		return res, fmt.Errorf("scan conntrack table: %w", err)
-	}
-	return res, nil
+	return res, err
 }
 
 var _ TimeoutTuner = (*Real)(nil)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -86,7 +87,7 @@ func (n *NetNS) Get(key string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", p, err)
 	}
-	return trim(string(b[:m])), nil
+	return strings.TrimSpace(string(b[:m])), nil
 }
 
 // Set implements Interface (one write, as WriteFile).
@@ -99,13 +100,5 @@ func (n *NetNS) Set(key, value string) error {
 	if err != nil {
 		return fmt.Errorf("open %s for writing: %w", p, err)
 	}
-	_, werr := f.Write([]byte(value + "\n"))
-	cerr := f.Close()
-	if werr != nil {
-		return fmt.Errorf("write %q to %s: %w", value, p, werr)
-	}
-	if cerr != nil {
-		return fmt.Errorf("write %q to %s: %w", value, p, cerr)
-	}
-	return nil
+	return writeClose(f, p, value)
 }

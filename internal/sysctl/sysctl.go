@@ -98,10 +98,8 @@ func ReadFile(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
-	return trim(string(b)), nil
+	return strings.TrimSpace(string(b)), nil
 }
-
-func trim(s string) string { return strings.TrimSpace(s) }
 
 // ReadUintFile reads a one-value kernel file holding an unsigned integer.
 func ReadUintFile(path string) (uint64, error) {
@@ -124,6 +122,11 @@ func WriteFile(path, value string) error {
 	if err != nil {
 		return fmt.Errorf("open %s for writing: %w", path, err)
 	}
+	return writeClose(f, path, value)
+}
+
+// writeClose writes value and a newline to f in one write(2) and closes it.
+func writeClose(f *os.File, path, value string) error {
 	_, werr := f.Write([]byte(value + "\n"))
 	cerr := f.Close()
 	if werr != nil {

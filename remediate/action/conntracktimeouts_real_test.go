@@ -18,7 +18,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/conntrack/conntracktest"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
-	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
@@ -102,37 +101,10 @@ func TestRealConntrackTimeoutsFromBreakdown(t *testing.T) {
 
 	ct := injectedMax{Real: conntrack.New(conntrack.Config{NetNS: fd}), max: 2400} // 2250/2400 = 94%
 	n := &node.Node{Name: "test", ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Conntrack: ct}
-	ctx := context.Background()
 	dir := t.TempDir()
 	run := func(mode string) (*remediate.Report, []journal.Record) {
 		t.Helper()
-		pf := filepath.Join(t.TempDir(), "policy.yaml")
-		if err := os.WriteFile(pf, []byte(strings.Replace(ctTimeoutPolicy, "MODE", mode, 1)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		pol, err := policy.Load(pf, remediate.Catalog{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		state := filepath.Join(dir, "state-"+mode)
-		j, err := journal.Open(state, 1<<20, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := remediate.New(pol, remediate.Options{Node: n, StateDir: state, Once: true, Journal: j, Log: zaptest.NewLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close(ctx)
-		rep, err := e.Cycle(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		recs, err := journal.ReadAll(state)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep, recs
+		return onceCycle(t, n, strings.Replace(ctTimeoutPolicy, "MODE", mode, 1), filepath.Join(dir, "state-"+mode))
 	}
 	check := func(mode string, rep *remediate.Report, want remediate.Outcome) {
 		t.Helper()
