@@ -193,7 +193,10 @@ func round(v float64, digits int) float64 {
 
 // breakdown dumps the table once for its composition, only when the
 // table is at or above the utilization threshold (an idle table costs
-// nothing) and the adapter can stream it. A failed dump is reported in the
+// nothing) and the adapter can stream it. The dump gets at most half of
+// the time left to the detector: a table too big for it gives a partial
+// breakdown (Truncated, with the reason as the error), never a detector
+// that times out and loses the finding. A failed dump is reported in the
 // evidence and logged; the finding stands without it.
 func (d *conntrackExhaustion) breakdown(ctx context.Context, u conntrack.Usage) (conntrack.Composition, bool, error) {
 	if !d.p.Breakdown || u.Max == 0 || u.Utilization() < d.p.UtilizationThreshold {
@@ -203,7 +206,17 @@ func (d *conntrackExhaustion) breakdown(ctx context.Context, u conntrack.Usage) 
 	if !ok {
 		return conntrack.Composition{}, false, nil
 	}
-	comp, err := conntrack.Compose(ctx, ts, d.p.TopN, d.p.BreakdownMaxEntries)
+	bctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		defer cancel()
+	}
+	comp, err := conntrack.Compose(bctx, ts, d.p.TopN, d.p.BreakdownMaxEntries)
+	if err != nil && ctx.Err() == nil && bctx.Err() != nil && comp.Total > 0 {
+		comp.Truncated = true
+		return comp, true, fmt.Errorf("breakdown stopped after %d entries (%d ms, half the detector's deadline): counts are of those", comp.Total, comp.DurationMs)
+	}
 	if err != nil {
 		if d.n.Log != nil {
 			d.n.Log.Warn("conntrack: breakdown failed", zap.Error(err))

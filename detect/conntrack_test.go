@@ -247,3 +247,35 @@ func TestConntrackExhaustionBreakdown(t *testing.T) {
 		t.Errorf("breakdown: false still dumped (%d -> %d)", before, f.Calls["ScanTable"])
 	}
 }
+
+// A dump slower than half the detector's deadline gives a partial
+// breakdown (said so), never a detector that times out and loses the
+// finding.
+func TestConntrackExhaustionBreakdownDeadline(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	f := conntrack.NewFake(100, 25)
+	for i := 0; i < 95; i++ {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), 40000)
+		f.Flows = append(f.Flows, conntrack.Flow{Proto: conntrack.ProtoUDP, OrigSrc: src, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), Status: conntrack.StatusSeenReply})
+	}
+	f.ScanHook = func(n int) {
+		if n == 10 {
+			time.Sleep(300 * time.Millisecond) // past half of the 400 ms below
+		}
+	}
+	d := newCTDetector(t, f, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	got, err := d.Detect(ctx)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("detect: %v, %v", got, err)
+	}
+	comp, ok, _ := conntrack.DecodeComposition(got[0].Evidence)
+	if !ok || !comp.Truncated || comp.Total != 10 || comp.Count(conntrack.ClassUDPStream) != 10 {
+		t.Fatalf("partial breakdown %+v (%v)", comp, ok)
+	}
+	if e, _ := got[0].Evidence["breakdownError"].(string); !strings.Contains(e, "stopped after 10 entries") ||
+		!strings.Contains(got[0].Message, "filled by (first 10 entries) udp/stream 100%") {
+		t.Errorf("evidence %q, message %q", e, got[0].Message)
+	}
+}

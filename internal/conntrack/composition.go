@@ -262,6 +262,9 @@ func (c Composition) Summary() string {
 		parts = append(parts, fmt.Sprintf("%s %.0f%%", cc.Class, 100*float64(cc.Count)/float64(c.Total)))
 	}
 	s := strings.Join(parts, ", ")
+	if c.Truncated {
+		s = fmt.Sprintf("(first %d entries) %s", c.Total, s)
+	}
 	if len(c.TopDestinations) > 0 {
 		h := c.TopDestinations[0]
 		s += fmt.Sprintf("; top destination %s (%d entries, %.0f%%)", h.Endpoint, h.Count, 100*float64(h.Count)/float64(c.Total))

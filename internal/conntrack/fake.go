@@ -27,6 +27,10 @@ type Fake struct {
 	// makes SetTimeouts succeed without changing them.
 	TimeoutsValue     Timeouts
 	IgnoreSetTimeouts bool
+	// ScanHook, when set, runs before each entry a scan hands out (n
+	// counts from 0), unlocked: a test can make a dump slow. It must not
+	// change Flows.
+	ScanHook func(n int)
 	// Record is what SetMax last recorded (HasRecord says whether any).
 	Record    MaxRecord
 	HasRecord bool
@@ -207,7 +211,7 @@ var _ Scanner = (*Fake)(nil)
 
 // ScanProtocol implements Scanner over Flows.
 func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(fl *Flow) error) (ScanResult, error) {
-	res, err := f.scan("ScanProtocol", limit, func(fl *Flow) bool { return fl.Proto == proto && fl.OrigDst.Addr().Is4() != v6 }, fn)
+	res, err := f.scan(ctx, "ScanProtocol", limit, func(fl *Flow) bool { return fl.Proto == proto && fl.OrigDst.Addr().Is4() != v6 }, fn)
 	res.KernelFiltered = true
 	return res, err
 }
@@ -216,11 +220,11 @@ var _ TableScanner = (*Fake)(nil)
 
 // ScanTable implements TableScanner over Flows (every family and protocol).
 func (f *Fake) ScanTable(ctx context.Context, limit int, fn func(fl *Flow) error) (ScanResult, error) {
-	return f.scan("ScanTable", limit, func(*Flow) bool { return true }, fn)
+	return f.scan(ctx, "ScanTable", limit, func(*Flow) bool { return true }, fn)
 }
 
 // scan calls fn with a copy of each flow keep accepts, at most limit.
-func (f *Fake) scan(method string, limit int, keep func(*Flow) bool, fn func(fl *Flow) error) (ScanResult, error) {
+func (f *Fake) scan(ctx context.Context, method string, limit int, keep func(*Flow) bool, fn func(fl *Flow) error) (ScanResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var res ScanResult
@@ -238,6 +242,14 @@ func (f *Fake) scan(method string, limit int, keep func(*Flow) bool, fn func(fl 
 		if res.Scanned == limit {
 			res.Truncated = true
 			break
+		}
+		if f.ScanHook != nil {
+			f.mu.Unlock()
+			f.ScanHook(res.Scanned)
+			f.mu.Lock()
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
 		}
 		res.Scanned++
 		if err := fn(&fl); err != nil {

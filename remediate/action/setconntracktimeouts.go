@@ -37,6 +37,13 @@ const (
 	MinTCPTimeWaitTimeout = 30 * time.Second
 )
 
+// MinPartialBreakdown is the fewest entries a partial breakdown (dump
+// stopped at its limit or deadline) must cover to be acted on: the dump
+// walks the kernel's hash table, so its first entries are a sample
+// unrelated to their class, and 10,000 of them put a share within about
+// ±1.3 points (95%).
+const MinPartialBreakdown = 10_000
+
 // SetConntrackTimeoutsParams bound SetConntrackTimeouts.
 type SetConntrackTimeoutsParams struct {
 	// UDPStreamTimeout is what nf_conntrack_udp_timeout_stream is lowered
@@ -106,12 +113,15 @@ func newSetConntrackTimeouts(p *SetConntrackTimeoutsParams, n *node.Node) (Actio
 // ConntrackTimeoutChange is the decision, a pure function of the table's
 // breakdown, the current timeouts and the bounds. A class's timeout is
 // lowered only when that class holds at least MinShare of the dumped
-// entries, only ever lowered, and never below its floor (for UDP streams
+// entries (a partial dump must cover MinPartialBreakdown entries), only ever lowered, and never below its floor (for UDP streams
 // also the node's unreplied UDP timeout). ok is false with the reason when
 // nothing changes.
 func ConntrackTimeoutChange(c conntrack.Composition, cur conntrack.Timeouts, p SetConntrackTimeoutsParams) (set conntrack.Timeouts, why string, ok bool) {
 	if c.Total == 0 {
 		return set, "the finding has no breakdown of the table (dump failed, empty, or breakdown off): cannot tell what fills it", false
+	}
+	if c.Truncated && c.Total < MinPartialBreakdown {
+		return set, fmt.Sprintf("the breakdown is partial (the dump stopped after %d entries, fewer than %d): too small a sample to act on", c.Total, MinPartialBreakdown), false
 	}
 	var notes []string
 	consider := func(class conntrack.Class, name string, want, floor, current time.Duration, out *time.Duration) {

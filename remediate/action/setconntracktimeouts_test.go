@@ -106,6 +106,16 @@ func TestConntrackTimeoutChange(t *testing.T) {
 		{name: "class off in the policy", comp: composition(map[conntrack.Class]uint64{conntrack.ClassUDPStream: 1000}),
 			cur: kernel, p: only(0, 60), whyHas: "tcp/TIME_WAIT holds 0% of the table"},
 		{name: "no breakdown", comp: conntrack.Composition{}, cur: kernel, p: p, whyHas: "has no breakdown"},
+		{name: "partial breakdown too small", comp: func() conntrack.Composition {
+			c := composition(map[conntrack.Class]uint64{conntrack.ClassUDPStream: 9000})
+			c.Truncated = true
+			return c
+		}(), cur: kernel, p: p, whyHas: "too small a sample"},
+		{name: "partial breakdown large enough", comp: func() conntrack.Composition {
+			c := composition(map[conntrack.Class]uint64{conntrack.ClassUDPStream: 20000})
+			c.Truncated = true
+			return c
+		}(), cur: kernel, p: p, want: conntrack.Timeouts{UDPStream: s(60)}, ok: true},
 	} {
 		set, why, ok := ConntrackTimeoutChange(tc.comp, tc.cur, tc.p)
 		if ok != tc.ok || set != tc.want || !strings.Contains(why, tc.whyHas) {
