@@ -4,12 +4,16 @@ package conntrack
 
 import (
 	"context"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // statusConfirmed (IPS_CONFIRMED) must be in a created entry's CTA_STATUS
@@ -126,4 +130,125 @@ func TestKernelTimeoutsInNetNS(t *testing.T) {
 
 func itoa(d time.Duration) string {
 	return strings.TrimSuffix((d / time.Second * time.Second).String(), "s")
+}
+
+// inNetNS runs fn on a thread inside the namespace fd (sockets created
+// there stay in it), then returns the thread to the process's namespace.
+func inNetNS(t *testing.T, fd int, fn func()) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		fn()
+		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err == nil {
+			runtime.UnlockOSThread()
+		}
+		done <- nil
+	}()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Entries the kernel made from real traffic (not set over netlink): UDP
+// conversations over the namespace's loopback that were answered are
+// udp/stream, datagrams to a closed port udp/unreplied, and the top
+// destination is the server.
+func TestKernelCompositionRealUDPTraffic(t *testing.T) {
+	fd, name := newNetNS(t)
+	if _, err := exec.LookPath("nft"); err != nil {
+		if os.Getenv("REMEDIATE_E2E_REQUIRED") != "" {
+			t.Fatalf("REMEDIATE_E2E_REQUIRED is set but nft is missing: %v", err)
+		}
+		t.Skip("needs nft: a conntrack expression makes the namespace track its traffic")
+	}
+	for _, args := range [][]string{{"ip", "link", "set", "lo", "up"}, {"nft", "add table ip t"},
+		{"nft", "add chain ip t out { type filter hook output priority 0; }"}, {"nft", "add rule ip t out ct state new counter"}} {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", name}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, out)
+		}
+	}
+	var srv *net.UDPConn
+	var clients []*net.UDPConn
+	var closed *net.UDPAddr
+	inNetNS(t, fd, func() {
+		var err error
+		if srv, err = net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}); err != nil {
+			t.Error(err)
+			return
+		}
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)}) // bound, then closed: a closed port
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		closed = c.LocalAddr().(*net.UDPAddr)
+		c.Close()
+		for i := 0; i < 30; i++ {
+			c, err := net.DialUDP("udp4", nil, srv.LocalAddr().(*net.UDPAddr))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			clients = append(clients, c)
+		}
+		for i := 0; i < 7; i++ {
+			c, err := net.DialUDP("udp4", nil, closed)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			clients = append(clients, c)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	defer srv.Close()
+	for _, c := range clients {
+		defer c.Close()
+	}
+	go func() { // echo
+		b := make([]byte, 64)
+		for {
+			n, from, err := srv.ReadFromUDP(b)
+			if err != nil {
+				return
+			}
+			_, _ = srv.WriteToUDP(b[:n], from)
+		}
+	}()
+	for i, c := range clients {
+		if _, err := c.Write([]byte("ping")); err != nil {
+			t.Fatal(err)
+		}
+		if i < 30 {
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if _, err := c.Read(make([]byte, 64)); err != nil {
+				t.Fatalf("client %d: %v", i, err)
+			}
+		}
+	}
+	comp, err := Compose(context.Background(), New(Config{NetNS: fd}), 3, 10_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if comp.Count(ClassUDPStream) != 30 || comp.Count(ClassUDPUnreplied) != 7 {
+		t.Errorf("classes %+v, want 30 udp/stream and 7 udp/unreplied", comp.Classes)
+	}
+	if h := comp.TopDestinations[0]; h.Endpoint.String() != "udp/"+srv.LocalAddr().String() || h.Count != 30 {
+		t.Errorf("top destination %+v, want udp/%s x30", h, srv.LocalAddr())
+	}
 }
