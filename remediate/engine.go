@@ -567,6 +567,7 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 	for _, f := range rep.Findings {
 		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
 	}
+	observeConntrack(m, rep.Findings)
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}
