@@ -21,8 +21,8 @@ type Pod struct {
 	ControllerKind string    `json:"controllerKind,omitempty"`
 	Created        time.Time `json:"created"`
 	// Terminating is set once the pod has a deletionTimestamp.
-	Terminating bool `json:"terminating,omitempty"`
-	HostNetwork bool `json:"hostNetwork,omitempty"`
+	Terminating bool   `json:"terminating,omitempty"`
+	HostNetwork bool   `json:"hostNetwork,omitempty"`
 	Phase       string `json:"phase,omitempty"`
 	// SandboxReady is the PodReadyToStartContainers condition (sandbox
 	// created and networking configured; kubelet 1.29+), Ready the Ready
