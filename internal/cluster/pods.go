@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
@@ -188,3 +189,33 @@ type AgentPod struct {
 	Agent string
 	Pod   *Pod
 }
+
+// NodePodsTarget is the target of the finding about this node's pods that
+// cannot get a sandbox or network: one finding for all of them.
+const NodePodsTarget = "pods/network-not-ready"
+
+// PodRef is the target of a finding about one pod: "pod/<ns>/<name>".
+type PodRef struct {
+	Namespace, Name string
+}
+
+// String encodes the reference.
+func (r PodRef) String() string { return "pod/" + r.Namespace + "/" + r.Name }
+
+// ParsePodRef decodes a PodRef target.
+func ParsePodRef(target string) (PodRef, error) {
+	rest, ok := strings.CutPrefix(target, "pod/")
+	ns, name, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || ns == "" || name == "" || strings.Contains(name, "/") {
+		return PodRef{}, fmt.Errorf("not a pod target: %q", target)
+	}
+	return PodRef{Namespace: ns, Name: name}, nil
+}
+
+// Evidence keys of pod findings shared by detectors and actions.
+const (
+	// EvidenceAgent is the node agent a pod belongs to (Agent.Name).
+	EvidenceAgent = "agent"
+	// EvidencePodUID is the pod's UID when the finding was made.
+	EvidencePodUID = "podUID"
+)

@@ -106,7 +106,7 @@ func Read(confDir, binDir string) Dir {
 		}
 		d.Files = append(d.Files, f)
 	}
-	if f := d.InUse(); f != nil && f.Err == "" {
+	if f := d.InUse(); f != nil && f.Err == "" && binDir != "" {
 		f.MissingPlugins, d.BinDirErr = missingPlugins(binDir, f.Plugins)
 	}
 	return d
