@@ -157,7 +157,7 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 	rose := d.seen[p.UID].rose
 	d.mu.Unlock()
 	last := lastTerminated(p)
-	recentExit := last.LastTerminatedReason != "" && (last.LastTerminatedAt.IsZero() || now.Sub(last.LastTerminatedAt) < d.p.RestartWindow.Duration)
+	recentExit := last.LastTerminatedReason != "" && !last.LastTerminatedAt.IsZero() && now.Sub(last.LastTerminatedAt) < d.p.RestartWindow.Duration
 	restarting := (!rose.IsZero() && now.Sub(rose) < d.p.RestartWindow.Duration) || recentExit
 	if restarting {
 		s := fmt.Sprintf("restarting (%d restarts", p.Restarts())
