@@ -151,6 +151,10 @@ func TestPodsNetworkNotReady(t *testing.T) {
 	} else if _, ok := IsSkip(err); !ok {
 		t.Errorf("unsynced: %v", err)
 	}
+	view.SetFreshness(cluster.Freshness{Synced: true, Connected: false, LastError: fmt.Errorf("watch broke")})
+	if _, err := d.Detect(ctx); err == nil || !strings.Contains(err.Error(), "disconnected (watch broke)") {
+		t.Errorf("disconnected: %v", err)
+	}
 	n.Pods = nil
 	n.Unavailable = map[string]string{"kubernetes": "no cluster access: test"}
 	if _, err := d.Detect(ctx); err == nil || !strings.Contains(err.Error(), "no cluster access: test") {

@@ -84,8 +84,13 @@ func podView(n *node.Node) (cluster.PodView, error) {
 	if n.Pods == nil {
 		return nil, Skip("%s", n.Why("kubernetes"))
 	}
-	if !n.Pods.Freshness().Synced {
+	f := n.Pods.Freshness()
+	if !f.Synced {
 		return nil, Skip("the watch of this node's pods has not synced yet")
+	}
+	if !f.Connected {
+		// Stale pods are no evidence either way: unknown is not absent.
+		return nil, Skip("the watch of this node's pods is disconnected (%v)", f.LastError)
 	}
 	return n.Pods, nil
 }
