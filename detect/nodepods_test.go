@@ -15,7 +15,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
-	"github.com/remediate-dev/remediate/policy"
 )
 
 var podsT0 = time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
@@ -47,28 +46,6 @@ func podsNode(view *clustertest.Pods, clk *clocktesting.FakePassiveClock) *node.
 	return &node.Node{Name: "node1", Clock: clk, Pods: view}
 }
 
-func newPodDetector(t *testing.T, typ string, n *node.Node, set func(any)) Detector {
-	t.Helper()
-	ty, ok := Lookup(typ)
-	if !ok {
-		t.Fatalf("%s not registered", typ)
-	}
-	p := ty.NewParams()
-	if set != nil {
-		set(p)
-	}
-	if v, ok := p.(policy.Validator); ok {
-		if errs := v.Validate(); len(errs) > 0 {
-			t.Fatalf("params: %v", errs)
-		}
-	}
-	d, err := ty.New(p, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
-
 func TestPodsNetworkNotReady(t *testing.T) {
 	ctx := context.Background()
 	clk := clocktesting.NewFakePassiveClock(podsT0)
@@ -78,7 +55,7 @@ func TestPodsNetworkNotReady(t *testing.T) {
 	n.Procs, n.XtablesLock = pr, "/run/xtables.lock"
 	pr.Add(procs.FakeProcess{Process: procs.Process{Pid: 42, Cmdline: []string{"iptables-restore"}}})
 	pr.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{{Pid: 42, Cmdline: []string{"iptables-restore"}}}})
-	d := newPodDetector(t, "PodsNetworkNotReady", n, nil)
+	d := newIssue3Detector(t, "PodsNetworkNotReady", n, nil)
 
 	// Nothing on the node, healthy pods, and a pod stuck for less than
 	// 5m: no finding.
@@ -167,7 +144,7 @@ func TestCNIAgentUnhealthy(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(podsT0)
 	view := clustertest.NewPods(podsT0)
 	n := podsNode(view, clk)
-	d := newPodDetector(t, "CNIAgentUnhealthy", n, nil)
+	d := newIssue3Detector(t, "CNIAgentUnhealthy", n, nil)
 	// No agent pod: skip naming the agents looked for.
 	view.Set(running("web"))
 	if _, err := d.Detect(ctx); err == nil || !strings.Contains(err.Error(), "calico-node, cilium, flannel") {
@@ -235,7 +212,7 @@ func TestCNIConfig(t *testing.T) {
 	root := t.TempDir()
 	conf, bin := filepath.Join(root, "net.d"), filepath.Join(root, "bin")
 	n := &node.Node{Name: "node1", CNIConfDir: conf, CNIBinDir: bin, Clock: clocktesting.NewFakePassiveClock(podsT0)}
-	d := newPodDetector(t, "CNIConfig", n, nil)
+	d := newIssue3Detector(t, "CNIConfig", n, nil)
 	expect := func(sev Severity, want string) {
 		t.Helper()
 		fs, err := d.Detect(ctx)

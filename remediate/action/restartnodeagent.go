@@ -52,13 +52,7 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("agents[%d]", i), Msg: err.Error()})
 		}
 	}
-	if p.ReadyTimeout.Duration < 10*time.Second || p.ReadyTimeout.Duration > 10*time.Minute {
-		errs = append(errs, policy.FieldError{Field: "readyTimeout", Msg: "must be between 10s and 10m"})
-	}
-	if p.PollInterval.Duration < 100*time.Millisecond || p.PollInterval.Duration > p.ReadyTimeout.Duration {
-		errs = append(errs, policy.FieldError{Field: "pollInterval", Msg: "must be between 100ms and readyTimeout"})
-	}
-	return errs
+	return append(errs, validateReadyWait(p.ReadyTimeout, p.PollInterval)...)
 }
 
 func init() {
@@ -255,29 +249,15 @@ func (a *restartNodeAgent) Execute(ctx context.Context, f finding.Finding) (Resu
 	defer cancel()
 	tick := time.NewTicker(a.p.PollInterval.Duration)
 	defer tick.Stop()
-	last := "no replacement pod yet"
-	for {
-		pods, err := a.nodePods(wctx, pod.Namespace, t.agent.LabelSelector)
-		if err != nil {
-			last = err.Error()
-		}
-		for _, p := range pods {
-			if p.UID == uid || p.DeletionTimestamp != nil {
-				continue
-			}
-			if podReady(&p) {
-				details["newPod"], details["newUID"] = p.Name, string(p.UID)
-				details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
-				return Result{Summary: fmt.Sprintf("deleted %s pod %s/%s; replacement %s Ready after %s",
-					t.agent.Name, pod.Namespace, pod.Name, p.Name, details["readyAfter"]), Details: details}, nil
-			}
-			last = fmt.Sprintf("replacement %s is %s, not Ready", p.Name, p.Status.Phase)
-		}
-		select {
-		case <-wctx.Done():
-			return Result{Summary: t.agent.Name + " pod deleted, replacement not Ready", Details: details},
-				fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
-		case <-tick.C:
-		}
+	p, last := waitReplacement(wctx, tick.C, func(ctx context.Context) ([]corev1.Pod, error) {
+		return a.nodePods(ctx, pod.Namespace, t.agent.LabelSelector)
+	}, uid)
+	if p == nil {
+		return Result{Summary: t.agent.Name + " pod deleted, replacement not Ready", Details: details},
+			fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
 	}
+	details["newPod"], details["newUID"] = p.Name, string(p.UID)
+	details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
+	return Result{Summary: fmt.Sprintf("deleted %s pod %s/%s; replacement %s Ready after %s",
+		t.agent.Name, pod.Namespace, pod.Name, p.Name, details["readyAfter"]), Details: details}, nil
 }
