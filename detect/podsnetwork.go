@@ -86,6 +86,9 @@ func podView(n *node.Node) (cluster.PodView, error) {
 	}
 	f := n.Pods.Freshness()
 	if !f.Synced {
+		if f.LastError != nil {
+			return nil, Skip("the watch of this node's pods has not synced yet (%v)", f.LastError)
+		}
 		return nil, Skip("the watch of this node's pods has not synced yet")
 	}
 	if !f.Connected {

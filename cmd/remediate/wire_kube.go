@@ -98,8 +98,11 @@ func (w *wiring) kube() *kubeWiring {
 			w.log.Warn("kubernetes API server not answering: API-dependent checks skip and API actions stay blocked until it does (retrying in the background)", zap.Error(err))
 		} else {
 			sctx, scancel := context.WithTimeout(ctx, syncWait)
-			if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) || (k.pods != nil && !k.pods.WaitForSync(sctx)) {
+			if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) {
 				w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
+			}
+			if k.pods != nil && !k.pods.WaitForSync(sctx) {
+				w.log.Warn("the watch of this node's pods has not synced yet; the pod checks skip until it does", zap.Error(k.pods.Freshness().LastError))
 			}
 			scancel()
 		}
