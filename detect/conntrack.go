@@ -36,7 +36,8 @@ const (
 // utilization and drift only.
 type ConntrackExhaustionParams struct {
 	// UtilizationThreshold is count/max at or above which the table is
-	// reported (warning). The usual guidance is 75-90%.
+	// reported (warning). Default 0.8, the field guides' alert threshold
+	// (their guidance ranges 75-90%; examples/RUNBOOK.md, section 7).
 	UtilizationThreshold float64 `yaml:"utilizationThreshold"`
 	// CriticalUtilization raises the severity to critical.
 	CriticalUtilization float64 `yaml:"criticalUtilization"`
@@ -56,7 +57,7 @@ type ConntrackExhaustionParams struct {
 // SetDefaults sets the defaults of ConntrackExhaustion (registry.Defaulter).
 func (p *ConntrackExhaustionParams) SetDefaults() {
 	*p = ConntrackExhaustionParams{
-		UtilizationThreshold:      0.85,
+		UtilizationThreshold:      0.8,
 		CriticalUtilization:       0.95,
 		DropRateThreshold:         0.1,
 		InsertFailedRateThreshold: 1,
@@ -88,7 +89,7 @@ func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 func init() {
 	Define(ConntrackExhaustionName,
 		"conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
-		newConntrackExhaustion, Targets(finding.KindConntrackTable))
+		newConntrackExhaustion, Targets(finding.KindConntrackTable), Windowed())
 }
 
 // ctSample is one observation of the counters.

@@ -81,8 +81,8 @@ func TestJudgeConntrack(t *testing.T) {
 		sev       Severity
 	}{
 		{"healthy", u(1000, 262144), ctRates{}, true, 0, ""},
-		{"just below", u(84, 100), ctRates{}, false, 0, ""},
-		{"at threshold", u(85, 100), ctRates{}, false, 1, Warning},
+		{"just below", u(79, 100), ctRates{}, false, 0, ""},
+		{"at threshold", u(80, 100), ctRates{}, false, 1, Warning},
 		{"critical", u(96, 100), ctRates{}, false, 1, Critical},
 		{"max unknown", u(96, 0), ctRates{}, false, 0, ""},
 		{"drops make it critical", u(10, 100), ctRates{EarlyDrop: 0.2}, true, 1, Critical},

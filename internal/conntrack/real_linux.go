@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +57,18 @@ type Real struct {
 	cfg    Config
 	sysctl sysctl.Interface
 	mu     sync.Mutex // serializes the record file
+	// last is the newest Usage read (nil before the first), for gauges
+	// that must not read the kernel at scrape time.
+	last atomic.Pointer[Usage]
+}
+
+// LastUsage returns the newest Usage read by a detector, without touching
+// the kernel; ok is false before the first.
+func (r *Real) LastUsage() (Usage, bool) {
+	if u := r.last.Load(); u != nil {
+		return *u, true
+	}
+	return Usage{}, false
 }
 
 var _ Interface = (*Real)(nil)
@@ -119,6 +132,7 @@ func (r *Real) Usage(ctx context.Context) (Usage, error) {
 		}
 		u.Max = m
 	}
+	r.last.Store(&u)
 	return u, nil
 }
 

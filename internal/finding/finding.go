@@ -93,6 +93,10 @@ const (
 	KindPod Kind = "pod"
 	// KindCNIConfig: the node's CNI configuration ("cni/config").
 	KindCNIConfig Kind = "cni-config"
+	// KindServicePath: the path through one Service port of one family,
+	// as a connection from the node sees it
+	// ("service-path/IPv4/default/kubernetes:443"; probe.Ref).
+	KindServicePath Kind = "service-path"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS
