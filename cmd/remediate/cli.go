@@ -31,6 +31,8 @@ type options struct {
 	kubeconfig   string
 	procRoot     string
 	sysRoot      string
+	cniConfDir   string
+	cniBinDir    string
 	cgroupRoot   string
 	xtablesLock  string
 	metricsAddr  string
@@ -144,6 +146,8 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; without either, API-dependent checks are skipped)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "procfs root; every /proc and /proc/sys read goes through it")
 	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
+	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "the host's CNI configuration directory as mounted here (read-only; CNIConfig)")
+	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the host's CNI plugin directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
@@ -160,6 +164,8 @@ func addRootFlags(root *cobra.Command, o *options) {
 	_ = root.MarkFlagFilename("kubeconfig")
 	_ = root.MarkFlagDirname("proc-root")
 	_ = root.MarkFlagDirname("sys-root")
+	_ = root.MarkFlagDirname("cni-conf-dir")
+	_ = root.MarkFlagDirname("cni-bin-dir")
 	_ = root.MarkFlagDirname("cgroup-root")
 	_ = root.MarkFlagFilename("xtables-lock")
 	fixed := func(vals ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

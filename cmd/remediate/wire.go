@@ -61,6 +61,8 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		Name:        w.o.nodeName,
 		ProcRoot:    w.o.procRoot,
 		XtablesLock: w.o.xtablesLock,
+		CNIConfDir:  w.o.cniConfDir,
+		CNIBinDir:   w.o.cniBinDir,
 		Clock:       clock.RealClock{},
 		Log:         w.log,
 		Unavailable: map[string]string{},
@@ -156,6 +158,9 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// (in-cluster or --kubeconfig; built once, shared across reloads).
 	if k := w.kube(); k.client != nil {
 		n.Kube, n.Cluster = k.client.Interface, k.view
+		if k.pods != nil {
+			n.Pods = k.pods
+		}
 	} else {
 		n.Unavailable["kubernetes"] = k.noAccess
 	}

@@ -66,6 +66,15 @@ type Node struct {
 	// Cluster is the informer-backed view of Services and EndpointSlices;
 	// nil without cluster access. Callers check Cluster.Freshness().
 	Cluster cluster.View
+	// Pods is the watch of the pods bound to this node (field selector
+	// spec.nodeName); nil without cluster access. Callers check
+	// Pods.Freshness().
+	Pods cluster.PodView
+	// CNIConfDir and CNIBinDir are the host's CNI configuration and plugin
+	// directories as mounted here (--cni-conf-dir, --cni-bin-dir); empty
+	// means not configured.
+	CNIConfDir string
+	CNIBinDir  string
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
