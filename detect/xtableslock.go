@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -46,7 +47,7 @@ func (p *XtablesLockContentionParams) Validate() []policy.FieldError {
 func init() {
 	Define("XtablesLockContention",
 		"a process holding the xtables lock longer than maxHold, or maxWaiters processes waiting for it; one finding per real holder",
-		newXtablesLockContention, Targets(finding.KindProcess))
+		newXtablesLockContention, Targets(finding.KindProcess), Windowed())
 }
 
 type xtablesLock struct {
@@ -56,6 +57,7 @@ type xtablesLock struct {
 	mu    sync.Mutex
 	since map[string]time.Time // holder target (or "lock/<dev>") -> first seen holding
 	judgement
+	causes causeWatch
 }
 
 func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
@@ -67,6 +69,25 @@ func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Det
 const unknownHolder = "xtables-lock/holder-not-visible"
 
 func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
+	out, err := d.detect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The causes: kube-proxy's churn, rule set size and save time, its
+	// throttling, over at least maxHold. kube-proxy's metrics are the last
+	// scrape the kube-proxy detectors made (no request here: a lock
+	// detector never waits on kube-proxy); without one the causes say so.
+	var sc *kubeproxy.Scrape
+	if ls, ok := d.n.KubeProxy.(interface{ LastScrape() *kubeproxy.Scrape }); ok && d.n.KubeProxy != nil {
+		sc = ls.LastScrape()
+	}
+	span := d.p.MaxHold.Duration
+	d.causes.observe(ctx, d.n, sc, span)
+	d.causes.attach(ctx, d.n, sc, func(Finding) kubeproxy.Family { return kubeproxy.Unlabelled }, span, out)
+	return out, nil
+}
+
+func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 	if d.n.Procs == nil {
 		return nil, Skip("%s", d.n.Why("procs"))
 	}

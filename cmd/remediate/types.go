@@ -110,6 +110,23 @@ func defaultOf(v reflect.Value) string {
 	if (v.Kind() == reflect.Slice || v.Kind() == reflect.Map) && v.Len() == 0 {
 		return "none"
 	}
+	if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Struct {
+		// A list of records: one flow mapping each ({name: x, ...}).
+		items := make([]string, 0, v.Len())
+		for i := 0; i < v.Len(); i++ {
+			var n yaml.Node
+			if err := n.Encode(v.Index(i).Interface()); err != nil {
+				return fmt.Sprint(v.Interface())
+			}
+			n.Style = yaml.FlowStyle
+			b, err := yaml.Marshal(&n)
+			if err != nil {
+				return fmt.Sprint(v.Interface())
+			}
+			items = append(items, strings.TrimSpace(string(b)))
+		}
+		return strings.Join(items, "; ")
+	}
 	b, err := yaml.Marshal(v.Interface())
 	if err != nil {
 		return fmt.Sprint(v.Interface())

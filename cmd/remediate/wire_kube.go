@@ -29,6 +29,7 @@ type kubeWiring struct {
 	client   *kube.Client
 	view     *kube.View
 	nodes    *kube.NodeWatch
+	pods     *kube.PodWatch // this node's pods (field selector spec.nodeName)
 	reporter *kubeexporter.Reporter
 	storm    *guardrails.Storm
 	budget   *guardrails.Budget
@@ -89,12 +90,23 @@ func (w *wiring) kube() *kubeWiring {
 		k.view.Start(ctx)
 		k.nodes = kube.NewNodeWatch(c.Interface, w.o.nodeName)
 		k.nodes.Start(ctx)
+		// This node's pods only (spec.nodeName field selector, as the
+		// kubelet watches them): PodsNetworkNotReady, CNIAgentUnhealthy.
+		if pw, err := kube.NewPodWatch(c.Interface, w.o.nodeName, c.Contact, w.log); err != nil {
+			w.log.Warn("no watch of this node's pods: pod checks skip", zap.Error(err))
+		} else {
+			k.pods = pw
+			pw.Start(ctx)
+		}
 		if err := probeAPIServer(ctx, c); err != nil {
 			w.log.Warn("kubernetes API server not answering: API-dependent checks skip and API actions stay blocked until it does (retrying in the background)", zap.Error(err))
 		} else {
 			sctx, scancel := context.WithTimeout(ctx, syncWait)
 			if !k.view.WaitForSync(sctx) || !k.nodes.WaitForSync(sctx) {
 				w.log.Warn("cluster view not synced yet; API-dependent actions stay blocked until it is", zap.Duration("waited", syncWait))
+			}
+			if k.pods != nil && !k.pods.WaitForSync(sctx) {
+				w.log.Warn("the watch of this node's pods has not synced yet; the pod checks skip until it does", zap.Error(k.pods.Freshness().LastError))
 			}
 			scancel()
 		}

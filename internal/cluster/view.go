@@ -2,7 +2,9 @@
 // EndpointSlices that matter to this node, and its freshness. Detectors that
 // compare kernel state with the desired state (IPVS drift, stale conntrack
 // entries) read it through View; actions that delete kernel state must first
-// check Freshness and refuse on a stale or unsynced view.
+// check Freshness and refuse on a stale or unsynced view. PodView is the
+// watch of the pods bound to this node (pods.go), with the node agents
+// (kube-proxy, the CNI agents) named by namespaces and label selectors.
 package cluster
 
 import (

@@ -85,6 +85,18 @@ const (
 	// KindNFTablesChain: one base chain of an nftables table
 	// ("nftables/inet/firewall/input").
 	KindNFTablesChain Kind = "nftables-chain"
+	// KindNodePods: the pods of this node as a whole
+	// ("pods/network-not-ready"; cluster.NodePodsTarget).
+	KindNodePods Kind = "node-pods"
+	// KindPod: one pod of this node, e.g. a node agent's
+	// ("pod/kube-system/calico-node-x2x7k"; cluster.PodRef).
+	KindPod Kind = "pod"
+	// KindCNIConfig: the node's CNI configuration ("cni/config").
+	KindCNIConfig Kind = "cni-config"
+	// KindServicePath: the path through one Service port of one family,
+	// as a connection from the node sees it
+	// ("service-path/IPv4/default/kubernetes:443"; probe.Ref).
+	KindServicePath Kind = "service-path"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

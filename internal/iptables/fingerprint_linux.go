@@ -3,7 +3,7 @@
 package iptables
 
 import (
-	"encoding/binary"
+	byteorder "encoding/binary"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -193,7 +193,7 @@ func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayou
 	if err := getsockopt(fd, level, soGetInfo, info); err != nil {
 		return fmt.Errorf("IPT_SO_GET_INFO: %w", err)
 	}
-	size := binary.NativeEndian.Uint32(info[80:84])
+	size := byteorder.NativeEndian.Uint32(info[80:84])
 	if size > maxBlob {
 		return fmt.Errorf("entries of %d bytes: larger than %d", size, maxBlob)
 	}
@@ -208,7 +208,7 @@ func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayou
 	}
 	defer unix.Munmap(buf)
 	copy(buf, name)
-	binary.NativeEndian.PutUint32(buf[32:36], size)
+	byteorder.NativeEndian.PutUint32(buf[32:36], size)
 	if err := getsockopt(fd, level, soGetEntries, buf); err != nil {
 		// EAGAIN: the table was replaced between the two reads.
 		return fmt.Errorf("IPT_SO_GET_ENTRIES: %w", err)
@@ -218,7 +218,7 @@ func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayou
 		if off+lay.size > len(blob) {
 			return fmt.Errorf("entry at %d overruns the blob", off)
 		}
-		next := int(binary.NativeEndian.Uint16(blob[off+lay.nextOff:]))
+		next := int(byteorder.NativeEndian.Uint16(blob[off+lay.nextOff:]))
 		if next < lay.size || off+next > len(blob) {
 			return fmt.Errorf("bad next_offset %d at %d", next, off)
 		}
@@ -275,7 +275,7 @@ func nftFingerprint(f Family) (fingerprint, error) {
 		if err != nil {
 			return fingerprint{}, fmt.Errorf("table message: %w", err)
 		}
-		ad.ByteOrder = binary.BigEndian
+		ad.ByteOrder = byteorder.BigEndian
 		for ad.Next() {
 			if ad.Type() == nftaTableName {
 				if n := ad.String(); xtablesTables[n] {
@@ -294,7 +294,7 @@ func nftFingerprint(f Family) (fingerprint, error) {
 	sort.Strings(tables)
 	var h maphash.Hash
 	h.SetSeed(fpSeed)
-	_ = binary.Write(&h, binary.BigEndian, gen)
+	_ = byteorder.Write(&h, byteorder.BigEndian, gen)
 	_, _ = h.WriteString(strings.Join(tables, ",") + "|" + strings.Join(legacy, ","))
 	// Without an iptables table in the family the save prints nothing but
 	// perhaps the legacy warning: keep saving then, it is cheap.
@@ -317,7 +317,7 @@ func nftGen(c *netlink.Conn) (uint32, error) {
 		if err != nil {
 			return 0, fmt.Errorf("NFT_MSG_GETGEN reply: %w", err)
 		}
-		ad.ByteOrder = binary.BigEndian
+		ad.ByteOrder = byteorder.BigEndian
 		for ad.Next() {
 			if ad.Type() == nftaGenID {
 				return ad.Uint32(), nil

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"strings"
 	"sync"
@@ -177,7 +178,7 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 			return &s, nil
 		}
 	}
-	snap, err := r.save(ctx, f, b)
+	snap, err := r.saveParsed(ctx, f, b)
 	if err != nil || fpErr != nil {
 		r.forget(k)
 		return snap, err
@@ -206,15 +207,9 @@ func (r *Real) forget(k sharedKey) {
 	r.mu.Unlock()
 }
 
-// save runs the save command and parses its output.
-func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	defer cancel()
+// saveParsed runs the save command and parses its output.
+func (r *Real) saveParsed(ctx context.Context, f Family, b Backend) (*Snapshot, error) {
 	name := SaveCommand(f, b)
-	cmd, err := r.command(ctx, name)
-	if err != nil {
-		return nil, err
-	}
 	// The output buffer starts at the size of the last save of this family
 	// and backend, so a large table is read without growing it step by
 	// step (each step garbage the size of the table).
@@ -225,16 +220,9 @@ func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 	}
 	r.mu.Unlock()
 	out := &outBuf{b: make([]byte, 0, hint)}
-	var errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = out, &errb
-	start := time.Now()
-	err = cmd.Run()
-	d := time.Since(start)
+	_, d, err := r.save(ctx, f, b, out)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: timed out after %v: %w", name, d.Round(time.Millisecond), ctx.Err())
-		}
-		return nil, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
+		return nil, err
 	}
 	size := len(out.b)
 	rs, err := ParseString(out.text())
@@ -242,6 +230,57 @@ func (r *Real) save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 		return nil, fmt.Errorf("parsing %s output: %w", name, err)
 	}
 	return &Snapshot{Family: f, Backend: b, Rules: rs, Duration: d, Bytes: size}, nil
+}
+
+// SaveRaw runs the same save command as Save (never through the xtables
+// lock) and returns its output as it is, at most maxBytes of it (the rest
+// is read and dropped; truncated says so). For the evidence bundle.
+func (r *Real) SaveRaw(ctx context.Context, f Family, b Backend, maxBytes int) (out []byte, truncated bool, d time.Duration, err error) {
+	lw := &limitWriter{max: maxBytes}
+	_, d, err = r.save(ctx, f, b, lw)
+	return lw.b.Bytes(), lw.cut, d, err
+}
+
+// save runs the save command with stdout into w (a buffer when nil).
+func (r *Real) save(ctx context.Context, f Family, b Backend, w io.Writer) (*bytes.Buffer, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	name := SaveCommand(f, b)
+	cmd, err := r.command(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if w != nil {
+		cmd.Stdout = w
+	}
+	start := time.Now()
+	err = cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, d, fmt.Errorf("%s: timed out after %v: %w", name, d.Round(time.Millisecond), ctx.Err())
+		}
+		return nil, d, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
+	}
+	return &out, d, nil
+}
+
+// limitWriter keeps the first max bytes written and drops the rest.
+type limitWriter struct {
+	b   bytes.Buffer
+	max int
+	cut bool
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if rest := l.max - l.b.Len(); rest < len(p) {
+		l.cut = true
+		l.b.Write(p[:max(rest, 0)])
+		return len(p), nil
+	}
+	return l.b.Write(p)
 }
 
 // outBuf collects a command's output; text hands it to the parser without

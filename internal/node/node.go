@@ -13,12 +13,15 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -63,11 +66,31 @@ type Node struct {
 	// Cluster is the informer-backed view of Services and EndpointSlices;
 	// nil without cluster access. Callers check Cluster.Freshness().
 	Cluster cluster.View
+	// Pods is the watch of the pods bound to this node (field selector
+	// spec.nodeName); nil without cluster access. Callers check
+	// Pods.Freshness().
+	Pods cluster.PodView
+	// CNIConfDir and CNIBinDir are the host's CNI configuration and plugin
+	// directories as mounted here (--cni-conf-dir, --cni-bin-dir); empty
+	// means not configured.
+	CNIConfDir string
+	CNIBinDir  string
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
 	// IPVS is the kernel's IP Virtual Server tables (subsystem "ipvs").
 	IPVS ipvs.Interface
+	// CPU reads cgroup cpu.stat (kube-proxy's throttling) and the node's
+	// /proc/stat CPU times (subsystem "cpustat"), for the likely causes of
+	// kube-proxy symptoms.
+	CPU cpustat.Interface
+	// LockHistory, when set, gives the xtables lock holds of a recent
+	// window for those causes; nil: the current /proc/locks snapshot.
+	LockHistory causes.LockSource
+	// Probe makes bounded TCP connects (connect, close, no payload) from
+	// the node's network namespace, for the Service path probe (subsystem
+	// "probe").
+	Probe probe.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

@@ -52,13 +52,7 @@ func (p *RestartKubeProxyParams) Validate() []policy.FieldError {
 	} else if sel.Empty() {
 		errs = append(errs, policy.FieldError{Field: "labelSelector", Msg: "must not be empty (it would match every pod)"})
 	}
-	if p.ReadyTimeout.Duration < 10*time.Second || p.ReadyTimeout.Duration > 10*time.Minute {
-		errs = append(errs, policy.FieldError{Field: "readyTimeout", Msg: "must be between 10s and 10m"})
-	}
-	if p.PollInterval.Duration < 100*time.Millisecond || p.PollInterval.Duration > p.ReadyTimeout.Duration {
-		errs = append(errs, policy.FieldError{Field: "pollInterval", Msg: "must be between 100ms and readyTimeout"})
-	}
-	return errs
+	return append(errs, validateReadyWait(p.ReadyTimeout, p.PollInterval)...)
 }
 
 func init() {
@@ -175,38 +169,24 @@ func (a *restartKubeProxy) Execute(ctx context.Context, _ finding.Finding) (Resu
 	defer cancel()
 	t := time.NewTicker(a.p.PollInterval.Duration)
 	defer t.Stop()
-	last := "no replacement pod yet"
-	for {
-		pods, err := kubeProxyPods(wctx, a.n.Kube, a.p.Namespace, a.sel, a.n.Name)
-		if err != nil {
-			last = err.Error()
-		}
-		for _, p := range pods {
-			if p.UID == uid || p.DeletionTimestamp != nil {
-				continue
-			}
-			if podReady(&p) {
-				details["newPod"], details["newUID"] = p.Name, string(p.UID)
-				details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
-				summary := fmt.Sprintf("deleted kube-proxy pod %s/%s; replacement %s Ready after %s",
-					pod.Namespace, pod.Name, p.Name, details["readyAfter"])
-				if err := a.waitSynced(wctx, t, details); err != nil {
-					return Result{Summary: summary + "; sync not recovered", Details: details}, err
-				}
-				if details["syncRecoveredAfter"] != nil {
-					summary += fmt.Sprintf(", /healthz healthy after %s", details["syncRecoveredAfter"])
-				}
-				return Result{Summary: summary, Details: details}, nil
-			}
-			last = fmt.Sprintf("replacement %s is %s, not Ready", p.Name, p.Status.Phase)
-		}
-		select {
-		case <-wctx.Done():
-			return Result{Summary: "kube-proxy pod deleted, replacement not Ready", Details: details},
-				fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
-		case <-t.C:
-		}
+	p, last := waitReplacement(wctx, t.C, func(ctx context.Context) ([]corev1.Pod, error) {
+		return kubeProxyPods(ctx, a.n.Kube, a.p.Namespace, a.sel, a.n.Name)
+	}, uid)
+	if p == nil {
+		return Result{Summary: "kube-proxy pod deleted, replacement not Ready", Details: details},
+			fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
 	}
+	details["newPod"], details["newUID"] = p.Name, string(p.UID)
+	details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
+	summary := fmt.Sprintf("deleted kube-proxy pod %s/%s; replacement %s Ready after %s",
+		pod.Namespace, pod.Name, p.Name, details["readyAfter"])
+	if err := a.waitSynced(wctx, t, details); err != nil {
+		return Result{Summary: summary + "; sync not recovered", Details: details}, err
+	}
+	if details["syncRecoveredAfter"] != nil {
+		summary += fmt.Sprintf(", /healthz healthy after %s", details["syncRecoveredAfter"])
+	}
+	return Result{Summary: summary, Details: details}, nil
 }
 
 // waitSynced waits for kube-proxy's /healthz to report healthy, through the
@@ -235,16 +215,4 @@ func (a *restartKubeProxy) waitSynced(ctx context.Context, t *time.Ticker, detai
 		case <-t.C:
 		}
 	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	if p.Status.Phase != corev1.PodRunning {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

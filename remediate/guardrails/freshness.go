@@ -11,7 +11,7 @@ import (
 // DefaultAPIActions are the action types that act through the API or on
 // the view's data, beyond the disruptive ones (which always need a fresh
 // view).
-var DefaultAPIActions = []string{"RestartKubeProxy", "CordonNode", "DeleteIPVSRealServer", "DeleteIPVSVirtualServer", "ClearIPVSUDPAffinity", "FlushConntrack"}
+var DefaultAPIActions = []string{"RestartKubeProxy", "RestartNodeAgent", "CordonNode", "DeleteIPVSRealServer", "DeleteIPVSVirtualServer", "ClearIPVSUDPAffinity", "FlushConntrack"}
 
 // Freshness blocks actions that depend on the Kubernetes API (the listed
 // types and every disruptive one) while the cluster view is missing, not

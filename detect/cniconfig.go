@@ -1,0 +1,99 @@
+package detect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strings"
+
+	"github.com/remediate-dev/remediate/internal/cni"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// CNIConfigParams are the options of CNIConfig.
+type CNIConfigParams struct {
+	// RequirePlugins checks that every plugin type the configuration in use
+	// names is an executable in the CNI bin directory (default true).
+	RequirePlugins bool `yaml:"requirePlugins"`
+}
+
+// SetDefaults sets the defaults of CNIConfig (registry.Defaulter).
+func (p *CNIConfigParams) SetDefaults() { *p = CNIConfigParams{RequirePlugins: true} }
+
+// Validate implements policy.Validator.
+func (p *CNIConfigParams) Validate() []policy.FieldError { return nil }
+
+func init() {
+	Define("CNIConfig",
+		"the node's CNI configuration directory (--cni-conf-dir) missing, empty, its configuration in use unparseable, or naming a plugin missing from --cni-bin-dir",
+		newCNIConfig, Targets(finding.KindCNIConfig))
+}
+
+// CNIConfigTarget is the target of CNIConfig's finding.
+const CNIConfigTarget = "cni/config"
+
+type cniConfig struct {
+	p CNIConfigParams
+	n *node.Node
+	judgement
+}
+
+func newCNIConfig(p *CNIConfigParams, n *node.Node) (Detector, error) {
+	return &cniConfig{p: *p, n: n}, nil
+}
+
+func (d *cniConfig) Detect(context.Context) ([]Finding, error) {
+	if d.n.CNIConfDir == "" {
+		return nil, Skip("no CNI configuration directory configured (--cni-conf-dir)")
+	}
+	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
+	ev := map[string]any{"confDir": dir.ConfDir, "binDir": dir.BinDir}
+	found := func(sev finding.Severity, format string, args ...any) ([]Finding, error) {
+		if len(dir.Files) > 0 {
+			ev["files"] = dir.Files
+		}
+		if dir.Omitted > 0 {
+			ev["filesOmitted"] = dir.Omitted
+		}
+		return []Finding{{Detector: "CNIConfig", Target: CNIConfigTarget, Severity: sev,
+			Message: fmt.Sprintf(format, args...), Evidence: ev}}, nil
+	}
+	if dir.ConfDirErr != nil {
+		if errors.Is(dir.ConfDirErr, fs.ErrNotExist) {
+			return found(Critical, "CNI configuration directory %s does not exist on node %s (or the host path is not mounted here): the runtime cannot set up any pod network", dir.ConfDir, d.n.Name)
+		}
+		return nil, fmt.Errorf("reading CNI configuration directory %s: %w", dir.ConfDir, dir.ConfDirErr)
+	}
+	f := dir.InUse()
+	if f == nil {
+		return found(Critical, "CNI configuration directory %s on node %s holds no network configuration (*.conf, *.conflist, *.json): new pods get no sandbox", dir.ConfDir, d.n.Name)
+	}
+	ev["inUse"] = f.Name
+	if f.Err != "" {
+		return found(Critical, "CNI configuration in use %s/%s cannot be loaded: %s (the runtime reads the first file by name; a truncated or overwritten file breaks every new pod's network)", dir.ConfDir, f.Name, f.Err)
+	}
+	if d.p.RequirePlugins && len(f.MissingPlugins) > 0 {
+		why := ""
+		if dir.BinDirErr != nil {
+			why = fmt.Sprintf(" (%v)", dir.BinDirErr)
+		}
+		ev["missingPlugins"] = f.MissingPlugins
+		return found(Critical, "CNI configuration %s/%s (network %s) names plugins missing from %s%s: %s",
+			dir.ConfDir, f.Name, f.Network, dir.BinDir, why, strings.Join(f.MissingPlugins, ", "))
+	}
+	var broken []string
+	for _, g := range dir.Files[1:] {
+		if g.Err != "" {
+			broken = append(broken, g.Name+": "+g.Err)
+		}
+	}
+	if len(broken) > 0 {
+		return found(Warning, "CNI configuration %s/%s is loadable but other files in %s are not (unused while %s sorts first): %s",
+			dir.ConfDir, f.Name, dir.ConfDir, f.Name, strings.Join(broken, "; "))
+	}
+	d.set("CNI configuration %s/%s (network %s, plugins %s) loadable, plugins present in %s", dir.ConfDir, f.Name, f.Network, strings.Join(f.Plugins, ", "), dir.BinDir)
+	return nil, nil
+}

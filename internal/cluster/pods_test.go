@@ -1,0 +1,44 @@
+package cluster
+
+import "testing"
+
+func TestAgents(t *testing.T) {
+	for _, a := range append(DefaultCNIAgents(), KubeProxyAgent()) {
+		if err := a.Validate(); err != nil {
+			t.Errorf("default %s: %v", a.Name, err)
+		}
+	}
+	for _, bad := range []Agent{{}, {Name: "x", LabelSelector: "a=b"}, {Name: "x", Namespaces: []string{"ns"}},
+		{Name: "x", Namespaces: []string{"ns"}, LabelSelector: "a in ("}, {Name: "x", Namespaces: []string{""}, LabelSelector: "a=b"}} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	flannel := Agent{Name: "flannel", Namespaces: []string{"kube-flannel", "kube-system"}, LabelSelector: "app=flannel"}
+	pods := []Pod{
+		{Namespace: "kube-flannel", Name: "kube-flannel-ds-abc", Labels: map[string]string{"app": "flannel", "tier": "node"}},
+		{Namespace: "default", Name: "imitation", Labels: map[string]string{"app": "flannel"}},
+		{Namespace: "kube-system", Name: "old", Labels: map[string]string{"app": "flannel"}, Terminating: true},
+		{Namespace: "kube-system", Name: "coredns", Labels: map[string]string{"k8s-app": "kube-dns"}},
+	}
+	got := AgentPods(pods, []Agent{flannel})
+	if len(got) != 1 || got[0].Pod.Name != "kube-flannel-ds-abc" || got[0].Agent != "flannel" {
+		t.Errorf("agent pods %+v", got)
+	}
+	if (Agent{Name: "x", Namespaces: []string{"default"}}).Matches(&pods[1]) {
+		t.Error("an empty selector matched")
+	}
+}
+
+func TestPodRef(t *testing.T) {
+	r := PodRef{Namespace: "kube-system", Name: "calico-node-x"}
+	got, err := ParsePodRef(r.String())
+	if err != nil || got != r {
+		t.Fatalf("round trip %v %v", got, err)
+	}
+	for _, bad := range []string{"pod/", "pod/ns", "pod//x", "pod/ns/", "pod/ns/a/b", "process/1@2", "ns/x"} {
+		if _, err := ParsePodRef(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,312 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
+	"k8s.io/utils/ptr"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate/action"
+)
+
+// podsNS is the test-made namespace of the workload pods.
+const podsNS = "pods-e2e"
+
+type recordRT struct {
+	next http.RoundTripper
+	mu   *sync.Mutex
+	urls *[]string
+}
+
+func (r recordRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	if strings.Contains(req.URL.Path, "/pods") {
+		r.mu.Lock()
+		*r.urls = append(*r.urls, req.Method+" "+req.URL.RequestURI())
+		r.mu.Unlock()
+	}
+	return r.next.RoundTrip(req)
+}
+
+// testNodePods: the pods of node n1 as the daemon (the ServiceAccount on
+// n1, enforce RBAC and admission policy) watches them, with their status
+// written as a kubelet would (no kubelet runs here): a pod without sandbox
+// past minAge is found and clears when fixed, many are one finding, a pod
+// of n2 is never seen; the CNI agent's pod not Ready, restarting and
+// OOM-killed is found and clears; RestartNodeAgent deletes n1's agent pod
+// and refuses n2's and a workload's, which the admission policy refuses
+// server-side too.
+func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	admin := cp.Client
+	for _, ns := range []string{podsNS, "calico-system"} {
+		if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var urls []string
+	c, err := kube.NewClient(asDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return recordRT{next: rt, mu: &mu, urls: &urls} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pw, err := kube.NewPodWatch(c.Interface, "n1", c.Contact, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw.Start(wctx)
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	defer scancel()
+	if !pw.WaitForSync(sctx) {
+		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
+	}
+	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, Kube: c.Interface}
+	build := func(typ string, set func(any)) detect.Detector {
+		ty, _ := detect.Lookup(typ)
+		p := ty.NewParams()
+		set(p)
+		if errs := p.(policy.Validator).Validate(); len(errs) > 0 {
+			t.Fatal(errs)
+		}
+		d, err := ty.New(p, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	podsDet := build("PodsNetworkNotReady", func(p any) { p.(*detect.PodsNetworkNotReadyParams).MinAge = policy.D(3 * time.Second) })
+	agentDet := build("CNIAgentUnhealthy", func(p any) {
+		pp := p.(*detect.CNIAgentUnhealthyParams)
+		pp.NotReadyFor, pp.RestartWindow = policy.D(time.Second), policy.D(4*time.Second)
+	})
+	detectUntil := func(d detect.Detector, what string, ok func([]detect.Finding) bool) []detect.Finding {
+		t.Helper()
+		var fs []detect.Finding
+		waitFor(t, 20*time.Second, what, func() (bool, string) {
+			var err error
+			fs, err = d.Detect(ctx)
+			return err == nil && ok(fs), fmt.Sprintf("%+v %v", fs, err)
+		})
+		return fs
+	}
+	none := func(fs []detect.Finding) bool { return len(fs) == 0 }
+
+	// A workload pod on n1 stuck without sandbox, and one on n2.
+	mkPod(t, admin, workload(podsNS, "stuck-1", "n1"), sandboxNotReady(time.Now()))
+	mkPod(t, admin, workload(podsNS, "other-node", "n2"), sandboxNotReady(time.Now().Add(-time.Hour)))
+	detectUntil(podsDet, "the pod watch seeing stuck-1", func(fs []detect.Finding) bool {
+		return len(pw.NodePods()) == 1 && len(fs) == 0 // young: under minAge
+	})
+	fs := detectUntil(podsDet, "stuck-1 past minAge", func(fs []detect.Finding) bool { return len(fs) == 1 })
+	if fs[0].Target != cluster.NodePodsTarget || fs[0].Evidence["stuckPods"] != 1 || !strings.Contains(fs[0].Message, podsNS+"/stuck-1") ||
+		strings.Contains(fs[0].Message, "other-node") || !strings.Contains(fs[0].Message, "no CNI agent pod found") {
+		t.Fatalf("finding %+v", fs[0])
+	}
+	// Fixed as the kubelet would write it: sandbox ready, Running.
+	setStatus(t, admin, podsNS, "stuck-1", runningStatus(0, nil))
+	detectUntil(podsDet, "stuck-1 fixed", none)
+
+	// Many stuck pods: one finding counting them, ten named.
+	for i := 0; i < 12; i++ {
+		mkPod(t, admin, workload(podsNS, fmt.Sprintf("batch-%02d", i), "n1"), sandboxNotReady(time.Now().Add(-time.Minute)))
+	}
+	fs = detectUntil(podsDet, "12 stuck pods", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["stuckPods"] == 12 })
+	if l := fs[0].Evidence["pods"].([]map[string]any); len(l) != 10 || !strings.Contains(fs[0].Message, "and 2 more") {
+		t.Errorf("many: %d listed, %q", len(l), fs[0].Message)
+	}
+
+	// The CNI agent, Ready: no finding; the pods finding names it.
+	mkPod(t, admin, calicoNode("calico-node-n1", "n1"), runningStatus(0, nil))
+	mkPod(t, admin, calicoNode("calico-node-n2", "n2"), runningStatus(0, nil))
+	detectUntil(agentDet, "agent Ready", func(fs []detect.Finding) bool { return len(fs) == 0 && len(pw.NodePods()) == 14 })
+	fs = detectUntil(podsDet, "pods finding with the agent", func(fs []detect.Finding) bool {
+		return len(fs) == 1 && strings.Contains(fs[0].Message, "CNI agent calico-system/calico-node-n1 Ready")
+	})
+	// Not Ready.
+	nr := runningStatus(0, nil)
+	nr.Conditions[1] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}
+	setStatus(t, admin, "calico-system", "calico-node-n1", nr)
+	fs = detectUntil(agentDet, "agent not Ready", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Severity == detect.Critical })
+	if fs[0].Target != "pod/calico-system/calico-node-n1" || fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" {
+		t.Errorf("not ready finding %+v", fs[0])
+	}
+	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(0, nil))
+	detectUntil(agentDet, "agent Ready again", none)
+	// Restart count rising (no last state): found, clears after the window.
+	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(2, nil))
+	fs = detectUntil(agentDet, "restarts rising", func(fs []detect.Finding) bool { return len(fs) == 1 })
+	if !strings.Contains(fs[0].Message, "restarting (2 restarts") || fs[0].Evidence["restartCount"] != int32(2) {
+		t.Errorf("restarting finding %+v", fs[0])
+	}
+	detectUntil(agentDet, "restart window over", none)
+	// OOM-killed just now.
+	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(3, &corev1.ContainerStateTerminated{
+		Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(time.Now())}))
+	fs = detectUntil(agentDet, "OOM-killed", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["oomKilled"] == true })
+	if fs[0].Evidence["lastTerminatedReason"] != "OOMKilled" || !strings.Contains(fs[0].Message, "OOM-killed") {
+		t.Errorf("oom finding %+v", fs[0])
+	}
+	detectUntil(agentDet, "OOM window over", none)
+
+	// RestartNodeAgent, enforce, as the ServiceAccount on n1.
+	typ, _ := action.Lookup("RestartNodeAgent")
+	params := typ.NewParams().(*action.RestartNodeAgentParams)
+	params.ReadyTimeout, params.PollInterval = policy.D(20*time.Second), policy.D(200*time.Millisecond)
+	a, err := typ.New(params, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for target, want := range map[string]string{
+		"pod/calico-system/calico-node-n2": "no pod calico-system/calico-node-n2 of an allowlisted agent on node n1",
+		"pod/" + podsNS + "/batch-00":      "no pod " + podsNS + "/batch-00 of an allowlisted agent",
+	} {
+		if _, err := a.Execute(ctx, detect.Finding{Target: target}); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", target, err, want)
+		}
+	}
+	// The admission policy refuses the same deletes server-side, and a
+	// pod labelled like an agent outside the agents' namespaces.
+	mkPod(t, admin, func() *corev1.Pod { p := calicoNode("impostor", "n1"); p.Namespace = podsNS; return p }(), runningStatus(0, nil))
+	for _, p := range [][2]string{{"calico-system", "calico-node-n2"}, {podsNS, "batch-00"}, {podsNS, "impostor"}} {
+		err := c.Interface.CoreV1().Pods(p[0]).Delete(ctx, p[1], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil || !strings.Contains(err.Error(), "only delete the pod of a node agent") {
+			t.Errorf("delete %s/%s as the daemon on n1: %v", p[0], p[1], err)
+		}
+	}
+	go func() { // the DaemonSet controller
+		deadline := time.Now().Add(15 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := admin.CoreV1().Pods("calico-system").Get(ctx, "calico-node-n1", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		p, err := admin.CoreV1().Pods("calico-system").Create(ctx, calicoNode("calico-node-n1-new", "n1"), metav1.CreateOptions{})
+		if err == nil {
+			p.Status = runningStatus(0, nil)
+			_, _ = admin.CoreV1().Pods("calico-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
+		}
+	}()
+	res, err := a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-n1"})
+	if err != nil || res.Details["newPod"] != "calico-node-n1-new" {
+		t.Fatalf("restart: %+v %v", res, err)
+	}
+	if _, err := admin.CoreV1().Pods("calico-system").Get(ctx, "calico-node-n1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("old agent pod still there: %v", err)
+	}
+	if _, err := admin.CoreV1().Pods("calico-system").Get(ctx, "calico-node-n2", metav1.GetOptions{}); err != nil {
+		t.Errorf("n2's agent pod: %v", err)
+	}
+
+	// Every pod request the watch made was field-selected to n1 (no
+	// cluster-wide pod list); the action's lists are too.
+	mu.Lock()
+	defer mu.Unlock()
+	lists := 0
+	for _, u := range urls {
+		if strings.HasPrefix(u, "GET ") {
+			lists++
+			if !strings.Contains(u, "fieldSelector=spec.nodeName%3Dn1") {
+				t.Errorf("pod request without the node's field selector: %s", u)
+			}
+		}
+	}
+	if lists == 0 {
+		t.Error("no pod list/watch recorded")
+	}
+	for _, ns := range []string{podsNS, "calico-system"} {
+		_ = admin.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
+	}
+}
+
+func workload(ns, name, nodeName string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "web"}},
+		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "web", Image: "registry.k8s.io/pause:3.10"}},
+			TerminationGracePeriodSeconds: ptr.To[int64](0)},
+	}
+}
+
+func calicoNode(name, nodeName string) *corev1.Pod {
+	p := workload("calico-system", name, nodeName)
+	p.Labels = map[string]string{"k8s-app": "calico-node"}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "calico-node", UID: "calico-ds", Controller: ptr.To(true)}}
+	p.Spec.Containers[0].Name = "calico-node"
+	return p
+}
+
+// sandboxNotReady is what a kubelet writes while the CNI plugin fails to
+// set up the pod's network.
+func sandboxNotReady(since time.Time) corev1.PodStatus {
+	t := metav1.NewTime(since)
+	return corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
+		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse, LastTransitionTime: t},
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: t},
+		{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: t, Reason: "ContainersNotReady"},
+	}, ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Image: "registry.k8s.io/pause:3.10",
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating",
+			Message: `Failed to create pod sandbox: plugin type="calico" failed (add): timeout`}}}}}
+}
+
+// runningStatus is a Running, Ready pod with restarts and a last state.
+func runningStatus(restarts int32, last *corev1.ContainerStateTerminated) corev1.PodStatus {
+	t := metav1.NewTime(time.Now().Add(-time.Hour))
+	st := corev1.ContainerStatus{Name: "c", Image: "registry.k8s.io/pause:3.10", Ready: true, RestartCount: restarts,
+		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: t}}}
+	if last != nil {
+		st.LastTerminationState.Terminated = last
+	}
+	return corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: t},
+		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: t},
+	}, ContainerStatuses: []corev1.ContainerStatus{st}}
+}
+
+func mkPod(t *testing.T, cs kubernetes.Interface, p *corev1.Pod, st corev1.PodStatus) {
+	t.Helper()
+	created, err := cs.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	setStatus(t, cs, created.Namespace, created.Name, st)
+}
+
+// setStatus writes a pod's status through the status subresource, as the
+// kubelet does.
+func setStatus(t *testing.T, cs kubernetes.Interface, ns, name string, st corev1.PodStatus) {
+	t.Helper()
+	ctx := context.Background()
+	p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range st.ContainerStatuses {
+		st.ContainerStatuses[i].Name = p.Spec.Containers[0].Name
+	}
+	p.Status = st
+	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}

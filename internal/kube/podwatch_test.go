@@ -1,0 +1,61 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+func TestToPod(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "calico-node-x", UID: "u1", CreationTimestamp: metav1.NewTime(t0),
+			Labels:          map[string]string{"k8s-app": "calico-node"},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "DaemonSet", Name: "calico-node", Controller: ptr.To(true)}},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}, Annotations: map[string]string{"big": strings.Repeat("x", 1000)}},
+		Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: true},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0.Add(time.Second))},
+			{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(t0.Add(2 * time.Second))},
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(t0)},
+		},
+			InitContainerStatuses: []corev1.ContainerStatus{{Name: "install-cni", Ready: true}},
+			ContainerStatuses: []corev1.ContainerStatus{{Name: "calico-node", RestartCount: 4,
+				State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: strings.Repeat("m", 2000)}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(t0.Add(time.Minute))}}}}},
+	}
+	c := ToPod(p)
+	if c.Key() != "kube-system/calico-node-x" || c.UID != "u1" || c.ControllerKind != "DaemonSet" || !c.HostNetwork || c.Phase != "Running" || c.Labels["k8s-app"] != "calico-node" {
+		t.Errorf("identity %+v", c)
+	}
+	if !c.SandboxReady.IsTrue() || !c.Ready.IsFalse() || !c.Ready.Since.Equal(t0.Add(2*time.Second)) || !c.Scheduled.Since.Equal(t0) {
+		t.Errorf("conditions %+v %+v %+v", c.SandboxReady, c.Ready, c.Scheduled)
+	}
+	if len(c.Containers) != 2 || !c.Containers[0].Init || c.Restarts() != 4 {
+		t.Fatalf("containers %+v", c.Containers)
+	}
+	m := c.Containers[1]
+	if m.WaitingReason != "CrashLoopBackOff" || len(m.WaitingMessage) > maxWaitingMessage+32 || m.LastTerminatedReason != "OOMKilled" ||
+		m.LastTerminatedExitCode != 137 || !m.LastTerminatedAt.Equal(t0.Add(time.Minute)) {
+		t.Errorf("container %+v", m)
+	}
+	// The store keeps the compact record, not the object.
+	rec, err := TransformPod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp, ok := rec.(*compactPod); !ok || cp.name != "calico-node-x" {
+		t.Fatalf("record %T", rec)
+	}
+	if again, _ := TransformPod(rec); again != rec {
+		t.Error("a record is transformed again")
+	}
+	p.DeletionTimestamp = ptr.To(metav1.NewTime(t0))
+	if !ToPod(p).Terminating {
+		t.Error("deletionTimestamp not seen")
+	}
+}

@@ -1,0 +1,263 @@
+package action
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// RestartNodeAgentParams are the allowlist and bounds of RestartNodeAgent.
+type RestartNodeAgentParams struct {
+	// Agents are the node agents whose pod on this node may be restarted
+	// (deleted, for its DaemonSet to replace), by namespaces and label
+	// selector. Default: kube-proxy and the common CNI agents (the
+	// defaults of CNIAgentUnhealthy). Keep the admission policy in deploy/
+	// in step: it refuses deleting any other pod.
+	Agents []cluster.Agent `yaml:"agents"`
+	// ReadyTimeout bounds the wait for the replacement pod to be Ready.
+	// Keep it under actionTimeout (default 60s).
+	ReadyTimeout policy.Duration `yaml:"readyTimeout"`
+	// PollInterval between checks of the replacement pod.
+	PollInterval policy.Duration `yaml:"pollInterval"`
+}
+
+// SetDefaults sets the defaults of RestartNodeAgent (registry.Defaulter).
+func (p *RestartNodeAgentParams) SetDefaults() {
+	*p = RestartNodeAgentParams{Agents: append([]cluster.Agent{cluster.KubeProxyAgent()}, cluster.DefaultCNIAgents()...),
+		ReadyTimeout: policy.D(50 * time.Second), PollInterval: policy.D(2 * time.Second)}
+}
+
+// Validate implements policy.Validator.
+func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if len(p.Agents) == 0 {
+		errs = append(errs, policy.FieldError{Field: "agents", Msg: "must name at least one agent"})
+	}
+	for i, a := range p.Agents {
+		if err := a.Validate(); err != nil {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("agents[%d]", i), Msg: err.Error()})
+		}
+	}
+	return append(errs, validateReadyWait(p.ReadyTimeout, p.PollInterval)...)
+}
+
+func init() {
+	Define("RestartNodeAgent",
+		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready",
+		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindPod, finding.KindKubeProxy, finding.KindProcess))
+}
+
+type restartNodeAgent struct {
+	p RestartNodeAgentParams
+	n *node.Node
+}
+
+func newRestartNodeAgent(p *RestartNodeAgentParams, n *node.Node) (Action, error) {
+	for _, a := range p.Agents {
+		if err := a.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return &restartNodeAgent{p: *p, n: n}, nil
+}
+
+func (a *restartNodeAgent) clock() clock.PassiveClock {
+	if a.n.Clock != nil {
+		return a.n.Clock
+	}
+	return clock.RealClock{}
+}
+
+// agentTarget is the pod to restart and the agent it belongs to.
+type agentTarget struct {
+	agent cluster.Agent
+	pod   *corev1.Pod
+}
+
+// resolve finds the pod a finding is about, live from the API: the pod a
+// pod target names, kube-proxy's pod for a kube-proxy target, the pod whose
+// cgroup holds a process target. The pod must be on this node, match an
+// allowlisted agent, not be terminating, and be managed by a DaemonSet.
+func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*agentTarget, error) {
+	if a.n.Kube == nil {
+		return nil, finding.Skip("%s", a.n.Why("kubernetes"))
+	}
+	var (
+		ns, name, uid string
+		want          *cluster.Agent
+	)
+	switch {
+	case strings.HasPrefix(f.Target, "pod/"):
+		ref, err := cluster.ParsePodRef(f.Target)
+		if err != nil {
+			return nil, err
+		}
+		ns, name = ref.Namespace, ref.Name
+	case strings.HasPrefix(f.Target, "process/"):
+		ref, err := procs.ParseRef(f.Target)
+		if err != nil {
+			return nil, err
+		}
+		if a.n.Procs == nil {
+			return nil, finding.Skip("%s", a.n.Why("procs"))
+		}
+		p, err := a.n.Procs.Get(ctx, ref.Pid)
+		if err != nil || p.CreateTimeMs != ref.CreateTimeMs {
+			return nil, finding.Skip("process %d is gone or is another process now", ref.Pid)
+		}
+		if uid, err = procs.PodUID(a.n.ProcRoot, ref.Pid); err != nil {
+			return nil, fmt.Errorf("refusing: process %d (%s) is not in a pod of this node: %w", ref.Pid, p.Name(), err)
+		}
+	case f.Target == "kube-proxy" || strings.HasPrefix(f.Target, "kube-proxy/"):
+		for i := range a.p.Agents {
+			if a.p.Agents[i].Name == "kube-proxy" {
+				want = &a.p.Agents[i]
+			}
+		}
+		if want == nil {
+			return nil, fmt.Errorf("refusing: kube-proxy is not among the allowlisted agents")
+		}
+	default:
+		return nil, fmt.Errorf("refusing: target %q is no pod, process or kube-proxy", f.Target)
+	}
+	// Candidate pods: this node's, in the allowlisted agents' namespaces
+	// (a pod target's own namespace only).
+	var cands []corev1.Pod
+	for _, ag := range a.p.Agents {
+		if want != nil && ag.Name != want.Name {
+			continue
+		}
+		for _, n := range ag.Namespaces {
+			if ns != "" && n != ns {
+				continue
+			}
+			pods, err := a.nodePods(ctx, n, ag.LabelSelector)
+			if err != nil {
+				return nil, err
+			}
+			cands = append(cands, pods...)
+		}
+	}
+	var matches []agentTarget
+	seen := map[string]bool{}
+	for i := range cands {
+		p := &cands[i]
+		if seen[string(p.UID)] || (name != "" && p.Name != name) || (uid != "" && string(p.UID) != uid) {
+			continue
+		}
+		seen[string(p.UID)] = true
+		cp := clusterPod(p)
+		for _, ag := range a.p.Agents {
+			if ag.Matches(&cp) {
+				matches = append(matches, agentTarget{agent: ag, pod: p})
+				break
+			}
+		}
+	}
+	what := f.Target
+	switch {
+	case len(matches) == 0 && name != "":
+		return nil, fmt.Errorf("refusing: no pod %s/%s of an allowlisted agent on node %s (another node's pod, or not an agent)", ns, name, a.n.Name)
+	case len(matches) == 0 && uid != "":
+		return nil, fmt.Errorf("refusing: the pod (uid %s) of %s is no allowlisted agent's pod on node %s", uid, f.Target, a.n.Name)
+	case len(matches) == 0:
+		return nil, finding.Skip("no %s pod on node %s", want.Name, a.n.Name)
+	case len(matches) > 1:
+		names := make([]string, len(matches))
+		for i, m := range matches {
+			names[i] = m.pod.Namespace + "/" + m.pod.Name
+		}
+		return nil, fmt.Errorf("refusing: %d pods on node %s match %s (%s): which one to restart is ambiguous", len(matches), a.n.Name, what, strings.Join(names, ", "))
+	}
+	t := matches[0]
+	if t.pod.DeletionTimestamp != nil {
+		return nil, finding.Skip("pod %s/%s is already terminating", t.pod.Namespace, t.pod.Name)
+	}
+	if c := metav1.GetControllerOf(t.pod); c == nil || c.Kind != "DaemonSet" {
+		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart %s", t.pod.Namespace, t.pod.Name, t.agent.Name)
+	}
+	return &t, nil
+}
+
+// clusterPod is the part of a Pod agent matching looks at.
+func clusterPod(p *corev1.Pod) cluster.Pod {
+	return cluster.Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels, Terminating: p.DeletionTimestamp != nil}
+}
+
+// nodePods lists the pods of a namespace on this node matching selector
+// (field selector spec.nodeName; checked again).
+func (a *restartNodeAgent) nodePods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
+	sel, err := labels.Parse(selector)
+	if err != nil {
+		return nil, err
+	}
+	l, err := a.n.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: sel.String(),
+		FieldSelector: fields.OneTermEqualSelector("spec.nodeName", a.n.Name).String(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing pods in %s (%s) on node %s: %w", ns, sel, a.n.Name, err)
+	}
+	out := l.Items[:0]
+	for _, p := range l.Items {
+		if p.Spec.NodeName == a.n.Name {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+func (a *restartNodeAgent) Plan(ctx context.Context, f finding.Finding) (Plan, error) {
+	t, err := a.resolve(ctx, f)
+	if err != nil {
+		return Plan{}, err
+	}
+	return Plan{
+		Summary: fmt.Sprintf("delete %s pod %s/%s (uid %s) on node %s and wait up to %s for its replacement to be Ready",
+			t.agent.Name, t.pod.Namespace, t.pod.Name, t.pod.UID, a.n.Name, a.p.ReadyTimeout.Duration),
+		Details: map[string]any{"agent": t.agent.Name, "namespace": t.pod.Namespace, "pod": t.pod.Name, "uid": string(t.pod.UID)},
+	}, nil
+}
+
+func (a *restartNodeAgent) Execute(ctx context.Context, f finding.Finding) (Result, error) {
+	t, err := a.resolve(ctx, f) // re-check right before acting
+	if err != nil {
+		return Result{}, err
+	}
+	pod, uid := t.pod, t.pod.UID
+	start := a.clock().Now()
+	err = a.n.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return Result{}, fmt.Errorf("deleting %s pod %s/%s (uid %s): %w", t.agent.Name, pod.Namespace, pod.Name, uid, err)
+	}
+	details := map[string]any{"agent": t.agent.Name, "namespace": pod.Namespace, "oldPod": pod.Name, "oldUID": string(uid)}
+	wctx, cancel := context.WithTimeout(ctx, a.p.ReadyTimeout.Duration)
+	defer cancel()
+	tick := time.NewTicker(a.p.PollInterval.Duration)
+	defer tick.Stop()
+	p, last := waitReplacement(wctx, tick.C, func(ctx context.Context) ([]corev1.Pod, error) {
+		return a.nodePods(ctx, pod.Namespace, t.agent.LabelSelector)
+	}, uid)
+	if p == nil {
+		return Result{Summary: t.agent.Name + " pod deleted, replacement not Ready", Details: details},
+			fmt.Errorf("deleted pod %s/%s but no Ready replacement within %s: %s", pod.Namespace, pod.Name, a.p.ReadyTimeout.Duration, last)
+	}
+	details["newPod"], details["newUID"] = p.Name, string(p.UID)
+	details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
+	return Result{Summary: fmt.Sprintf("deleted %s pod %s/%s; replacement %s Ready after %s",
+		t.agent.Name, pod.Namespace, pod.Name, p.Name, details["readyAfter"]), Details: details}, nil
+}

@@ -1,0 +1,145 @@
+package action
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+func agentPod(ns, name, nodeName string, uid types.UID, lbl map[string]string, ready bool) *corev1.Pod {
+	p := kpPod(name, nodeName, uid, ready, "DaemonSet")
+	p.Namespace, p.Labels = ns, lbl
+	return p
+}
+
+func newRestartAgent(t *testing.T, n *node.Node, timeout time.Duration) Action {
+	t.Helper()
+	typ, ok := Lookup("RestartNodeAgent")
+	if !ok {
+		t.Fatal("RestartNodeAgent not registered")
+	}
+	p := typ.NewParams().(*RestartNodeAgentParams)
+	p.ReadyTimeout, p.PollInterval = policy.D(timeout), policy.D(20*time.Millisecond)
+	if errs := p.Validate(); len(errs) != 0 && timeout >= 10*time.Second {
+		t.Fatal(errs)
+	}
+	a, err := typ.New(p, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestRestartNodeAgent(t *testing.T) {
+	ctx := context.Background()
+	calico := map[string]string{"k8s-app": "calico-node"}
+	static := agentPod("kube-system", "calico-static", "n1", "s", calico, true)
+	static.OwnerReferences = nil
+	cs := fake.NewClientset(
+		agentPod("calico-system", "calico-node-a", "n1", "a", calico, true),
+		agentPod("calico-system", "calico-node-b", "n2", "b", calico, true),
+		agentPod("kube-system", "coredns-x", "n1", "x", map[string]string{"k8s-app": "kube-dns"}, true),
+		agentPod("default", "fake-calico", "n1", "f", calico, true),
+		kpPod("kp-1", "n1", "k", true, "DaemonSet"),
+		static,
+	)
+	// The proc root of the lock-holder case: pid 77 runs in kp-1's cgroup.
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "77"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "77", "cgroup"), []byte("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1b2c3d4e_0f1a_4b2c_8d3e_4f5a6b7c8d9e.slice/cri-containerd-1.scope\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pr := procs.NewFake(1)
+	pr.Add(procs.FakeProcess{Process: procs.Process{Pid: 77, CreateTimeMs: 5, Cmdline: []string{"iptables-restore"}}})
+	n := &node.Node{Name: "n1", Kube: cs, ProcRoot: root, Procs: pr}
+	a := newRestartAgent(t, n, 2*time.Second)
+
+	for _, tc := range []struct{ target, err, skip string }{
+		{"pod/calico-system/calico-node-b", "no pod calico-system/calico-node-b of an allowlisted agent on node n1", ""},
+		{"pod/kube-system/coredns-x", "no pod kube-system/coredns-x of an allowlisted agent", ""},
+		{"pod/default/fake-calico", "no pod default/fake-calico of an allowlisted agent", ""},
+		{"pod/kube-system/calico-static", "", "not managed by a DaemonSet"},
+		{"process/77@6", "", "is another process now"},
+		{"process/77@5", "is no allowlisted agent's pod", ""},
+		{"ipvs-vs/UDP/10.96.0.10:53", "is no pod, process or kube-proxy", ""},
+	} {
+		_, err := a.Plan(ctx, detect.Finding{Target: tc.target})
+		if err == nil {
+			t.Errorf("%s: planned", tc.target)
+			continue
+		}
+		reason, skipped := finding.IsSkip(err)
+		switch {
+		case tc.skip != "" && (!skipped || !strings.Contains(reason, tc.skip)):
+			t.Errorf("%s: %v, want skip %q", tc.target, err, tc.skip)
+		case tc.err != "" && (skipped || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want refusal %q", tc.target, err, tc.err)
+		}
+	}
+	// The lock holder in kube-proxy's pod: kube-proxy is planned.
+	kp, _ := cs.CoreV1().Pods("kube-system").Get(ctx, "kp-1", metav1.GetOptions{})
+	kp.UID = "1b2c3d4e-0f1a-4b2c-8d3e-4f5a6b7c8d9e"
+	if _, err := cs.CoreV1().Pods("kube-system").Update(ctx, kp, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if plan, err := a.Plan(ctx, detect.Finding{Target: "process/77@5"}); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
+		t.Errorf("lock holder plan %+v %v", plan, err)
+	}
+	if plan, err := a.Plan(ctx, detect.Finding{Target: "kube-proxy/IPv4"}); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
+		t.Errorf("kube-proxy plan %+v %v", plan, err)
+	}
+
+	// The CNI agent: deleted, replaced, Ready.
+	go func() {
+		for {
+			if _, err := cs.CoreV1().Pods("calico-system").Get(ctx, "calico-node-a", metav1.GetOptions{}); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, _ = cs.CoreV1().Pods("calico-system").Create(ctx, agentPod("calico-system", "calico-node-z", "n1", "z", calico, false), metav1.CreateOptions{})
+		time.Sleep(100 * time.Millisecond)
+		_, _ = cs.CoreV1().Pods("calico-system").UpdateStatus(ctx, agentPod("calico-system", "calico-node-z", "n1", "z", calico, true), metav1.UpdateOptions{})
+	}()
+	res, err := a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-a"})
+	if err != nil || res.Details["newPod"] != "calico-node-z" || res.Details["agent"] != "calico-node" {
+		t.Fatalf("execute %+v %v", res, err)
+	}
+	// No replacement within readyTimeout: an error (a failed attempt).
+	_, err = a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-z"})
+	if err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
+		t.Fatalf("no replacement: %v", err)
+	}
+	if _, err := cs.CoreV1().Pods("calico-system").Get(ctx, "calico-node-b", metav1.GetOptions{}); err != nil {
+		t.Errorf("the other node's agent pod was touched: %v", err)
+	}
+}
+
+func TestRestartNodeAgentParams(t *testing.T) {
+	typ, _ := Lookup("RestartNodeAgent")
+	p := typ.NewParams().(*RestartNodeAgentParams)
+	if errs := p.Validate(); len(errs) != 0 {
+		t.Fatalf("defaults invalid: %v", errs)
+	}
+	p.Agents[0].LabelSelector = ""
+	p.Agents[1].Namespaces = nil
+	if errs := p.Validate(); len(errs) != 2 {
+		t.Errorf("errors %v", errs)
+	}
+}
