@@ -267,6 +267,17 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	if _, err := a.Plan(ctx, fd); !isSkip(err) {
 		t.Fatalf("nothing left: plan should skip, got %v", err)
 	}
+	// A finding that carries its detector's count of this cycle
+	// (ConntrackStaleServiceEntries' "entries") is planned from it: the
+	// table is not dumped a second time.
+	counts := f.Calls["CountUDPByReplySource"]
+	seen := detect.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53, "entries": 1}}
+	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != int64(1) {
+		t.Fatalf("plan from the detector's count = %+v, %v", p, err)
+	}
+	if f.Calls["CountUDPByReplySource"] != counts {
+		t.Fatal("planning from the detector's count dumped the table")
+	}
 	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}}); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("TCP finding: %v", err)
 	}
