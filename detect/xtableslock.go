@@ -189,6 +189,9 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 			held[i] = now.Sub(since[k])
 		case k != unknownHolder:
 			held[i] = heldSince(l.Holders[i], holds, now)
+			if held[i] == 0 || len(holds) > 0 && !holds[len(holds)-1].Exact {
+				measured = "watched since first seen holding"
+			}
 		case len(holds) > 0 && holds[len(holds)-1].End.IsZero():
 			held[i] = holds[len(holds)-1].Duration(now)
 		}
@@ -277,25 +280,33 @@ func (w wait) how() string {
 	return ""
 }
 
-// waitedFor is how long p has waited: since the watcher first saw it
-// waiting (across consecutive holds), else, for an iptables program
-// (which takes the lock first thing), its age; else 0.
+// waitedFor is how long p has waited, at least: since the watcher saw it
+// begin to wait (across consecutive holds); else the longer of how long
+// the watcher has seen it waiting and, for an iptables program (which
+// takes the lock first thing), its age.
 func waitedFor(p procs.Process, holds []lockwatch.Hold, now time.Time) wait {
 	var first time.Time
+	seenStart := false
 	for _, h := range holds {
 		for _, w := range h.Waiters {
 			if w.Pid == p.Pid && w.CreateTimeMs == p.CreateTimeMs && (first.IsZero() || w.Since.Before(first)) {
-				first = w.Since
+				first, seenStart = w.Since, w.SeenStart
 			}
 		}
 	}
-	if !first.IsZero() {
+	if !first.IsZero() && seenStart {
 		return wait{p: &p, d: now.Sub(first)}
 	}
-	if strings.HasPrefix(p.Name(), "iptables") || strings.HasPrefix(p.Name(), "ip6tables") {
-		return wait{p: &p, d: p.Age(now), fromAge: true}
+	wt := wait{p: &p}
+	if !first.IsZero() {
+		wt.d = now.Sub(first)
 	}
-	return wait{p: &p}
+	if n := p.Name(); strings.HasPrefix(n, "iptables") || strings.HasPrefix(n, "ip6tables") {
+		if a := p.Age(now); a > wt.d {
+			wt.d, wt.fromAge = a, true
+		}
+	}
+	return wt
 }
 
 func oldestWaiter(ws []procs.Process, holds []lockwatch.Hold, now time.Time) wait {

@@ -40,7 +40,7 @@ func TestXtablesLockRestoreWaiterSingleLook(t *testing.T) {
 	ev := got[0].Evidence
 	// The holder's own hold was not watched: KillProcess's minHoldTime
 	// sees 0, not the waiter's estimate.
-	if ev["holdSeconds"] != 0.0 || ev["lockHeldAtLeastSeconds"] != 25.0 || ev["holdMeasured"] != "watched" {
+	if ev["holdSeconds"] != 0.0 || ev["lockHeldAtLeastSeconds"] != 25.0 || ev["holdMeasured"] != "watched since first seen holding" {
 		t.Errorf("evidence %v", ev)
 	}
 	if w.Starts() != 1 {

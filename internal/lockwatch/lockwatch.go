@@ -49,6 +49,11 @@ type Proc struct {
 	// Until when it last did.
 	Since time.Time `json:"since"`
 	Until time.Time `json:"until"`
+	// SeenStart is true for a waiter the watcher saw begin to wait (it
+	// was not waiting at the previous sample, and nothing was missed in
+	// between): Since is then when its wait began. Otherwise it was
+	// already waiting when first seen.
+	SeenStart bool `json:"seenStart,omitempty"`
 }
 
 // Hold is one continuous hold of the lock as observed.
@@ -72,6 +77,13 @@ type Hold struct {
 	// MaxWaitersPerHold), MaxWaiting the most waiting at once.
 	Waiters    []Proc `json:"waiters,omitempty"`
 	MaxWaiting int    `json:"maxWaiting"`
+	// Unsampled marks a use of the lock file too short for any sample to
+	// see the lock held (a small iptables command holds it for well under
+	// a millisecond): the file was opened at Start and every opener had
+	// closed it at End, with no hold seen in between. Start and End are
+	// when the watcher woke for those events (about a millisecond late);
+	// its Duration includes any wait, and its holder is not known.
+	Unsampled bool `json:"unsampled,omitempty"`
 }
 
 // MaxWaitersPerHold bounds the waiters remembered per hold.
@@ -95,6 +107,9 @@ func (h Hold) Duration(now time.Time) time.Duration {
 // Program is the program the hold is attributed to: its first holder's,
 // "unknown" when no holder was visible.
 func (h Hold) Program() string {
+	if h.Unsampled {
+		return Unsampled
+	}
 	for _, p := range h.Holders {
 		if p.Program != "" {
 			return p.Program
@@ -117,6 +132,9 @@ func (h Hold) KubeProxy() bool {
 // PID namespace, or gone before it could be read).
 const Unknown = "unknown"
 
+// Unsampled is the program of an Unsampled hold.
+const Unsampled = "unsampled"
+
 // Other is the histogram label of every program not in KnownPrograms.
 const Other = "other"
 
@@ -132,8 +150,8 @@ var KnownPrograms = []string{
 // Label is the histogram label of a program: itself when known, else
 // Other (Unknown stays Unknown).
 func Label(program string) string {
-	if program == Unknown {
-		return Unknown
+	if program == Unknown || program == Unsampled {
+		return program
 	}
 	for _, k := range KnownPrograms {
 		if k == program {
@@ -145,7 +163,7 @@ func Label(program string) string {
 
 // Labels are every program label, in a stable order.
 func Labels() []string {
-	return append(append([]string(nil), KnownPrograms...), Other, Unknown)
+	return append(append([]string(nil), KnownPrograms...), Other, Unknown, Unsampled)
 }
 
 // Buckets are the hold-time histogram's upper bounds in seconds: from a
@@ -193,9 +211,11 @@ type Status struct {
 	// Err is the last error reading the lock (for example the lock file
 	// does not exist yet), "" when none.
 	Err string `json:"err,omitempty"`
-	// Samples counts /proc/locks reads, Resolves holder resolutions.
+	// Samples counts /proc/locks reads, Resolves holder resolutions,
+	// Opens the lock file's opens (inotify).
 	Samples  uint64 `json:"samples"`
 	Resolves uint64 `json:"resolves"`
+	Opens    uint64 `json:"opens"`
 }
 
 // Reader is what detectors use: the watcher, or Fake in tests.

@@ -33,7 +33,16 @@ type tracker struct {
 	next     int
 	cur      *Hold
 	last     *Sample // the previous sample
-	hist     map[HistKey]*Histogram
+	// prevWaiters are the waiters of the sample before last, when last
+	// was continuous with it (nil otherwise: a waiter's start unseen).
+	prevWaiters []int32
+	prevOK      bool
+	hist        map[HistKey]*Histogram
+	// Opens of the lock file not yet closed, since when, and whether a
+	// hold was seen meanwhile (else their use becomes an Unsampled hold).
+	openN     int
+	openSince time.Time
+	openSaw   bool
 }
 
 func newTracker(ringSize int) *tracker {
@@ -60,6 +69,9 @@ func (t *tracker) observe(s Sample) (st step) {
 	if t.cur != nil && (!s.Held() || !slices.Equal(t.cur.LockPIDs, s.LockPIDs)) {
 		h := t.end(s.At)
 		st.ended = &h
+	}
+	if s.Held() {
+		t.openSaw = true
 	}
 	if s.Held() && t.cur == nil {
 		exact := s.Continuous && t.last != nil
@@ -89,11 +101,41 @@ func (t *tracker) observe(s Sample) (st step) {
 			t.cur.Holders[i].Until = s.At
 		}
 	}
+	t.prevOK = s.Continuous && t.last != nil
+	t.prevWaiters = nil
+	if t.prevOK {
+		t.prevWaiters = t.last.WaiterPIDs
+	}
 	cp := s
-	cp.LockPIDs, cp.WaiterPIDs = slices.Clone(s.LockPIDs), nil
+	cp.LockPIDs, cp.WaiterPIDs = slices.Clone(s.LockPIDs), slices.Clone(s.WaiterPIDs)
 	t.last = &cp
 	return st
 }
+
+// opened records an open of the lock file (inotify IN_OPEN).
+func (t *tracker) opened(at time.Time) {
+	if t.openN == 0 {
+		t.openSince, t.openSaw = at, t.cur != nil
+	}
+	t.openN++
+}
+
+// closed records the last close of an opened file (IN_CLOSE). When every
+// opener has closed it and no sample saw the lock held meanwhile, the use
+// is recorded as an Unsampled hold.
+func (t *tracker) closed(at time.Time) {
+	if t.openN == 0 {
+		return // opened before the watcher started
+	}
+	t.openN--
+	if t.openN == 0 && !t.openSaw {
+		t.cur = &Hold{Start: t.openSince, Unsampled: true}
+		t.end(at)
+	}
+}
+
+// lostEvents forgets the open count (inotify queue overflow).
+func (t *tracker) lostEvents() { t.openN = 0 }
 
 // setHolders records the resolved holders of the current hold.
 func (t *tracker) setHolders(hs []Proc) {
@@ -126,6 +168,7 @@ func (t *tracker) addWaiter(p Proc) {
 	if t.last != nil {
 		p.Since, p.Until = t.last.At, t.last.At
 	}
+	p.SeenStart = t.prevOK && !slices.Contains(t.prevWaiters, p.Pid)
 	t.cur.Waiters = append(t.cur.Waiters, p)
 }
 

@@ -138,3 +138,40 @@ func TestLabel(t *testing.T) {
 		t.Error("kube-proxy child not kube-proxy's")
 	}
 }
+
+// TestTrackerUnsampledUsesAndWaitStarts: an open and close with no hold
+// sampled in between is one Unsampled hold; opens around a sampled hold
+// are not; a close without an open (opened before the watcher) is
+// ignored. A waiter seen at the first sample was already waiting; one
+// that appears later was seen to start.
+func TestTrackerUnsampledUsesAndWaitStarts(t *testing.T) {
+	tr := newTracker(8)
+	tr.closed(at(0))
+	tr.opened(at(1))
+	tr.opened(at(2))
+	tr.closed(at(3))
+	tr.closed(at(4))
+	tr.opened(at(10))
+	tr.observe(Sample{At: at(11), LockPIDs: []int32{5}, WaiterPIDs: []int32{6}, Continuous: true})
+	tr.addWaiter(Proc{Pid: 6})
+	tr.observe(Sample{At: at(12), LockPIDs: []int32{5}, WaiterPIDs: []int32{6, 7}, Continuous: true})
+	tr.addWaiter(Proc{Pid: 7})
+	tr.closed(at(13))
+	hs := tr.holds(time.Time{})
+	if len(hs) != 2 || !hs[0].Unsampled || hs[0].Program() != Unsampled || hs[0].Duration(at(0)) != 3*time.Millisecond || hs[1].Unsampled {
+		t.Fatalf("holds = %+v", hs)
+	}
+	if w := hs[1].Waiters; len(w) != 2 || w[0].SeenStart || !w[1].SeenStart {
+		t.Errorf("waiters = %+v", w)
+	}
+	if tr.histogram()[HistKey{Program: Unsampled}].Count != 1 {
+		t.Errorf("histogram %+v", tr.histogram())
+	}
+	// The first sample of all: a waiter there was already waiting.
+	tr2 := newTracker(2)
+	tr2.observe(Sample{At: at(0), LockPIDs: []int32{5}, WaiterPIDs: []int32{6}, Continuous: true})
+	tr2.addWaiter(Proc{Pid: 6})
+	if w := tr2.holds(time.Time{})[0].Waiters; len(w) != 1 || w[0].SeenStart {
+		t.Errorf("first-sample waiter = %+v", w)
+	}
+}

@@ -30,6 +30,11 @@ type Config struct {
 	// BurstPoll is the sampling interval while the lock file is in use
 	// (default 10ms): a hold's start and end are known to this.
 	BurstPoll time.Duration
+	// FastPoll and FastFor: right after an open the lock is sampled every
+	// FastPoll (default 1ms) for FastFor (default 30ms), so that a hold of
+	// a few milliseconds (a small iptables command) is seen too.
+	FastPoll time.Duration
+	FastFor  time.Duration
 	// Linger is how long sampling goes on after the last open or close
 	// with the lock free (default 200ms): an opener flocks right after
 	// open.
@@ -50,6 +55,12 @@ func (c *Config) defaults() {
 	}
 	if c.BurstPoll <= 0 {
 		c.BurstPoll = 10 * time.Millisecond
+	}
+	if c.FastPoll <= 0 {
+		c.FastPoll = time.Millisecond
+	}
+	if c.FastFor <= 0 {
+		c.FastFor = 30 * time.Millisecond
 	}
 	if c.Linger <= 0 {
 		c.Linger = 200 * time.Millisecond
@@ -197,6 +208,8 @@ type loop struct {
 	wd         int  // current watch descriptor, -1 none
 	onFile     bool // watching the file (else its directory, or nothing)
 	burstUntil time.Time
+	fastUntil  time.Time
+	wake       time.Time // when poll last returned: the time of the events it delivered
 	lastSample time.Time
 	openers    map[int32]bool
 	openCheck  time.Time
@@ -226,6 +239,7 @@ func (w *Watcher) run(ctx context.Context, ifd, stop int) {
 			fds = append(fds, unix.PollFd{Fd: int32(ifd), Events: unix.POLLIN})
 		}
 		_, err := unix.Poll(fds, l.timeout(time.Now()))
+		l.wake = time.Now()
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			w.setErr(fmt.Errorf("poll: %w", err))
 			time.Sleep(w.cfg.PollFallback)
@@ -246,6 +260,8 @@ func (w *Watcher) run(ctx context.Context, ifd, stop int) {
 func (l *loop) timeout(now time.Time) int {
 	cfg := &l.w.cfg
 	switch {
+	case now.Before(l.fastUntil):
+		return max(1, int(cfg.FastPoll.Milliseconds()))
 	case now.Before(l.burstUntil):
 		return int(cfg.BurstPoll.Milliseconds())
 	case l.ifd < 0 || !l.onFile:
@@ -300,6 +316,7 @@ func (l *loop) events(buf []byte) {
 			switch {
 			case ev.Mask&unix.IN_Q_OVERFLOW != 0:
 				l.burst()
+				l.w.track(func(t *tracker) { t.lostEvents() })
 			case ev.Wd != int32(l.wd):
 			case !l.onFile && name == base:
 				l.rewatch()
@@ -307,7 +324,17 @@ func (l *loop) events(buf []byte) {
 			case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
 				l.rewatch()
 				l.burst()
-			case ev.Mask&(unix.IN_OPEN|unix.IN_CLOSE|unix.IN_ATTRIB) != 0:
+			case ev.Mask&unix.IN_OPEN != 0:
+				l.burst()
+				at := l.wake
+				l.fastUntil = time.Now().Add(l.w.cfg.FastFor)
+				l.w.track(func(t *tracker) { t.opened(at) })
+				l.w.countOpen()
+			case ev.Mask&unix.IN_CLOSE != 0:
+				l.burst()
+				at := l.wake
+				l.w.track(func(t *tracker) { t.closed(at) })
+			case ev.Mask&unix.IN_ATTRIB != 0:
 				l.burst()
 			}
 		}
@@ -336,6 +363,9 @@ func (l *loop) sample(ctx context.Context) {
 	now := time.Now()
 	gap := now.Sub(l.lastSample)
 	continuous := l.ifd >= 0 && l.onFile && (len(l.openers) == 0 || gap <= 2*w.cfg.BurstPoll)
+	if gap <= 0 {
+		continuous = false
+	}
 	l.lastSample = now
 	if err := l.restat(); err != nil {
 		if errors.Is(err, fs.ErrNotExist) && l.ifd >= 0 && l.onFile {
@@ -412,6 +442,18 @@ func (w *Watcher) feed(s Sample) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.tr.observe(s)
+}
+
+func (w *Watcher) track(f func(*tracker)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	f(w.tr)
+}
+
+func (w *Watcher) countOpen() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.status.Opens++
 }
 
 func (w *Watcher) setErr(err error) {
