@@ -50,6 +50,11 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 		return nil, judged
 	}
 	groups := map[string]*holderGroup{}
+	type waiterGroup struct {
+		pids    map[int32]bool
+		longest time.Duration
+	}
+	waiters := map[string]*waiterGroup{}
 	var longest time.Duration
 	atLeast := false
 	for _, h := range long {
@@ -76,7 +81,32 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 			longest = dur
 		}
 		atLeast = atLeast || !h.Exact
+		for _, w := range h.Waiters {
+			prog := w.Program
+			if prog == "" {
+				prog = lockwatch.Unknown
+			}
+			wg := waiters[prog]
+			if wg == nil {
+				if len(waiters) >= 10 {
+					continue
+				}
+				wg = &waiterGroup{pids: map[int32]bool{}}
+				waiters[prog] = wg
+			}
+			if len(wg.pids) < 1000 {
+				wg.pids[w.Pid] = true
+			}
+			wg.longest = max(wg.longest, w.Until.Sub(w.Since))
+		}
 	}
+	var waiterNames []string
+	waiterEv := map[string]int{}
+	for prog, wg := range waiters {
+		waiterEv[prog] = len(wg.pids)
+		waiterNames = append(waiterNames, fmt.Sprintf("%s ×%d (longest seen waiting %.1fs)", prog, len(wg.pids), wg.longest.Seconds()))
+	}
+	sort.Strings(waiterNames)
 	list := make([]holderGroup, 0, len(groups))
 	for _, g := range groups {
 		list = append(list, *g)
@@ -114,6 +144,9 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 	}
 	msg := fmt.Sprintf("xtables lock %s held %d times for ≥ %s in the last %s (more than %d): %s",
 		d.n.XtablesLock, len(long), d.p.RepeatHold.Duration, win, d.p.RepeatMax, strings.Join(names, ", "))
+	if len(waiterNames) > 0 {
+		msg += "; waiting meanwhile: " + strings.Join(waiterNames, ", ")
+	}
 	if kpText != "" {
 		msg += "; kube-proxy in that window: " + kpText
 	}
@@ -126,6 +159,7 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 		"someStartsLate": atLeast,
 		"holders":        list,
 		"recentHolds":    recent,
+		"waiters":        waiterEv,
 	}
 	for k, v := range kpEv {
 		ev[k] = v

@@ -87,9 +87,9 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %g
 	d := newIssue3Detector(t, "XtablesLockContention", n, nil)
 	ctx := context.Background()
 	py := lockwatch.Proc{Pid: 42, CreateTimeMs: procT0.Add(-time.Hour).UnixMilli(), Program: "python3"}
-	restore := lockwatch.Proc{Pid: 300, Program: "iptables-legacy-restore"}
-	var holds []lockwatch.Hold
 	at := func(s float64) time.Time { return procT0.Add(time.Duration(s * float64(time.Second))) }
+	restore := lockwatch.Proc{Pid: 300, Program: "iptables-legacy-restore", Since: at(0.5), Until: at(1.9)}
+	var holds []lockwatch.Hold
 	for i := 0; i < 4; i++ {
 		st := float64(i * 5)
 		holds = append(holds, lockwatch.Hold{Start: at(st), End: at(st + 2), Exact: true, LockPIDs: []int32{42},
@@ -124,6 +124,7 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %g
 	}
 	m := got[0].Message
 	for _, want := range []string{"held 4 times for ≥ 1s in the last 5m0s (more than 3): python3 ×4 (longest 2.0s, pid 42)",
+		"waiting meanwhile: iptables-legacy-restore ×1 (longest seen waiting 1.4s)",
 		"kube-proxy in that window: IPv4 3 restore failures in 18s, IPv4 a sync queued 5s ago not done"} {
 		if !strings.Contains(m, want) {
 			t.Errorf("message lacks %q: %s", want, m)

@@ -184,8 +184,11 @@ rules:
 	if longest, _ := strconv.ParseFloat(m[3], 64); longest < 1.8 || longest > 2.6 {
 		t.Errorf("longest hold %ss, want ~2s", m[3])
 	}
-	if strings.Contains(msg, "iptables-legacy-restore ×") {
+	if holdersPart, _, _ := strings.Cut(msg, "; waiting meanwhile"); strings.Contains(holdersPart, "iptables-legacy-restore ×") {
 		t.Errorf("the restores' short holds counted as ≥ 1s: %s", msg)
+	}
+	if !regexp.MustCompile(`; waiting meanwhile: iptables-legacy-restore ×\d+ \(longest seen waiting [12]\.\ds\)`).MatchString(msg) {
+		t.Errorf("the waiting restores are not named: %s", msg)
 	}
 
 	var body string

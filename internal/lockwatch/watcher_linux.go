@@ -31,12 +31,15 @@ type Config struct {
 	// (default 10ms): a hold's start and end are known to this.
 	BurstPoll time.Duration
 	// FastPoll and FastFor: right after an open the lock is sampled every
-	// FastPoll (default 1ms) for FastFor (default 30ms), so that a hold of
+	// FastPoll (default 1ms) for FastFor (default 20ms), so that a hold of
 	// a few milliseconds (a small iptables command) is seen too.
 	FastPoll time.Duration
 	FastFor  time.Duration
+	// MaxHeldPoll caps the sampling interval during a long hold, which is
+	// sampled every 1/20 of its age so far (default 100ms).
+	MaxHeldPoll time.Duration
 	// Linger is how long sampling goes on after the last open or close
-	// with the lock free (default 200ms): an opener flocks right after
+	// with the lock free (default 100ms): an opener flocks right after
 	// open.
 	Linger time.Duration
 	// OpenerPoll is the sampling interval while a process keeps the file
@@ -60,10 +63,13 @@ func (c *Config) defaults() {
 		c.FastPoll = time.Millisecond
 	}
 	if c.FastFor <= 0 {
-		c.FastFor = 30 * time.Millisecond
+		c.FastFor = 20 * time.Millisecond
+	}
+	if c.MaxHeldPoll <= 0 {
+		c.MaxHeldPoll = 100 * time.Millisecond
 	}
 	if c.Linger <= 0 {
-		c.Linger = 200 * time.Millisecond
+		c.Linger = 100 * time.Millisecond
 	}
 	if c.OpenerPoll <= 0 {
 		c.OpenerPoll = 250 * time.Millisecond
@@ -210,11 +216,13 @@ type loop struct {
 	burstUntil time.Time
 	fastUntil  time.Time
 	wake       time.Time // when poll last returned: the time of the events it delivered
+	heldSince  time.Time // when the current hold was first seen (zero: free)
 	lastSample time.Time
 	openers    map[int32]bool
 	openCheck  time.Time
 	key        string
 	dev, ino   uint64
+	statAt     time.Time // last stat of the lock file (zero: stat again)
 }
 
 func (w *Watcher) run(ctx context.Context, ifd, stop int) {
@@ -262,6 +270,10 @@ func (l *loop) timeout(now time.Time) int {
 	switch {
 	case now.Before(l.fastUntil):
 		return max(1, int(cfg.FastPoll.Milliseconds()))
+	case !l.heldSince.IsZero():
+		// A long hold's end needs no 10 ms precision: sample every
+		// 1/20 of its age so far (5%), from BurstPoll up to MaxHeldPoll.
+		return int(min(max(now.Sub(l.heldSince)/20, cfg.BurstPoll), cfg.MaxHeldPoll).Milliseconds())
 	case now.Before(l.burstUntil):
 		return int(cfg.BurstPoll.Milliseconds())
 	case l.ifd < 0 || !l.onFile:
@@ -321,9 +333,11 @@ func (l *loop) events(buf []byte) {
 			case !l.onFile && name == base:
 				l.rewatch()
 				l.burst()
+				l.changed()
 			case ev.Mask&(unix.IN_IGNORED|unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
 				l.rewatch()
 				l.burst()
+				l.changed()
 			case ev.Mask&unix.IN_OPEN != 0:
 				l.burst()
 				at := l.wake
@@ -336,6 +350,7 @@ func (l *loop) events(buf []byte) {
 				l.w.track(func(t *tracker) { t.closed(at) })
 			case ev.Mask&unix.IN_ATTRIB != 0:
 				l.burst()
+				l.changed()
 			}
 		}
 	}
@@ -343,10 +358,20 @@ func (l *loop) events(buf []byte) {
 
 func (l *loop) burst() { l.burstUntil = time.Now().Add(l.w.cfg.Linger) }
 
-// restat refreshes the lock file's key.
+// changed makes the next sample stat the lock file again.
+func (l *loop) changed() { l.statAt = time.Time{} }
+
+// restat refreshes the lock file's key: at most once a second unless an
+// event said the file changed (statAt zeroed), or it was missing.
 func (l *loop) restat() error {
+	if now := time.Now(); l.key != "" && now.Sub(l.statAt) < time.Second {
+		return nil
+	} else {
+		l.statAt = now
+	}
 	key, dev, ino, err := l.w.src.lockKey()
 	if err != nil {
+		l.key = ""
 		return err
 	}
 	if key != l.key {
@@ -386,6 +411,12 @@ func (l *loop) sample(ctx context.Context) {
 	w.status.Samples++
 	w.status.Err = ""
 	w.mu.Unlock()
+	switch {
+	case !s.Held():
+		l.heldSince = time.Time{}
+	case st.newHold || l.heldSince.IsZero():
+		l.heldSince = now
+	}
 	if s.Held() || len(waiterPIDs) > 0 {
 		// Keep sampling at burst rate until it is free.
 		l.burstUntil = now.Add(w.cfg.BurstPoll)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -130,9 +131,11 @@ func TestWatcherLockFileCreatedLater(t *testing.T) {
 	}
 }
 
-// TestWatcherCloseStopsGoroutine: Close returns promptly and twice.
+// TestWatcherCloseStopsGoroutine: Close returns promptly and twice, and
+// leaves no goroutine behind.
 func TestWatcherCloseStopsGoroutine(t *testing.T) {
 	lock := filepath.Join(t.TempDir(), "xtables.lock")
+	before := runtime.NumGoroutine()
 	w := New(Config{LockFile: lock, Procs: procs.New("/proc")})
 	if err := w.Start(); err != nil {
 		t.Fatal(err)
@@ -150,6 +153,15 @@ func TestWatcherCloseStopsGoroutine(t *testing.T) {
 	}
 	if err := w.Start(); err == nil {
 		t.Error("Start after Close succeeded")
+	}
+	// The goroutine has closed done; give it a moment to return.
+	after := runtime.NumGoroutine()
+	for i := 0; i < 100 && after > before; i++ {
+		time.Sleep(time.Millisecond)
+		after = runtime.NumGoroutine()
+	}
+	if after > before {
+		t.Errorf("goroutines %d before, %d after Close", before, after)
 	}
 	New(Config{LockFile: lock}).Close() // never started
 }
