@@ -110,16 +110,6 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 	if d.n.XtablesLock == "" {
 		return nil, Skip("no xtables lock file configured (--xtables-lock)")
 	}
-	// The watcher starts at the first run (lazily: a policy without this
-	// detector never runs it) and measures every hold from then on.
-	watch := d.n.XtablesLockWatch
-	watchErr := ""
-	if watch != nil {
-		if err := watch.Start(); err != nil {
-			watchErr = err.Error()
-			watch = nil
-		}
-	}
 	l, err := d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Either no legacy iptables ever ran here, or the host's /run is
@@ -129,6 +119,17 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading locks on %s: %w", d.n.XtablesLock, err)
+	}
+	// The watcher starts at the first run that finds the lock file
+	// (lazily: a policy without this detector, or a node without legacy
+	// iptables, never runs it) and measures every hold from then on.
+	watch := d.n.XtablesLockWatch
+	watchErr := ""
+	if watch != nil {
+		if err := watch.Start(); err != nil {
+			watchErr = err.Error()
+			watch = nil
+		}
 	}
 	now := d.n.Clock.Now()
 	var out []Finding

@@ -25,6 +25,7 @@ type procSource struct {
 	lock  string
 	procs procs.Interface
 	buf   []byte
+	locks *os.File // /proc/locks, kept open by the watcher's goroutine
 }
 
 // lockKey stats the lock file: its /proc/locks key and device/inode.
@@ -40,22 +41,48 @@ func (s *procSource) lockKey() (key string, dev, ino uint64, err error) {
 // locks is not something to sample 100 times a second).
 const maxLocksBytes = 4 << 20
 
-// sample reads /proc/locks and keeps the lines of key.
+// sample reads /proc/locks and keeps the lines of key. The file is kept
+// open and re-read from offset 0 (the kernel regenerates it on every
+// read from the start): two syscalls per sample instead of four.
 func (s *procSource) sample(key string) (lockPIDs, waiterPIDs []int32, err error) {
-	f, err := os.Open(filepath.Join(s.root, "locks"))
-	if err != nil {
-		return nil, nil, fmt.Errorf("reading locks: %w", err)
+	if s.locks == nil {
+		f, err := os.Open(filepath.Join(s.root, "locks"))
+		if err != nil {
+			return nil, nil, fmt.Errorf("reading locks: %w", err)
+		}
+		s.locks = f
 	}
-	defer f.Close()
 	if s.buf == nil {
-		s.buf = make([]byte, 0, 64<<10)
+		s.buf = make([]byte, 64<<10)
 	}
-	b := bytes.NewBuffer(s.buf[:0])
-	if _, err := b.ReadFrom(io.LimitReader(f, maxLocksBytes)); err != nil {
-		return nil, nil, fmt.Errorf("reading locks: %w", err)
+	n := 0
+	for {
+		if n == len(s.buf) {
+			if len(s.buf) >= maxLocksBytes {
+				break
+			}
+			s.buf = append(s.buf, make([]byte, len(s.buf))...)
+		}
+		m, err := s.locks.ReadAt(s.buf[n:], int64(n))
+		n += m
+		if errors.Is(err, io.EOF) || m == 0 && err == nil {
+			break
+		}
+		if err != nil {
+			s.locks.Close()
+			s.locks = nil
+			return nil, nil, fmt.Errorf("reading locks: %w", err)
+		}
 	}
-	s.buf = b.Bytes()[:0]
-	return LocksOf(b.Bytes(), key)
+	return LocksOf(s.buf[:n], key)
+}
+
+// close releases the kept /proc/locks descriptor.
+func (s *procSource) close() {
+	if s.locks != nil {
+		s.locks.Close()
+		s.locks = nil
+	}
 }
 
 // LocksOf returns the pids of the granted locks and of the waiters on the

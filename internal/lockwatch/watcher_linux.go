@@ -31,7 +31,7 @@ type Config struct {
 	// (default 10ms): a hold's start and end are known to this.
 	BurstPoll time.Duration
 	// FastPoll and FastFor: right after an open the lock is sampled every
-	// FastPoll (default 1ms) for FastFor (default 20ms), so that a hold of
+	// FastPoll (default 1ms) for FastFor (default 10ms), so that a hold of
 	// a few milliseconds (a small iptables command) is seen too.
 	FastPoll time.Duration
 	FastFor  time.Duration
@@ -39,7 +39,7 @@ type Config struct {
 	// sampled every 1/20 of its age so far (default 100ms).
 	MaxHeldPoll time.Duration
 	// Linger is how long sampling goes on after the last open or close
-	// with the lock free (default 100ms): an opener flocks right after
+	// with the lock free (default 50ms): an opener flocks right after
 	// open.
 	Linger time.Duration
 	// OpenerPoll is the sampling interval while a process keeps the file
@@ -63,13 +63,13 @@ func (c *Config) defaults() {
 		c.FastPoll = time.Millisecond
 	}
 	if c.FastFor <= 0 {
-		c.FastFor = 20 * time.Millisecond
+		c.FastFor = 10 * time.Millisecond
 	}
 	if c.MaxHeldPoll <= 0 {
 		c.MaxHeldPoll = 100 * time.Millisecond
 	}
 	if c.Linger <= 0 {
-		c.Linger = 100 * time.Millisecond
+		c.Linger = 50 * time.Millisecond
 	}
 	if c.OpenerPoll <= 0 {
 		c.OpenerPoll = 250 * time.Millisecond
@@ -205,7 +205,11 @@ func (w *Watcher) Observe(ctx context.Context, d time.Duration) ([]Hold, error) 
 }
 
 const inotifyFileMask = unix.IN_OPEN | unix.IN_CLOSE | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB
-const inotifyDirMask = unix.IN_CREATE | unix.IN_MOVED_TO
+
+// The directory is watched while the file does not exist or cannot be
+// watched itself (not readable): its children's opens and closes are
+// reported too, with their name.
+const inotifyDirMask = unix.IN_CREATE | unix.IN_MOVED_TO | unix.IN_OPEN | unix.IN_CLOSE
 
 // loop state of the goroutine (owned by it).
 type loop struct {
@@ -227,6 +231,7 @@ type loop struct {
 
 func (w *Watcher) run(ctx context.Context, ifd, stop int) {
 	defer close(w.done)
+	defer w.src.close()
 	l := &loop{w: w, ifd: ifd, wd: -1, openers: map[int32]bool{}}
 	if ifd >= 0 {
 		defer unix.Close(ifd)
@@ -276,7 +281,7 @@ func (l *loop) timeout(now time.Time) int {
 		return int(min(max(now.Sub(l.heldSince)/20, cfg.BurstPoll), cfg.MaxHeldPoll).Milliseconds())
 	case now.Before(l.burstUntil):
 		return int(cfg.BurstPoll.Milliseconds())
-	case l.ifd < 0 || !l.onFile:
+	case l.ifd < 0 || l.wd < 0:
 		return int(cfg.PollFallback.Milliseconds())
 	case len(l.openers) > 0:
 		return int(cfg.OpenerPoll.Milliseconds())
@@ -330,7 +335,8 @@ func (l *loop) events(buf []byte) {
 				l.burst()
 				l.w.track(func(t *tracker) { t.lostEvents() })
 			case ev.Wd != int32(l.wd):
-			case !l.onFile && name == base:
+			case !l.onFile && name != base:
+			case !l.onFile && ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
 				l.rewatch()
 				l.burst()
 				l.changed()
@@ -387,7 +393,7 @@ func (l *loop) sample(ctx context.Context) {
 	w := l.w
 	now := time.Now()
 	gap := now.Sub(l.lastSample)
-	continuous := l.ifd >= 0 && l.onFile && (len(l.openers) == 0 || gap <= 2*w.cfg.BurstPoll)
+	continuous := l.ifd >= 0 && l.wd >= 0 && (len(l.openers) == 0 || gap <= 2*w.cfg.BurstPoll)
 	if gap <= 0 {
 		continuous = false
 	}
