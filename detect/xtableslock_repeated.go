@@ -39,13 +39,24 @@ type holderGroup struct {
 func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now time.Time) (*Finding, string) {
 	win := d.p.RepeatWindow.Duration
 	var long []lockwatch.Hold
-	for _, h := range watch.Holds(now.Add(-win)) {
+	all := watch.Holds(now.Add(-win))
+	top := -1
+	for i, h := range all {
 		if h.Duration(now) >= d.p.RepeatHold.Duration {
 			long = append(long, h)
+		}
+		if top < 0 || h.Duration(now) > all[top].Duration(now) {
+			top = i
 		}
 	}
 	kpText, kpEv := d.kubeProxyWindow(ctx, now, win)
 	judged := fmt.Sprintf("; %d holds ≥ %s in the last %s (at most %d)", len(long), d.p.RepeatHold.Duration, win, d.p.RepeatMax)
+	if top >= 0 {
+		judged += fmt.Sprintf(", %d holds in all, longest %.1fs by %s", len(all), all[top].Duration(now).Seconds(), all[top].Program())
+	}
+	if st := watch.Status(); st.Err != "" {
+		judged += "; lock watcher: " + st.Err
+	}
 	if len(long) <= d.p.RepeatMax {
 		return nil, judged
 	}

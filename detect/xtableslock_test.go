@@ -109,7 +109,7 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %g
 	if err != nil || len(got) != 0 {
 		t.Fatalf("t=11: %+v %v", got, err)
 	}
-	if j := d.(Judged).Judged(); !strings.Contains(j, "held ≥ 1s, 0 waiting") || !strings.Contains(j, "3 holds ≥ 1s in the last 5m0s (at most 3)") {
+	if j := d.(Judged).Judged(); !strings.Contains(j, "held ≥ 1s, 0 waiting") || !strings.Contains(j, "3 holds ≥ 1s in the last 5m0s (at most 3), 3 holds in all, longest 2.0s by python3") {
 		t.Errorf("judged %q", j)
 	}
 	// At 17.5 s: four holds of 2 s, the lock free, 3 restore failures and
