@@ -203,7 +203,10 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 
 	for i, k := range keys {
 		hold := held[i]
-		if hold < d.p.MaxHold.Duration && !tooMany && !restoreWaits {
+		// A restore holding the lock (watched) as long as kube-proxy's
+		// restores would wait for it is reported like a waiting one.
+		restoreHolds := k != unknownHolder && isRestore(l.Holders[i]) && hold >= d.p.MaxRestoreWait.Duration
+		if hold < d.p.MaxHold.Duration && !tooMany && !restoreWaits && !restoreHolds {
 			continue
 		}
 		why := fmt.Sprintf("for ≥ %s (%s; max %s); held ≥ %s", hold.Round(time.Second), measured, d.p.MaxHold.Duration, lockHeld.Round(time.Second))

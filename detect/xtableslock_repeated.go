@@ -49,7 +49,13 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 			top = i
 		}
 	}
-	kpText, kpEv := d.kubeProxyWindow(ctx, now, win)
+	// kube-proxy's counters are sampled while the lock is in use (a quiet
+	// node costs no scrape here).
+	var kpText string
+	var kpEv map[string]any
+	if len(all) > 0 {
+		kpText, kpEv = d.kubeProxyWindow(ctx, now, win)
+	}
 	judged := fmt.Sprintf("; %d holds ≥ %s in the last %s (at most %d)", len(long), d.p.RepeatHold.Duration, win, d.p.RepeatMax)
 	if top >= 0 {
 		judged += fmt.Sprintf(", %d holds in all, longest %.1fs by %s", len(all), all[top].Duration(now).Seconds(), all[top].Program())

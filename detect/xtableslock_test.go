@@ -125,7 +125,8 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %g
 	m := got[0].Message
 	for _, want := range []string{"held 4 times for ≥ 1s in the last 5m0s (more than 3): python3 ×4 (longest 2.0s, pid 42)",
 		"waiting meanwhile: iptables-legacy-restore ×1 (longest seen waiting 1.4s)",
-		"kube-proxy in that window: IPv4 3 restore failures in 18s, IPv4 a sync queued 5s ago not done"} {
+		// kube-proxy is sampled from t=11 s, the first cycle with a hold.
+		"kube-proxy in that window: IPv4 3 restore failures in 7s, IPv4 a sync queued 5s ago not done"} {
 		if !strings.Contains(m, want) {
 			t.Errorf("message lacks %q: %s", want, m)
 		}
@@ -181,5 +182,30 @@ func TestXtablesLockWatchedHoldIsTheCurrentOne(t *testing.T) {
 	got, _ := d.Detect(context.Background())
 	if len(got) != 1 || got[0].Evidence["lockWatchError"] != "no inotify" {
 		t.Errorf("watcher error: %+v", got)
+	}
+}
+
+// TestXtablesLockRestoreHolderNamedWithAge: a restore the watcher has seen
+// holding the lock for maxRestoreWait is reported at once, named with its
+// age, well before maxHold.
+func TestXtablesLockRestoreHolderNamedWithAge(t *testing.T) {
+	f := procs.NewFake(999)
+	f.Add(fakeProc(400, 50, "iptables-legacy", procT0.Add(-7*time.Second), "S", "iptables-legacy-restore", "-w"))
+	p := f.MustGet(400)
+	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, LockPIDs: []int32{400}, Holders: []procs.Process{p}})
+	n, _ := newIssue3Node(f)
+	w := &lockwatch.Fake{}
+	n.XtablesLockWatch = w
+	d := newIssue3Detector(t, "XtablesLockContention", n, nil)
+	w.SetHolds(lockwatch.Hold{Start: procT0.Add(-4 * time.Second), Exact: true, LockPIDs: []int32{400},
+		Holders: []lockwatch.Proc{{Pid: 400, CreateTimeMs: p.CreateTimeMs, Program: "iptables-legacy-restore"}}})
+	if got, _ := d.Detect(context.Background()); len(got) != 0 {
+		t.Fatalf("held 4s: %+v", got)
+	}
+	w.SetHolds(lockwatch.Hold{Start: procT0.Add(-6 * time.Second), Exact: true, LockPIDs: []int32{400},
+		Holders: []lockwatch.Proc{{Pid: 400, CreateTimeMs: p.CreateTimeMs, Program: "iptables-legacy-restore"}}})
+	got, _ := d.Detect(context.Background())
+	if len(got) != 1 || !strings.Contains(got[0].Message, "held by iptables-legacy-restore running 7s (pid 400) for ≥ 6s (watched;") || got[0].Evidence["holdSeconds"] != 6.0 {
+		t.Fatalf("held 6s: %+v", got)
 	}
 }
