@@ -28,10 +28,11 @@ type XtablesLockContentionParams struct {
 	// MaxWaiters is how many processes may wait for the lock at once.
 	MaxWaiters int `yaml:"maxWaiters"`
 	// MaxRestoreWait is how long an iptables-restore may wait for the
-	// lock: kube-proxy's restores give up after 5s (`-w 5`) and count a
-	// restore failure, so a restore waiting longer means the holder is
-	// starving the node's rules. The holders are then reported at once,
-	// with "held ≥ N" from the oldest waiter's wait.
+	// lock (or be watched holding it): kube-proxy's restores give up
+	// after 5s (`-w 5`) and count a restore failure, so a restore waiting
+	// longer means the holder is starving the node's rules. The holders
+	// are then reported at once, with "held ≥ N" from the oldest
+	// waiter's wait.
 	MaxRestoreWait policy.Duration `yaml:"maxRestoreWait"`
 	// RepeatHold, RepeatMax and RepeatWindow report micro-outages: more
 	// than RepeatMax holds of at least RepeatHold within RepeatWindow
