@@ -38,11 +38,12 @@ type tracker struct {
 	prevWaiters []int32
 	prevOK      bool
 	hist        map[HistKey]*Histogram
-	// Opens of the lock file not yet closed, since when, and whether a
-	// hold was seen meanwhile (else their use becomes an Unsampled hold).
-	openN     int
-	openSince time.Time
-	openSaw   bool
+	// An open of the lock file not yet followed by a close, since when,
+	// and whether a hold was seen meanwhile (else the use becomes an
+	// Unsampled hold).
+	openPending bool
+	openSince   time.Time
+	openSaw     bool
 }
 
 func newTracker(ringSize int) *tracker {
@@ -114,28 +115,30 @@ func (t *tracker) observe(s Sample) (st step) {
 
 // opened records an open of the lock file (inotify IN_OPEN).
 func (t *tracker) opened(at time.Time) {
-	if t.openN == 0 {
-		t.openSince, t.openSaw = at, t.cur != nil
+	if !t.openPending {
+		t.openPending, t.openSince, t.openSaw = true, at, t.cur != nil
 	}
-	t.openN++
 }
 
-// closed records the last close of an opened file (IN_CLOSE). When every
-// opener has closed it and no sample saw the lock held meanwhile, the use
-// is recorded as an Unsampled hold.
+// closed records a close (IN_CLOSE). When no sample saw the lock held
+// since the first open not yet matched, that use is recorded as an
+// Unsampled hold. inotify merges identical events that queue up and a
+// process may have opened the file before the watcher started, so opens
+// and closes are not counted one for one: overlapping uses count once
+// (an undercount, never a use that did not happen).
 func (t *tracker) closed(at time.Time) {
-	if t.openN == 0 {
-		return // opened before the watcher started
+	if !t.openPending {
+		return
 	}
-	t.openN--
-	if t.openN == 0 && !t.openSaw {
+	t.openPending = false
+	if !t.openSaw {
 		t.cur = &Hold{Start: t.openSince, Unsampled: true}
 		t.end(at)
 	}
 }
 
-// lostEvents forgets the open count (inotify queue overflow).
-func (t *tracker) lostEvents() { t.openN = 0 }
+// lostEvents forgets the pending open (inotify queue overflow).
+func (t *tracker) lostEvents() { t.openPending = false }
 
 // setHolders records the resolved holders of the current hold.
 func (t *tracker) setHolders(hs []Proc) {
