@@ -16,8 +16,11 @@ include tools/helm/helm.mk
 
 all: build
 
+# bin/kubectl-remediate is the kubectl plugin (kubectl remediate NODE):
+# put it on PATH to use it.
 build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/remediate
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/kubectl-remediate ./cmd/kubectl-remediate
 
 # Release binaries for the image's platforms, static, version stamped from
 # git, and one SPDX SBOM of the modules linked into them (tools/sbom).
@@ -54,8 +57,12 @@ test: helm-bin
 # The IPVS real-kernel lane: the TestVM* tests of VM_PKGS run inside a QEMU
 # VM booting Debian's cloud kernel (which has ip_vs); see tools/vm/README.md.
 VM_PKGS ?= ./internal/ipvs ./detect ./remediate/action
+# Then the real kube-proxy in IPVS mode inside the VM against the real
+# apiserver on this host (TestIPVSKubeProxyInVM boots the VM itself, inside
+# the control plane's network namespace).
 test-vm:
 	GO=$(GO) tools/vm/run.sh $(VM_PKGS)
+	REMEDIATE_VM_KUBEPROXY=1 REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(GO) test -count=1 -timeout 20m -run '^TestIPVSKubeProxyInVM$$' ./remediate/action
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -36,7 +36,8 @@ const (
 // utilization and drift only.
 type ConntrackExhaustionParams struct {
 	// UtilizationThreshold is count/max at or above which the table is
-	// reported (warning). The usual guidance is 75-90%.
+	// reported (warning). Default 0.8, the field guides' alert threshold
+	// (their guidance ranges 75-90%; examples/RUNBOOK.md, section 7).
 	UtilizationThreshold float64 `yaml:"utilizationThreshold"`
 	// CriticalUtilization raises the severity to critical.
 	CriticalUtilization float64 `yaml:"criticalUtilization"`
@@ -51,16 +52,31 @@ type ConntrackExhaustionParams struct {
 	// ReportDrift reports nf_conntrack_max being lower than the value
 	// RaiseConntrackMax last set (recorded in the state directory).
 	ReportDrift bool `yaml:"reportDrift"`
+	// Breakdown adds what fills the table to the finding when utilization
+	// is at or above utilizationThreshold: exact counts per class
+	// (tcp/<state>, udp/stream, udp/unreplied, icmp, ...) and the topN
+	// original destinations and sources, from one streamed dump of the
+	// whole table (memory bounded, whatever its size; about 1 s per 250k
+	// entries). Below the threshold nothing is dumped.
+	Breakdown bool `yaml:"breakdown"`
+	// TopN is how many destinations and sources the breakdown names.
+	TopN int `yaml:"topN"`
+	// BreakdownMaxEntries stops the dump after this many entries (the
+	// breakdown then says it is truncated).
+	BreakdownMaxEntries int `yaml:"breakdownMaxEntries"`
 }
 
 // SetDefaults sets the defaults of ConntrackExhaustion (registry.Defaulter).
 func (p *ConntrackExhaustionParams) SetDefaults() {
 	*p = ConntrackExhaustionParams{
-		UtilizationThreshold:      0.85,
+		UtilizationThreshold:      0.8,
 		CriticalUtilization:       0.95,
 		DropRateThreshold:         0.1,
 		InsertFailedRateThreshold: 1,
 		ReportDrift:               true,
+		Breakdown:                 true,
+		TopN:                      conntrack.DefaultTopN,
+		BreakdownMaxEntries:       4 << 20,
 	}
 }
 
@@ -82,13 +98,19 @@ func (p *ConntrackExhaustionParams) Validate() []policy.FieldError {
 	if !(p.InsertFailedRateThreshold >= 0) || math.IsInf(p.InsertFailedRateThreshold, 0) {
 		errs = append(errs, policy.FieldError{Field: "insertFailedRateThreshold", Msg: "must be >= 0 (0 disables)"})
 	}
+	if p.TopN < 1 || p.TopN > 20 {
+		errs = append(errs, policy.FieldError{Field: "topN", Msg: "must be in [1, 20]"})
+	}
+	if p.BreakdownMaxEntries < 1000 || p.BreakdownMaxEntries > 1<<26 {
+		errs = append(errs, policy.FieldError{Field: "breakdownMaxEntries", Msg: "must be in [1000, 67108864]"})
+	}
 	return errs
 }
 
 func init() {
 	Define(ConntrackExhaustionName,
 		"conntrack table utilization (count/max), drop/early_drop/insert_failed rates, and nf_conntrack_max reset below what remediate set",
-		newConntrackExhaustion, Targets(finding.KindConntrackTable))
+		newConntrackExhaustion, Targets(finding.KindConntrackTable), Windowed())
 }
 
 // ctSample is one observation of the counters.
@@ -169,6 +191,41 @@ func round(v float64, digits int) float64 {
 	return math.Round(v*m) / m
 }
 
+// breakdown dumps the table once for its composition, only when the
+// table is at or above the utilization threshold (an idle table costs
+// nothing) and the adapter can stream it. The dump gets at most half of
+// the time left to the detector: a table too big for it gives a partial
+// breakdown (Truncated, with the reason as the error), never a detector
+// that times out and loses the finding. A failed dump is reported in the
+// evidence and logged; the finding stands without it.
+func (d *conntrackExhaustion) breakdown(ctx context.Context, u conntrack.Usage) (conntrack.Composition, bool, error) {
+	if !d.p.Breakdown || u.Max == 0 || u.Utilization() < d.p.UtilizationThreshold {
+		return conntrack.Composition{}, false, nil
+	}
+	ts, ok := d.n.Conntrack.(conntrack.TableScanner)
+	if !ok {
+		return conntrack.Composition{}, false, nil
+	}
+	bctx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		defer cancel()
+	}
+	comp, err := conntrack.Compose(bctx, ts, d.p.TopN, d.p.BreakdownMaxEntries)
+	if err != nil && ctx.Err() == nil && bctx.Err() != nil && comp.Total > 0 {
+		comp.Truncated = true
+		return comp, true, fmt.Errorf("breakdown stopped after %d entries (%d ms, half the detector's deadline): counts are of those", comp.Total, comp.DurationMs)
+	}
+	if err != nil {
+		if d.n.Log != nil {
+			d.n.Log.Warn("conntrack: breakdown failed", zap.Error(err))
+		}
+		return conntrack.Composition{}, false, err
+	}
+	return comp, true, nil
+}
+
 // Detect implements Detector.
 func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	ct := d.n.Conntrack
@@ -192,6 +249,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 
 	var out []Finding
 	if reasons, sev := judgeConntrack(d.p, u, rates, haveRates); len(reasons) > 0 {
+		comp, haveComp, compErr := d.breakdown(ctx, u)
 		ev := map[string]any{
 			"count":               u.Count,
 			conntrack.EvidenceMax: u.Max,
@@ -207,11 +265,21 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 			ev["earlyDropRate"] = round(rates.EarlyDrop, 3)
 			ev["insertFailedRate"] = round(rates.InsertFailed, 3)
 		}
+		msg := "conntrack: " + strings.Join(reasons, "; ")
+		if haveComp {
+			comp.PutEvidence(ev)
+			if comp.Total > 0 {
+				msg += "; filled by " + comp.Summary()
+			}
+		}
+		if compErr != nil {
+			ev["breakdownError"] = compErr.Error()
+		}
 		out = append(out, Finding{
 			Detector: ConntrackExhaustionName,
 			Target:   ConntrackTableTarget,
 			Severity: sev,
-			Message:  "conntrack: " + strings.Join(reasons, "; "),
+			Message:  msg,
 			Evidence: ev,
 		})
 	}

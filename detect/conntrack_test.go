@@ -3,6 +3,8 @@ package detect
 import (
 	"context"
 	"errors"
+	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,6 +35,9 @@ func TestConntrackParamsValidate(t *testing.T) {
 		{"critical above 1", func(p *ConntrackExhaustionParams) { p.CriticalUtilization = 2 }, "criticalUtilization"},
 		{"negative drop rate", func(p *ConntrackExhaustionParams) { p.DropRateThreshold = -1 }, "dropRateThreshold"},
 		{"negative insert_failed rate", func(p *ConntrackExhaustionParams) { p.InsertFailedRateThreshold = -0.1 }, "insertFailedRateThreshold"},
+		{"topN 0", func(p *ConntrackExhaustionParams) { p.TopN = 0 }, "topN"},
+		{"topN 21", func(p *ConntrackExhaustionParams) { p.TopN = 21 }, "topN"},
+		{"tiny breakdown limit", func(p *ConntrackExhaustionParams) { p.BreakdownMaxEntries = 10 }, "breakdownMaxEntries"},
 	} {
 		p := defaultCTParams()
 		tc.mut(&p)
@@ -81,8 +86,8 @@ func TestJudgeConntrack(t *testing.T) {
 		sev       Severity
 	}{
 		{"healthy", u(1000, 262144), ctRates{}, true, 0, ""},
-		{"just below", u(84, 100), ctRates{}, false, 0, ""},
-		{"at threshold", u(85, 100), ctRates{}, false, 1, Warning},
+		{"just below", u(79, 100), ctRates{}, false, 0, ""},
+		{"at threshold", u(80, 100), ctRates{}, false, 1, Warning},
 		{"critical", u(96, 100), ctRates{}, false, 1, Critical},
 		{"max unknown", u(96, 0), ctRates{}, false, 0, ""},
 		{"drops make it critical", u(10, 100), ctRates{EarlyDrop: 0.2}, true, 1, Critical},
@@ -184,5 +189,93 @@ func TestConntrackExhaustionSkipsAndErrors(t *testing.T) {
 	f.InjectError("Usage", errors.New("netlink: EPERM"))
 	if _, err := newCTDetector(t, f, clk).Detect(context.Background()); err == nil {
 		t.Fatal("usage error must be an error (could not tell)")
+	}
+}
+
+// The breakdown is computed only when the table is at or above the
+// threshold (an idle table is never dumped), names what fills it, and a
+// failed dump leaves the finding without it.
+func TestConntrackExhaustionBreakdown(t *testing.T) {
+	ctx := context.Background()
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	f := conntrack.NewFake(100, 25)
+	d := newCTDetector(t, f, clk)
+	add := func(n int, proto uint8, dst string, status uint32, state uint8) {
+		for i := 0; i < n; i++ {
+			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(len(f.Flows))}), 40000)
+			f.Flows = append(f.Flows, conntrack.Flow{Proto: proto, OrigSrc: src, OrigDst: netip.MustParseAddrPort(dst),
+				ReplySrc: netip.MustParseAddrPort(dst), ReplyDst: src, Status: status, TCPState: state})
+		}
+	}
+	add(30, conntrack.ProtoUDP, "10.96.0.10:53", conntrack.StatusSeenReply, 0)
+	add(10, conntrack.ProtoTCP, "10.96.0.1:443", conntrack.StatusSeenReply, conntrack.TCPStateTimeWait)
+	if got, err := d.Detect(ctx); err != nil || len(got) != 0 || f.Calls["ScanTable"] != 0 {
+		t.Fatalf("40%% full: %v, %v; %d dumps (want none)", got, err, f.Calls["ScanTable"])
+	}
+	add(50, conntrack.ProtoUDP, "10.96.0.10:53", conntrack.StatusSeenReply, 0)
+	got, err := d.Detect(ctx)
+	if err != nil || len(got) != 1 || f.Calls["ScanTable"] != 1 {
+		t.Fatalf("90%% full: %v, %v; %d dumps", got, err, f.Calls["ScanTable"])
+	}
+	comp, ok, err := conntrack.DecodeComposition(got[0].Evidence)
+	if err != nil || !ok {
+		t.Fatalf("no breakdown in %+v: %v", got[0].Evidence, err)
+	}
+	if comp.Total != 90 || comp.Count(conntrack.ClassUDPStream) != 80 || comp.TopDestinations[0].Endpoint.String() != "udp/10.96.0.10:53" {
+		t.Errorf("breakdown %+v", comp)
+	}
+	if want := "filled by udp/stream 89%, tcp/TIME_WAIT 11%; top destination udp/10.96.0.10:53 (80 entries, 89%)"; !strings.Contains(got[0].Message, want) {
+		t.Errorf("message %q lacks %q", got[0].Message, want)
+	}
+	f.InjectError("ScanTable", errors.New("netlink: boom"))
+	got, err = d.Detect(ctx)
+	if err != nil || len(got) != 1 || got[0].Evidence["breakdownError"] != "conntrack breakdown: netlink: boom" {
+		t.Fatalf("failed dump: %+v, %v", got, err)
+	}
+	if _, ok, _ := conntrack.DecodeComposition(got[0].Evidence); ok {
+		t.Error("a failed dump still gave a breakdown")
+	}
+	f.InjectError("ScanTable", nil)
+	p := defaultCTParams()
+	p.Breakdown = false
+	d2, err := newConntrackExhaustion(&p, &node.Node{Conntrack: f, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := f.Calls["ScanTable"]
+	if got, _ := d2.Detect(ctx); len(got) != 1 || f.Calls["ScanTable"] != before {
+		t.Errorf("breakdown: false still dumped (%d -> %d)", before, f.Calls["ScanTable"])
+	}
+}
+
+// A dump slower than half the detector's deadline gives a partial
+// breakdown (said so), never a detector that times out and loses the
+// finding.
+func TestConntrackExhaustionBreakdownDeadline(t *testing.T) {
+	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
+	f := conntrack.NewFake(100, 25)
+	for i := 0; i < 95; i++ {
+		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), 40000)
+		f.Flows = append(f.Flows, conntrack.Flow{Proto: conntrack.ProtoUDP, OrigSrc: src, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), Status: conntrack.StatusSeenReply})
+	}
+	f.ScanHook = func(n int) {
+		if n == 10 {
+			time.Sleep(300 * time.Millisecond) // past half of the 400 ms below
+		}
+	}
+	d := newCTDetector(t, f, clk)
+	ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+	defer cancel()
+	got, err := d.Detect(ctx)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("detect: %v, %v", got, err)
+	}
+	comp, ok, _ := conntrack.DecodeComposition(got[0].Evidence)
+	if !ok || !comp.Truncated || comp.Total != 10 || comp.Count(conntrack.ClassUDPStream) != 10 {
+		t.Fatalf("partial breakdown %+v (%v)", comp, ok)
+	}
+	if e, _ := got[0].Evidence["breakdownError"].(string); !strings.Contains(e, "stopped after 10 entries") ||
+		!strings.Contains(got[0].Message, "filled by (first 10 entries) udp/stream 100%") {
+		t.Errorf("evidence %q, message %q", e, got[0].Message)
 	}
 }

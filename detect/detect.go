@@ -74,6 +74,10 @@ type Type struct {
 	// Empty means undeclared: the policy loader then cannot check which
 	// actions it can feed and lets any pairing through.
 	Targets []finding.Kind
+	// Windowed marks a detector that judges across samples (a rate, a
+	// delta, a growth, a hold time): its first run has no verdict. The
+	// one-shot run (remediate --once --sample) samples these twice.
+	Windowed bool
 }
 
 // Option adds a declaration to a Define.
@@ -82,6 +86,20 @@ type Option = func(*Type)
 // Targets declares the kinds of target the detector's findings are about.
 func Targets(kinds ...finding.Kind) Option {
 	return func(t *Type) { t.Targets = append(t.Targets, kinds...) }
+}
+
+// Windowed declares that the detector judges across samples (rates,
+// histogram deltas, growth, hold times), so its first run cannot judge.
+func Windowed() Option {
+	return func(t *Type) { t.Windowed = true }
+}
+
+// SampleCounted is implemented by the parameters of a detector whose
+// criterion counts samples (KubeProxyEndpointChangesPending's scrapes): a
+// one-shot run that takes n samples caps the count to n, so the criterion
+// can be met in one run. It reports whether it changed anything.
+type SampleCounted interface {
+	CapSamples(n int) bool
 }
 
 var registered = registry.NewTypes("detect", "detector", func(t Type) string { return t.Name },

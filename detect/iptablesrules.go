@@ -44,6 +44,15 @@ type IPTablesRulesParams struct {
 	CheckFirewallDrop bool `yaml:"checkFirewallDrop"`
 	// CheckBackendMix reports KUBE-* rules present in both legacy and nft.
 	CheckBackendMix bool `yaml:"checkBackendMix"`
+	// CheckKubeProxyChains compares kube-proxy's other rules with what
+	// kube-proxy v1.34 writes in iptables mode: the nat POSTROUTING jump to
+	// KUBE-POSTROUTING (and the filter jumps), the KUBE-MARK-MASQ mark rule,
+	// KUBE-POSTROUTING's RETURN, mark-clearing and MASQUERADE rules, and
+	// every rule of kube-proxy's chains that lost the match conditions
+	// kube-proxy gives it (version-skew corruption). One finding per
+	// table, chain (per-Service chains grouped: KUBE-SEP-*) and check.
+	// iptables mode only (IPVS mode's chains differ).
+	CheckKubeProxyChains bool `yaml:"checkKubeProxyChains"`
 	// MaxKubeRules reports more KUBE-* rules than this in one backend and
 	// family (0 turns the check off).
 	MaxKubeRules int `yaml:"maxKubeRules"`
@@ -67,30 +76,24 @@ type IPTablesRulesParams struct {
 // SetDefaults sets the defaults of IPTablesRules (registry.Defaulter).
 func (p *IPTablesRulesParams) SetDefaults() {
 	*p = IPTablesRulesParams{
-		Families:          []string{"IPv4", "IPv6"},
-		Backends:          []string{"legacy", "nft"},
-		ProxyMode:         "iptables",
-		CheckServicesJump: true,
-		CheckFirewallDrop: true,
-		CheckBackendMix:   true,
-		MaxKubeRules:      10000,
-		MaxSaveDuration:   policy.D(2 * time.Second),
-		SaveTimeout:       policy.D(8 * time.Second),
-		MaxSaveDutyCycle:  0.1,
+		Families:             []string{"IPv4", "IPv6"},
+		Backends:             []string{"legacy", "nft"},
+		ProxyMode:            "iptables",
+		CheckServicesJump:    true,
+		CheckFirewallDrop:    true,
+		CheckBackendMix:      true,
+		CheckKubeProxyChains: true,
+		MaxKubeRules:         10000,
+		MaxSaveDuration:      policy.D(2 * time.Second),
+		SaveTimeout:          policy.D(8 * time.Second),
+		MaxSaveDutyCycle:     0.1,
 	}
 }
 
 // Validate implements policy.Validator.
 func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
-	if len(p.Families) == 0 {
-		errs = append(errs, policy.FieldError{Field: "families", Msg: "must list IPv4 and/or IPv6"})
-	}
-	for i, f := range p.Families {
-		if f != string(iptables.IPv4) && f != string(iptables.IPv6) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
+	errs = append(errs, validateFamilies(p.Families)...)
 	if len(p.Backends) == 0 {
 		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
 	}
@@ -99,11 +102,7 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
 		}
 	}
-	switch p.ProxyMode {
-	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", p.ProxyMode)})
-	}
+	errs = append(errs, validateProxyMode(p.ProxyMode)...)
 	if p.MaxKubeRules < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxKubeRules", Msg: "must be >= 0 (0 = off)"})
 	}
@@ -121,9 +120,19 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	return errs
 }
 
+// validateProxyMode checks a proxyMode parameter (see
+// IPTablesRulesParams.ProxyMode).
+func validateProxyMode(m string) []policy.FieldError {
+	switch m {
+	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
+		return nil
+	}
+	return []policy.FieldError{{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", m)}}
+}
+
 func init() {
 	Define("IPTablesRules",
-		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES jumps, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
+		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES and KUBE-POSTROUTING jumps, the masquerade mark and MASQUERADE rules, rules that lost their match conditions, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
 		newIPTablesRules, Targets(finding.KindIPTablesRules))
 }
 
@@ -261,10 +270,8 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		if d.p.CheckBackendMix {
 			mix := mixFinding(fam, snaps)
-			if bd, ok := d.n.IPTables.(iptables.BackendDetector); ok && len(mix) > 0 {
-				if b, err := bd.DefaultBackend(ctx); err == nil {
-					mix[0].Evidence["nodeIptablesBackend"] = string(b)
-				}
+			if len(mix) > 0 {
+				d.mixVersions(ctx, &mix[0])
 			}
 			out = append(out, mix...)
 		}
@@ -303,14 +310,19 @@ type proxyMode struct {
 }
 
 func (d *iptablesRules) proxyMode(ctx context.Context) proxyMode {
-	if d.p.ProxyMode != "auto" {
-		m := d.p.ProxyMode
-		return proxyMode{mode: m, check: m == "iptables" || m == "ipvs", note: "from the policy"}
+	return resolveProxyMode(ctx, d.n, d.p.ProxyMode)
+}
+
+// resolveProxyMode is kube-proxy's mode as configured ("auto": as
+// kube-proxy's /proxyMode says).
+func resolveProxyMode(ctx context.Context, n *node.Node, configured string) proxyMode {
+	if configured != "auto" {
+		return proxyMode{mode: configured, check: configured == "iptables" || configured == "ipvs", note: "from the policy"}
 	}
-	if d.n.KubeProxy == nil {
-		return proxyMode{check: true, note: "kube-proxy mode unknown: " + d.n.Why("kube-proxy")}
+	if n.KubeProxy == nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + n.Why("kube-proxy")}
 	}
-	m, err := d.n.KubeProxy.ProxyMode(ctx)
+	m, err := n.KubeProxy.ProxyMode(ctx)
 	if err != nil {
 		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
 	}
@@ -378,6 +390,15 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		}
 	}
 
+	if d.p.CheckKubeProxyChains && mode.check && mode.mode != string(kubeproxy.ModeIPVS) {
+		out = append(out, defectFindings(s, iptables.KubeProxyDefects(s.Rules, iptables.DefectOptions{
+			// Those two are checkServicesJump's and checkFirewallDrop's
+			// (which may be turned off on their own).
+			SkipServicesJumps:    true,
+			SkipBareFirewallDrop: true,
+		}), base, mode)...)
+	}
+
 	if n := s.Rules.KubeRuleCount(); d.p.MaxKubeRules > 0 && n > d.p.MaxKubeRules {
 		ev := base()
 		ev["maxKubeRules"] = d.p.MaxKubeRules
@@ -401,6 +422,37 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 		})
 	}
 	return out
+}
+
+// mixVersions adds to a backend-mix finding which iptables the host and
+// kube-proxy use, each read from its own root filesystem (never the
+// daemon's image, never by running a binary): the set in kube-proxy's
+// backend is the one it maintains, the other is stale.
+func (d *iptablesRules) mixVersions(ctx context.Context, f *Finding) {
+	host, kp, _, notes := readIPTablesParties(ctx, d.n, nil)
+	if host.known() {
+		f.Evidence["nodeIptablesBackend"], f.Evidence["nodeIptables"] = string(host.In.Backend), host.In.Describe()
+	} else {
+		f.Evidence["nodeIptables"] = host.Err.Error()
+	}
+	switch {
+	case kp == nil:
+	case !kp.known():
+		f.Evidence["kubeProxyIptables"] = kp.Err.Error()
+	default:
+		f.Evidence["kubeProxyIptablesBackend"], f.Evidence["kubeProxyIptables"] = string(kp.In.Backend), kp.In.Describe()
+		if kp.In.Backend != "" {
+			stale := iptables.Legacy
+			if kp.In.Backend == iptables.Legacy {
+				stale = iptables.NFT
+			}
+			f.Evidence["staleBackend"] = string(stale)
+			f.Message += fmt.Sprintf("; kube-proxy's iptables writes %s, so the %s set is the stale one", kp.In.Backend, stale)
+		}
+	}
+	if len(notes) > 0 {
+		f.Evidence["iptablesNotes"] = notes
+	}
 }
 
 func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot) []Finding {
@@ -430,4 +482,81 @@ func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot
 			"nftSaveMs":        nft.Duration.Milliseconds(),
 		},
 	}}
+}
+
+// maxDefectExamples bounds the rules listed in one finding's evidence.
+const maxDefectExamples = 5
+
+// defectFindings turns kube-proxy rule defects into findings: one per
+// table, chain group and check, with the count and the first rules.
+func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[string]any, mode proxyMode) []Finding {
+	type group struct {
+		first  iptables.Defect
+		n      int
+		breaks bool
+		rules  []string
+		lines  []int
+		chains map[string]bool
+	}
+	var order []string
+	groups := map[string]*group{}
+	for _, df := range ds {
+		what := df.Check
+		if df.Check == iptables.CheckJump {
+			what = df.To
+		}
+		key := df.Table + "/" + iptables.ChainGroup(df.Chain) + "/" + what
+		g := groups[key]
+		if g == nil {
+			g = &group{first: df, chains: map[string]bool{}}
+			groups[key] = g
+			order = append(order, key)
+		}
+		g.n++
+		g.breaks = g.breaks || df.Breaks
+		g.chains[df.Chain] = true
+		if df.Rule != "" && len(g.rules) < maxDefectExamples {
+			g.rules = append(g.rules, df.Rule)
+			g.lines = append(g.lines, df.Line)
+		}
+	}
+	where := fmt.Sprintf("(%s, %s)", s.Family, s.Backend)
+	out := make([]Finding, 0, len(order))
+	for _, key := range order {
+		g := groups[key]
+		df := g.first
+		sev := Warning
+		if g.breaks {
+			sev = Critical
+		}
+		ev := base()
+		ev["table"], ev["chain"], ev["check"] = df.Table, iptables.ChainGroup(df.Chain), df.Check
+		ev["problem"], ev["canonical"], ev["impact"], ev["count"] = df.Problem, df.Want, df.Impact, g.n
+		ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
+		if len(df.Missing) > 0 {
+			ev["missingConditions"] = df.Missing
+		}
+		if len(g.rules) > 0 {
+			ev["rules"], ev["lines"] = g.rules, g.lines
+		}
+		var msg string
+		switch {
+		case df.Check == iptables.CheckJump && df.Rule == "":
+			msg = fmt.Sprintf("%s %s does not jump to %s %s: %s", df.Table, df.Chain, df.To, where, df.Impact)
+		case g.n > 1:
+			msg = fmt.Sprintf("%d rules of %s %s %s: %s (e.g. %q): %s", g.n, df.Table, iptables.ChainGroup(df.Chain), where, df.Problem, df.Rule, df.Impact)
+		case df.Rule == "":
+			msg = fmt.Sprintf("%s %s %s: %s (want %q): %s", df.Table, df.Chain, where, df.Problem, df.Want, df.Impact)
+		default:
+			msg = fmt.Sprintf("%s %s %s: %s: %q (want %s): %s", df.Table, df.Chain, where, df.Problem, df.Rule, df.Want, df.Impact)
+		}
+		out = append(out, Finding{
+			Detector: "IPTablesRules",
+			Target:   iptablesTarget(s.Family, s.Backend, key),
+			Severity: sev,
+			Message:  msg,
+			Evidence: ev,
+		})
+	}
+	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -160,8 +161,15 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	f.SetRules(iptables.IPv4, iptables.Legacy, healthy)
 	f.SetRules(iptables.IPv4, iptables.NFT, "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-X - [0:0]\n-A KUBE-SERVICES -j KUBE-X\nCOMMIT\n")
 	f.SetRules(iptables.IPv6, iptables.Legacy, "")
-	f.Default = iptables.NFT
-	n, _ := newIssue3Node(nil)
+	// The host uses nft (its /usr/sbin/iptables, read through the proc
+	// root's PID 1), kube-proxy's container legacy: the nft set is stale.
+	pf := procs.NewFake(999)
+	pf.Add(fakeProc(50, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "/usr/local/bin/kube-proxy"))
+	n, _ := newIssue3Node(pf)
+	n.ProcRoot = fakeProcRoot(t, map[int]map[string]string{
+		1:  debianRoot("nft", "1.8.9"),
+		50: debianRoot("legacy", "1.8.7"),
+	})
 	n.IPTables = f
 	got, err := newIssue3Detector(t, "IPTablesRules", n, nil).Detect(context.Background())
 	if err != nil {
@@ -174,8 +182,12 @@ func TestIPTablesRulesEvidence(t *testing.T) {
 	}
 	for _, g := range got {
 		if g.Target == "iptables/IPv4/backend-mix" {
-			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 || g.Evidence["nodeIptablesBackend"] != "nft" {
+			if g.Evidence["legacyKubeRules"] != 41 || g.Evidence["nftKubeRules"] != 1 || g.Evidence["nodeIptablesBackend"] != "nft" ||
+				g.Evidence["kubeProxyIptablesBackend"] != "legacy" || g.Evidence["staleBackend"] != "nft" {
 				t.Errorf("mix evidence = %v", g.Evidence)
+			}
+			if !strings.HasSuffix(g.Message, "kube-proxy's iptables writes legacy, so the nft set is the stale one") {
+				t.Errorf("mix message = %q", g.Message)
 			}
 		}
 		if u, _ := g.Evidence["unavailableBackends"].([]string); !reflect.DeepEqual(u, []string{"ip6tables-nft-save"}) {
@@ -311,6 +323,102 @@ func TestIPTablesRulesProxyModeAuto(t *testing.T) {
 			if c.wantCheck && got[0].Evidence["proxyModeSource"] != c.wantSource {
 				t.Errorf("source = %v, want %q", got[0].Evidence["proxyModeSource"], c.wantSource)
 			}
+		})
+	}
+}
+
+// TestIPTablesRulesKubeProxyChains: the captured kube-proxy rules corrupted
+// as the field guides describe (a component of another iptables version
+// or backend restores them without their matches), in either backend.
+func TestIPTablesRulesKubeProxyChains(t *testing.T) {
+	healthy := healthyRules(t)
+	edit := func(old, new string) string {
+		t.Helper()
+		if !strings.Contains(healthy, old+"\n") {
+			t.Fatalf("capture has no line %q", old)
+		}
+		return strings.Replace(healthy, old+"\n", new, 1)
+	}
+	noPostrouting := edit(`-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING`, "")
+	bareReturn := edit(`-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN`, "-A KUBE-POSTROUTING -j RETURN\n")
+	noMasq := edit(`-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully`, "")
+	noMark := edit(`-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000`, "")
+	// Every endpoint's hairpin rule lost its -s: five chains, one finding.
+	sepNoSource := mutate(t, healthy, func(rs *iptables.Ruleset) {
+		for _, c := range rs.Table("nat").Chains {
+			if !strings.HasPrefix(c.Name, "KUBE-SEP-") {
+				continue
+			}
+			for i, r := range c.Rules {
+				if r.Target == "KUBE-MARK-MASQ" {
+					c.Rules[i].Args = r.Args[2:] // drop "-s IP"
+				}
+			}
+		}
+	})
+	cases := []struct {
+		name    string
+		legacy  string
+		nft     string
+		mode    string
+		want    []string
+		sev     Severity
+		count   int
+		missing []string
+	}{
+		{name: "healthy", legacy: healthy, nft: emptyNFT},
+		{name: "POSTROUTING jump missing (nft)", legacy: "", nft: noPostrouting,
+			want: []string{"iptables/IPv4/nft/nat/POSTROUTING/KUBE-POSTROUTING"}, sev: Critical, count: 1},
+		{name: "RETURN lost its mark match", legacy: bareReturn, nft: emptyNFT,
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/return"}, sev: Critical, count: 1, missing: []string{"-m mark ! --mark 0x4000/0x4000"}},
+		{name: "MASQUERADE missing", legacy: noMasq, nft: emptyNFT,
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/masquerade"}, sev: Critical, count: 1},
+		{name: "mark rule missing", legacy: noMark, nft: emptyNFT,
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-MARK-MASQ/mark"}, sev: Critical, count: 1},
+		{name: "hairpin rules lost -s: one finding for all endpoint chains", legacy: sepNoSource, nft: emptyNFT,
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-SEP-*/lost-match"}, sev: Warning, count: 5, missing: []string{"-s"}},
+		{name: "ipvs mode: not judged", legacy: noMasq, nft: emptyNFT, mode: "ipvs"},
+		{name: "mode unknown: not judged", legacy: noMasq, nft: emptyNFT, mode: "-"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := iptables.NewFake()
+			f.SetRules(iptables.IPv4, iptables.Legacy, c.legacy)
+			f.SetRules(iptables.IPv4, iptables.NFT, c.nft)
+			n, _ := newIssue3Node(nil)
+			n.IPTables = f
+			d := newIssue3Detector(t, "IPTablesRules", n, func(p any) {
+				pp := p.(*IPTablesRulesParams)
+				pp.Families = []string{"IPv4"}
+				switch c.mode {
+				case "-":
+					pp.ProxyMode = ""
+				case "":
+				default:
+					pp.ProxyMode = c.mode
+				}
+			})
+			got, err := d.Detect(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(findingTargets(got), c.want) {
+				t.Fatalf("targets = %v, want %v\n%+v", findingTargets(got), c.want, got)
+			}
+			if len(got) == 0 {
+				return
+			}
+			g := got[0]
+			if g.Severity != c.sev || g.Evidence["count"] != c.count || g.Evidence["family"] != "IPv4" || g.Evidence["impact"] == "" || g.Evidence["canonical"] == "" {
+				t.Errorf("finding = %+v", g)
+			}
+			if c.missing != nil && !reflect.DeepEqual(g.Evidence["missingConditions"], c.missing) {
+				t.Errorf("missing = %v, want %v", g.Evidence["missingConditions"], c.missing)
+			}
+			if rules, _ := g.Evidence["rules"].([]string); c.count > 1 && len(rules) != maxDefectExamples {
+				t.Errorf("example rules = %v", rules)
+			}
+			t.Log(g.Message)
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"time"
 
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -33,7 +34,15 @@ func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool)
 		// kube-proxy's own answer first (/proxyMode); when it cannot be
 		// asked, the kube-ipvs0 interface it creates in IPVS mode.
 		if n.KubeProxy != nil {
-			if mode, err := n.KubeProxy.ProxyMode(ctx); err == nil {
+			// A frozen kube-proxy (stopped, or wedged with its listener
+			// open) answers nothing until the request times out: that
+			// is when its IPVS leftovers matter most, so the question
+			// may use at most half of what is left of the detector's
+			// time and the fallback below always gets the rest.
+			pctx, cancel := halfOfDeadline(ctx)
+			mode, err := n.KubeProxy.ProxyMode(pctx)
+			cancel()
+			if err == nil {
 				if mode != kubeproxy.ModeIPVS {
 					return Skip("kube-proxy runs in %q mode (its /proxyMode), not IPVS", mode)
 				}
@@ -72,6 +81,16 @@ func ipvsViewPrecheck(n *node.Node, needView bool) error {
 		}
 	}
 	return nil
+}
+
+// halfOfDeadline returns ctx bounded to half of the time left before its
+// deadline (ctx itself when it has none).
+func halfOfDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(dl)/2)
 }
 
 func ipvsProcRootOr(p string) string {

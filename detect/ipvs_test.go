@@ -654,3 +654,29 @@ func BenchmarkIPVSDetectorsLargeNode(b *testing.B) {
 		}
 	}
 }
+
+// frozenKubeProxy answers nothing until the request's context ends, like
+// a kube-proxy stopped with SIGSTOP whose listener still accepts.
+type frozenKubeProxy struct{ *kubeproxy.Fake }
+
+func (frozenKubeProxy) ProxyMode(ctx context.Context) (kubeproxy.Mode, error) {
+	<-ctx.Done()
+	return "", ctx.Err()
+}
+
+// TestIPVSFrozenKubeProxyFallsBack: a frozen kube-proxy must not use up the
+// detector's time (found by the real kube-proxy frozen in the VM lane,
+// TestVMKubeProxyIPVS): /proxyMode gets at most half of what is left, then
+// kube-ipvs0 decides, within the deadline.
+func TestIPVSFrozenKubeProxyFallsBack(t *testing.T) {
+	w := ipvsCoreDNSRollout(t)
+	w.node.KubeProxy = frozenKubeProxy{kubeproxy.NewFake(nil, 30*time.Second)}
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	fs, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, nil).Detect(ctx)
+	if took := time.Since(start); took > 550*time.Millisecond {
+		t.Fatalf("Detect took %v of a 600ms deadline", took)
+	}
+	ipvsCheckResult(t, fs, err, []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"}, "")
+}

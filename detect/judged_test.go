@@ -31,7 +31,7 @@ func TestJudgedFigures(t *testing.T) {
 	f := conntrack.NewFake(1000, 250)
 	f.ExtraCount = 120
 	got := judged(newCTDetector(t, f, clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))))
-	if !strings.HasPrefix(got, "conntrack 12% of max (120 of 1000 entries, threshold 85%)") {
+	if !strings.HasPrefix(got, "conntrack 12% of max (120 of 1000 entries, threshold 80%)") {
 		t.Errorf("conntrack: %q", got)
 	}
 

@@ -60,7 +60,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 				p.Window.Duration = 2 * syncPeriod
 			case *KubeProxySyncSlowParams:
 				// The syncs during the stall wait 5 s for the lock: slow
-				// (limit 0.5 x syncPeriod), reported while in the window.
+				// (limit 0.33 x syncPeriod), reported while in the window.
 				p.Window.Duration = 3 * syncPeriod
 			}
 		})

@@ -52,7 +52,7 @@ func (p *KubeProxyNFTablesFailuresParams) SetDefaults() {
 func init() {
 	Define("KubeProxyNFTablesFailures",
 		"kube-proxy's nftables sync and stale-chain cleanup failures over a window exceed a threshold (per IP family, nftables mode)",
-		newKubeProxyNFTablesFailures, Targets(finding.KindKubeProxy))
+		newKubeProxyNFTablesFailures, Targets(finding.KindKubeProxy), Windowed())
 }
 
 func newKubeProxyNFTablesFailures(p *KubeProxyNFTablesFailuresParams, n *node.Node) (Detector, error) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -32,10 +34,21 @@ func (p *KubeProxyEndpointChangesPendingParams) Validate() []policy.FieldError {
 	return nil
 }
 
+// CapSamples implements SampleCounted: a one-shot run with n samples
+// judges growth over at most n scrapes (two: non-zero at both and higher
+// at the second).
+func (p *KubeProxyEndpointChangesPendingParams) CapSamples(n int) bool {
+	if n >= 2 && p.Scrapes > n {
+		p.Scrapes = n
+		return true
+	}
+	return false
+}
+
 func init() {
 	Define("KubeProxyEndpointChangesPending",
 		"kube-proxy's pending endpoint changes are non-zero and growing over N consecutive scrapes",
-		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy))
+		newKubeProxyEndpointChangesPending, Targets(finding.KindKubeProxy), Windowed())
 }
 
 type kubeProxyPending struct {
@@ -46,6 +59,7 @@ type kubeProxyPending struct {
 	lastSeq uint64
 	values  []float64 // last p.Scrapes values, oldest first
 	judgement
+	causes causeWatch
 }
 
 func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams, n *node.Node) (Detector, error) {
@@ -64,6 +78,17 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 	if sc.Metrics.EndpointChangesPending == nil {
 		return nil, Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_pending")
 	}
+	// Causes are judged over the scrapes the growth is seen in, at least
+	// 2 x syncPeriod.
+	span := max(time.Duration(d.p.Scrapes)*kp.SyncPeriod(), 2*kp.SyncPeriod())
+	d.causes.observe(ctx, d.n, sc, span)
+	out := d.findings(sc)
+	d.causes.attach(ctx, d.n, sc, familyOfTarget, span, out)
+	return out, nil
+}
+
+// findings records the pending gauge and decides.
+func (d *kubeProxyPending) findings(sc *kubeproxy.Scrape) []Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sc.Seq != d.lastSeq {
@@ -75,7 +100,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	if !pendingGrowing(d.values, d.p.Scrapes) {
 		d.set("%g endpoint changes pending, not growing over %d scrapes", *sc.Metrics.EndpointChangesPending, d.p.Scrapes)
-		return nil, nil
+		return nil
 	}
 	vals := append([]float64(nil), d.values...)
 	return []Finding{{
@@ -86,7 +111,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 		Message: fmt.Sprintf("kube-proxy has %g endpoint changes pending, growing over the last %d scrapes (%v): it is not applying them",
 			vals[len(vals)-1], len(vals), vals),
 		Evidence: map[string]any{"pending": vals, "scrapes": len(vals)},
-	}}, nil
+	}}
 }
 
 // pendingGrowing reports whether the last n values are all non-zero, never

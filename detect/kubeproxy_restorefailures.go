@@ -51,7 +51,7 @@ func (p *KubeProxyRestoreFailuresParams) Validate() []policy.FieldError {
 func init() {
 	Define("KubeProxyRestoreFailures",
 		"kube-proxy's iptables-restore (and partial restore) failures over a window exceed a threshold (per IP family)",
-		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy))
+		newKubeProxyRestoreFailures, Targets(finding.KindKubeProxy), Windowed())
 }
 
 func newKubeProxyRestoreFailures(p *KubeProxyRestoreFailuresParams, n *node.Node) (Detector, error) {

@@ -69,6 +69,7 @@ type kubeProxySyncStale struct {
 	mu      sync.Mutex
 	pending map[kubeproxy.Family]pendingSync
 	judgement
+	causes causeWatch
 }
 
 func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
@@ -80,6 +81,17 @@ func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
+	limit := time.Duration(d.p.Factor * float64(kp.SyncPeriod()))
+	// Causes are judged over the stale limit, at least 2 x syncPeriod.
+	span := max(limit, 2*kp.SyncPeriod())
+	d.causes.observe(ctx, d.n, sc, span)
+	out := d.findings(sc, limit, kp.SyncPeriod())
+	d.causes.attach(ctx, d.n, sc, familyOfTarget, span, out)
+	return out, nil
+}
+
+// findings tracks the pending syncs of the scrape and decides.
+func (d *kubeProxySyncStale) findings(sc *kubeproxy.Scrape, limit, syncPeriod time.Duration) []Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	since := map[kubeproxy.Family]float64{}
@@ -102,9 +114,8 @@ func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		since[f] = p.since
 	}
-	limit := time.Duration(d.p.Factor * float64(kp.SyncPeriod()))
 	d.set("%s (limit %s)", lastSyncAges(sc.Metrics.Families, d.n.Clock.Now()), limit)
-	return staleSyncFindings(sc.Metrics, since, d.n.Clock.Now(), limit, kp.SyncPeriod(), d.p.RequireQueued), nil
+	return staleSyncFindings(sc.Metrics, since, d.n.Clock.Now(), limit, syncPeriod, d.p.RequireQueued)
 }
 
 // staleSyncFindings is the decision. With requireQueued, a family is stale

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -80,7 +81,7 @@ func (p *XtablesLockContentionParams) Validate() []policy.FieldError {
 func init() {
 	Define("XtablesLockContention",
 		"a process holding the xtables lock longer than maxHold, an iptables-restore waiting for it longer than maxRestoreWait, or maxWaiters processes waiting (one finding per real holder); repeated holds of repeatHold or more (micro-outages)",
-		newXtablesLockContention, Targets(finding.KindProcess))
+		newXtablesLockContention, Targets(finding.KindProcess), Windowed())
 }
 
 type xtablesLock struct {
@@ -91,6 +92,7 @@ type xtablesLock struct {
 	since map[string]time.Time // holder target (or "lock/<dev>") -> first seen holding (without the watcher)
 	kp    []kpFailures         // kube-proxy's restore failures at recent cycles (repeated holds)
 	judgement
+	causes causeWatch
 }
 
 func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
@@ -105,6 +107,25 @@ const unknownHolder = "xtables-lock/holder-not-visible"
 const repeatedHolds = "xtables-lock/repeated-holds"
 
 func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
+	out, err := d.detect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The causes: kube-proxy's churn, rule set size and save time, its
+	// throttling, over at least maxHold. kube-proxy's metrics are the last
+	// scrape the kube-proxy detectors made (no request here: a lock
+	// detector never waits on kube-proxy); without one the causes say so.
+	var sc *kubeproxy.Scrape
+	if ls, ok := d.n.KubeProxy.(interface{ LastScrape() *kubeproxy.Scrape }); ok && d.n.KubeProxy != nil {
+		sc = ls.LastScrape()
+	}
+	span := d.p.MaxHold.Duration
+	d.causes.observe(ctx, d.n, sc, span)
+	d.causes.attach(ctx, d.n, sc, func(Finding) kubeproxy.Family { return kubeproxy.Unlabelled }, span, out)
+	return out, nil
+}
+
+func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 	if d.n.Procs == nil {
 		return nil, Skip("%s", d.n.Why("procs"))
 	}

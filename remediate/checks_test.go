@@ -6,8 +6,10 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -100,5 +102,25 @@ func TestTextReportKeepsWholeCauses(t *testing.T) {
 	rep.WriteText(&b)
 	if !strings.Contains(b.String(), "(cut; see -o json)") || len(b.String()) > 3000 {
 		t.Errorf("runaway message: %d bytes", len(b.String()))
+	}
+}
+
+// TestTextReportTopCause: a finding that carries likely causes shows its
+// top one in one line under the findings; one without shows none.
+func TestTextReportTopCause(t *testing.T) {
+	ev := map[string]any{}
+	causes.Rank(causes.Inputs{Throttling: &causes.Throttling{Periods: 100, Throttled: 70, ThrottledTime: 2 * time.Second, Window: time.Minute, Cgroup: "/kp"}}).Attach(ev, nil)
+	rep := &Report{Node: "n", Mode: "audit", Findings: []ReportFinding{
+		{Rule: "slow", Finding: detect.Finding{Detector: "KubeProxySyncSlow", Target: "kube-proxy/IPv4", Severity: detect.Warning, Message: "slow", Evidence: ev}},
+		{Rule: "other", Finding: detect.Finding{Detector: "D", Target: "t", Severity: detect.Warning, Message: "m"}},
+	}}
+	var b bytes.Buffer
+	rep.WriteText(&b)
+	want := "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):\n  slow kube-proxy/IPv4: kube-proxy CPU-throttled in 70% of periods over the last 1m0s (70 of 100, 2s stopped; cgroup /kp; threshold 25%)\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("report:\n%s\nwant:\n%s", b.String(), want)
+	}
+	if strings.Contains(b.String(), "  other t:") {
+		t.Errorf("a finding without causes got a line:\n%s", b.String())
 	}
 }

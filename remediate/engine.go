@@ -323,6 +323,40 @@ func (e *Engine) detectOne(ctx context.Context, rr *ruleRuntime, timeout time.Du
 	}
 }
 
+// Sample runs once the detectors of the rules whose detector type judges
+// across samples (detect.Type.Windowed: rates, histogram deltas, growth,
+// hold times) and discards what they report. It gives them their first
+// sample, so that a Cycle some time later judges rates and windows in a
+// single one-shot run (remediate --once --sample). It decides nothing,
+// takes no lock, touches no state and does not make a rule warm: the next
+// Cycle still clears no target state, because absence over a short sample
+// is not the daemon's evidence that a target has cleared. It returns the
+// names of the rules it sampled (none: nothing to wait for).
+func (e *Engine) Sample(ctx context.Context) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var sampled []*ruleRuntime
+	var names []string
+	for _, rr := range e.rules {
+		if t, ok := detect.Lookup(rr.rule.Detector.Type); ok && t.Windowed {
+			sampled = append(sampled, rr)
+			names = append(names, rr.rule.Name)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, rr := range sampled {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r := e.detectOne(ctx, rr, e.pol.DetectorTimeout.Duration); r.err != nil {
+				e.opts.Log.Debug("first sample failed", zap.String("rule", rr.rule.Name), zap.Error(r.err))
+			}
+		}()
+	}
+	wg.Wait()
+	return names
+}
+
 // cycle is the decision state of one Cycle.
 type cycle struct {
 	e     *Engine
@@ -533,6 +567,7 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 	for _, f := range rep.Findings {
 		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
 	}
+	observeConntrack(m, rep.Findings)
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}

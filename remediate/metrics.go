@@ -17,6 +17,10 @@ type Metrics struct {
 	Escalated       *prometheus.GaugeVec
 	LastCycle       prometheus.Gauge
 	PolicyReloads   *prometheus.CounterVec
+	// ConntrackEntries and ConntrackTopShare are the last cycle's
+	// conntrack breakdown (metrics_init.go).
+	ConntrackEntries  *prometheus.GaugeVec
+	ConntrackTopShare *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them on reg (if not nil).
@@ -55,12 +59,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "remediate_policy_reloads_total", Help: "Policy reload attempts by result (success, invalid).",
 		}, []string{"result"}),
 	}
+	m.ConntrackEntries, m.ConntrackTopShare = newConntrackGauges()
 	// Exported from the start: the invalid-policy alert uses increase().
 	m.PolicyReloads.WithLabelValues("success")
 	m.PolicyReloads.WithLabelValues("invalid")
 	if reg != nil {
 		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
-			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads)
+			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads,
+			m.ConntrackEntries, m.ConntrackTopShare)
 	}
 	return m
 }

@@ -1,7 +1,10 @@
 package remediate
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
@@ -64,5 +67,61 @@ func zeroGauges(m *Metrics, p *policy.Policy) {
 		if r.Action != nil {
 			m.Escalated.WithLabelValues(r.Name)
 		}
+	}
+	zeroConntrackGauges(m)
+}
+
+// newConntrackGauges creates the conntrack breakdown gauges. Their labels
+// are fixed sets (conntrack.AllClasses; destination, source): bounded
+// cardinality, never an address.
+func newConntrackGauges() (entries, topShare *prometheus.GaugeVec) {
+	entries = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "remediate_conntrack_entries_by_class",
+		Help: "Conntrack entries by class (tcp/<state>, udp/stream, udp/unreplied, icmp, ...) from the last cycle's ConntrackExhaustion breakdown; computed only while the table is at or above the rule's utilizationThreshold, 0 otherwise.",
+	}, []string{"class"})
+	topShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "remediate_conntrack_top_share",
+		Help: "Share of the conntrack table held by its heaviest original destination (protocol, address, port) or source address, from the same breakdown (the finding names them); 0 when not computed.",
+	}, []string{"by"})
+	return entries, topShare
+}
+
+// zeroConntrackGauges sets every class and both shares to 0.
+func zeroConntrackGauges(m *Metrics) {
+	if m.ConntrackEntries == nil {
+		return
+	}
+	for _, c := range conntrack.AllClasses() {
+		m.ConntrackEntries.WithLabelValues(string(c)).Set(0)
+	}
+	m.ConntrackTopShare.WithLabelValues("destination").Set(0)
+	m.ConntrackTopShare.WithLabelValues("source").Set(0)
+}
+
+// observeConntrack sets the conntrack gauges from the cycle's table
+// finding's breakdown (the first one: every ConntrackExhaustion rule dumps
+// the same table).
+func observeConntrack(m *Metrics, findings []ReportFinding) {
+	if m.ConntrackEntries == nil {
+		return
+	}
+	for _, f := range findings {
+		if f.Detector != detect.ConntrackExhaustionName || f.Target != conntrack.TableTarget {
+			continue
+		}
+		c, ok, err := conntrack.DecodeComposition(f.Evidence)
+		if err != nil || !ok || c.Total == 0 {
+			continue
+		}
+		for _, cc := range c.Classes {
+			m.ConntrackEntries.WithLabelValues(string(cc.Class)).Set(float64(cc.Count))
+		}
+		if len(c.TopDestinations) > 0 {
+			m.ConntrackTopShare.WithLabelValues("destination").Set(float64(c.TopDestinations[0].Count) / float64(c.Total))
+		}
+		if len(c.TopSources) > 0 {
+			m.ConntrackTopShare.WithLabelValues("source").Set(float64(c.TopSources[0].Count) / float64(c.Total))
+		}
+		return
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/finding"
 )
 
@@ -65,9 +66,22 @@ type Report struct {
 	// OK lists the rules whose detector ran and found nothing, with what
 	// it judged: with Findings and Skipped, every rule appears once.
 	OK []OKCheck `json:"ok"`
+	// Sampled says how rate and window checks were sampled by a one-shot
+	// run (remediate --once --sample); absent when they were not.
+	Sampled *SampleInfo `json:"sampled,omitempty"`
 	// Warnings are problems of the daemon itself that are not findings
 	// (a quarantined state file, a journal write error).
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// SampleInfo is how a one-shot run sampled the checks that judge across
+// samples: a first sample of Rules, then this report Seconds later.
+type SampleInfo struct {
+	Seconds float64  `json:"seconds"`
+	Rules   []string `json:"rules"`
+	// Capped are the rules whose sample count was capped to the two
+	// samples taken (detect.SampleCounted).
+	Capped []string `json:"capped,omitempty"`
 }
 
 // ExitCode is the --once exit status: 2 when findings are present
@@ -93,6 +107,13 @@ func (r *Report) WriteText(w io.Writer) error {
 		mode += " (--dry-run)"
 	}
 	fmt.Fprintf(w, "Node: %s   Mode: %s   Time: %s\n", r.Node, mode, r.Time.UTC().Format(time.RFC3339))
+	if s := r.Sampled; s != nil {
+		fmt.Fprintf(w, "Sampled: %d rate/window checks twice, %s apart (%s)\n", len(s.Rules),
+			time.Duration(s.Seconds*float64(time.Second)).Round(time.Second), strings.Join(s.Rules, ", "))
+		if len(s.Capped) > 0 {
+			fmt.Fprintf(w, "Sample counts capped to the 2 samples taken: %s\n", strings.Join(s.Capped, ", "))
+		}
+	}
 	for _, warn := range r.Warnings {
 		fmt.Fprintf(w, "WARNING: %s\n", warn)
 	}
@@ -107,6 +128,7 @@ func (r *Report) WriteText(w io.Writer) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Severity, f.Rule, f.Detector, f.Target, oneLine(f.Message))
 		}
 		tw.Flush()
+		writeTopCauses(w, r.Findings)
 	}
 	fmt.Fprintln(w)
 	if len(r.Decisions) == 0 {
@@ -133,6 +155,23 @@ func (r *Report) WriteText(w io.Writer) error {
 	fmt.Fprintf(w, "%d checks: %d with findings, %d ok, %d skipped. Evidence and full detail: -o json.\n",
 		len(r.OK)+len(r.Skipped)+r.rulesWithFindings(), r.rulesWithFindings(), len(r.OK), len(r.Skipped))
 	return nil
+}
+
+// writeTopCauses writes, for each finding that carries likely causes, its
+// top one in one line (the ranked list with figures is in -o json).
+func writeTopCauses(w io.Writer, fs []ReportFinding) {
+	first := true
+	for _, f := range fs {
+		top, err := finding.EvidenceString(f.Evidence, causes.EvidenceTop)
+		if err != nil {
+			continue
+		}
+		if first {
+			fmt.Fprintln(w, "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):")
+			first = false
+		}
+		fmt.Fprintf(w, "  %s %s: %s\n", f.Rule, f.Target, oneLine(top))
+	}
 }
 
 // checkTable writes a titled RULE/DETECTOR/<what> table, if it has rows.

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
@@ -24,20 +25,27 @@ const (
 
 // options are the root command's flags.
 type options struct {
-	policy      string
-	stateDir    string
-	nodeName    string
-	kubeconfig  string
-	procRoot    string
-	sysRoot     string
-	xtablesLock string
-	metricsAddr string
-	logFormat   string
-	logLevel    string
-	once        bool
-	dryRun      bool
-	output      string
+	policy       string
+	stateDir     string
+	nodeName     string
+	kubeconfig   string
+	procRoot     string
+	sysRoot      string
+	cgroupRoot   string
+	xtablesLock  string
+	metricsAddr  string
+	logFormat    string
+	logLevel     string
+	once         bool
+	dryRun       bool
+	output       string
+	sample       time.Duration
+	bundle       string
+	bundleMaxMiB int
 
+	// journalDir is the state dir as given (the bundle reads the journal's
+	// tail there even when a dry run works on a private copy).
+	journalDir string
 	// stateWarning is said in the --once report (a dry run on a state dir
 	// it cannot write).
 	stateWarning string
@@ -94,6 +102,12 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 			if o.logFormat != "" && o.logFormat != "json" && o.logFormat != "console" {
 				return usageErrorf("--log-format must be json or console, got %q", o.logFormat)
 			}
+			if err := checkSample(o); err != nil {
+				return err
+			}
+			if cmd.Flags().Changed("sample") && !o.once {
+				return usageErrorf("--sample needs --once")
+			}
 			var lvl zapcore.Level
 			if err := lvl.Set(o.logLevel); err != nil {
 				return usageErrorf("--log-level must be debug, info, warn or error, got %q", o.logLevel)
@@ -106,7 +120,7 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 	root.SetVersionTemplate("remediate {{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{msg: err.Error()} })
 	addRootFlags(root, o)
-	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newCleanupCmd(stdout, stderr), newVersionCmd(stdout))
+	root.AddCommand(newPolicyCmd(stdout, stderr), newJournalCmd(stdout, stderr), newBundleCmd(stdout, stderr), newCleanupCmd(stdout, stderr), newVersionCmd(stdout))
 	// The completion command is cobra's; made strict like the others (an
 	// unknown shell is a usage error, not help and exit 0).
 	root.InitDefaultCompletionCmd()
@@ -130,6 +144,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; without either, API-dependent checks are skipped)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "procfs root; every /proc and /proc/sys read goes through it")
 	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
 	fs.StringVar(&o.logFormat, "log-format", "", "json or console (default json for the daemon, console for --once)")
@@ -137,11 +152,15 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.BoolVar(&o.once, "once", false, "run one detection pass plus decisions and exit (0: no findings, 2: findings, 1: error)")
 	fs.BoolVar(&o.dryRun, "dry-run", false, "force audit mode for this run: report what would be done, change nothing")
 	fs.StringVarP(&o.output, "output", "o", "text", "--once output: text or json")
+	fs.DurationVar(&o.sample, "sample", defaultSample, "--once: sample rate and window checks twice this far apart so they judge in one run (0: one snapshot; else at least 5s)")
+	fs.StringVar(&o.bundle, "bundle", "", "--once: also write the evidence (report, *-save, nft, IPVS, conntrack, kube-proxy endpoints, locks, processes, journal tail) to this .tar.gz")
+	fs.IntVar(&o.bundleMaxMiB, "bundle-max-mib", 20, "--bundle: the most the bundle's parts may hold together, MiB (each part is also capped; cut parts are marked)")
 	_ = root.MarkFlagFilename("policy", "yaml", "yml")
 	_ = root.MarkFlagDirname("state-dir")
 	_ = root.MarkFlagFilename("kubeconfig")
 	_ = root.MarkFlagDirname("proc-root")
 	_ = root.MarkFlagDirname("sys-root")
+	_ = root.MarkFlagDirname("cgroup-root")
 	_ = root.MarkFlagFilename("xtables-lock")
 	fixed := func(vals ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 		return func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

@@ -71,7 +71,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--once", "-o"}, "flag needs an argument: 'o' in -o", "remediate"},
 		{[]string{"--once", "--policy", pol, "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate"},
 		{[]string{"--once=maybe"}, `invalid argument "maybe" for "--once" flag`, "remediate"},
-		{[]string{"bogus"}, `unknown command "bogus" for "remediate" (commands: cleanup, completion, journal, policy, version)`, "remediate"},
+		{[]string{"bogus"}, `unknown command "bogus" for "remediate" (commands: bundle, cleanup, completion, journal, policy, version)`, "remediate"},
 		{[]string{"journal", "--bogus"}, "unknown flag: --bogus", "remediate journal"},
 		{[]string{"journal", "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate journal"},
 		{[]string{"journal", "extra"}, `unexpected argument "extra" for "remediate journal"`, "remediate journal"},

@@ -55,7 +55,7 @@ func TestOnceConntrackDriftEndToEnd(t *testing.T) {
 	pol := filepath.Join(dir, "policy.yaml")
 	must(os.WriteFile(pol, []byte(conntrackPolicy), 0o644))
 
-	args := []string{"--once", "-o", "json", "--policy", pol, "--state-dir", state, "--proc-root", procRoot, "--sys-root", sysRoot, "--node-name", "n1"}
+	args := []string{"--once", "--sample", "0", "-o", "json", "--policy", pol, "--state-dir", state, "--proc-root", procRoot, "--sys-root", sysRoot, "--node-name", "n1"}
 	type report struct {
 		Findings []struct {
 			Rule, Target string

@@ -50,7 +50,8 @@ rules:
 // nftE2EDetectors are the detectors of issue 11 run against the real
 // kube-proxy.
 var nftE2EDetectors = []string{"KubeProxyNFTablesIntegrity", "NFTablesShadowing", "KubeProxyModeLeftovers",
-	"KubeProxyNFTablesFailures", "HungNFT", "IPTablesRules", "KubeProxyRestoreFailures", "KubeProxyRuleBloat"}
+	"KubeProxyNFTablesFailures", "HungNFT", "IPTablesRules", "KubeProxyRestoreFailures", "KubeProxyRuleBloat",
+	"IPTablesVersionSkew", "KubeProxyKernelModules"}
 
 // TestE2EKubeProxyNFTablesMode runs the nftables-mode detectors against the
 // real kube-proxy v1.34.4 in nftables mode, with a real apiserver, Services
@@ -108,8 +109,13 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 			t.Fatalf("%s not registered", name)
 		}
 		p := typ.NewParams()
-		if ipr, ok := p.(*detect.IPTablesRulesParams); ok {
-			ipr.ProxyMode = "auto"
+		switch pp := p.(type) {
+		case *detect.IPTablesRulesParams:
+			pp.ProxyMode = "auto"
+		case *detect.IPTablesVersionSkewParams:
+			pp.ProxyMode = "auto"
+		case *detect.KubeProxyKernelModulesParams:
+			pp.ProxyMode = "auto"
 		}
 		if v, ok := p.(policy.Validator); ok && len(v.Validate()) > 0 {
 			t.Fatalf("%s params invalid: %v", name, v.Validate())
@@ -176,7 +182,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 			if len(found) != 0 {
 				t.Fatalf("healthy kube-proxy in nftables mode: findings %s: %+v", keys(found), found)
 			}
-			for _, name := range []string{"IPTablesRules", "KubeProxyRestoreFailures", "KubeProxyRuleBloat"} {
+			for _, name := range []string{"IPTablesRules", "KubeProxyRestoreFailures", "KubeProxyRuleBloat", "IPTablesVersionSkew", "KubeProxyKernelModules"} {
 				if !strings.Contains(skipped[name], "nftables mode") {
 					t.Errorf("%s: skip reason %q, want one naming nftables mode", name, skipped[name])
 				}
@@ -318,7 +324,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		if err := os.WriteFile(pol, []byte(e2eNFTablesPolicy), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "--once", "-o", "json", "--policy", pol,
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", ns, self, "--once", "--sample", "0", "-o", "json", "--policy", pol,
 			"--state-dir", filepath.Join(dir, "state"), "--node-name", kp.NodeName, "--proc-root", "/proc")
 		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
 		var stderr strings.Builder

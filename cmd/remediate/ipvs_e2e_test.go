@@ -39,7 +39,7 @@ func TestOnceIPVSUnavailableEndToEnd(t *testing.T) {
 	if err := os.WriteFile(pol, []byte(ipvsE2EPolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := run(t, "--once", "-o", "json", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--node-name", "n1")
+	code, out, errOut := run(t, "--once", "--sample", "0", "-o", "json", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--node-name", "n1")
 	if code != 0 {
 		t.Fatalf("exit %d, want 0 (no findings)\n%s\n%s", code, out, errOut)
 	}

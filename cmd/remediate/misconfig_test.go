@@ -30,6 +30,7 @@ func TestMisconfiguredPathsFailAtStart(t *testing.T) {
 		{[]string{"--proc-root", dir}, "Error: --proc-root " + dir + ": not a procfs"},
 		{[]string{"--sys-root", "/nonexistent"}, "Error: --sys-root /nonexistent: no such file or directory"},
 		{[]string{"--sys-root", file}, "Error: --sys-root " + file + ": not a directory"},
+		{[]string{"--cgroup-root", "/nonexistent"}, "Error: --cgroup-root /nonexistent: no such file or directory"},
 		{[]string{"--xtables-lock", "/nonexistent/xtables.lock"}, "Error: --xtables-lock /nonexistent/xtables.lock: its directory: no such file or directory"},
 		{[]string{"--xtables-lock", dir}, "Error: --xtables-lock " + dir + ": is a directory"},
 	}
@@ -84,7 +85,7 @@ current-context: c
 users: [{name: u, user: {token: x}}]
 `, ln.Addr())), 0o600)
 	pol := writePolicy(t, dir, "audit", 0)
-	cmd := mainCmd(os.Args[0], "--once", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "0", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--kubeconfig", kc, "--node-name", "n1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()

@@ -45,7 +45,7 @@ func TestPolicyTypesExplainsParameters(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{
-		"ConntrackExhaustion", "utilizationThreshold (number, default 0.85)", "UtilizationThreshold is count/max",
+		"ConntrackExhaustion", "utilizationThreshold (number, default 0.8)", "UtilizationThreshold is count/max",
 		"KillProcess", "gracePeriod (duration, default",
 		"RestartKubeProxy", "[disruptive: needs a cluster budget slot]",
 		"CLITestHung", "findings (integer, default 1)",

@@ -42,6 +42,9 @@ func checkPaths(o *options) error {
 	if err := readableDir(o.sysRoot); err != nil {
 		errs = append(errs, fmt.Errorf("--sys-root %s: %w", o.sysRoot, err))
 	}
+	if err := readableDir(o.cgroupRoot); err != nil {
+		errs = append(errs, fmt.Errorf("--cgroup-root %s: %w", o.cgroupRoot, err))
+	}
 	if fi, err := os.Stat(o.xtablesLock); err == nil {
 		if fi.IsDir() {
 			errs = append(errs, fmt.Errorf("--xtables-lock %s: is a directory, not the lock file", o.xtablesLock))
@@ -164,6 +167,6 @@ func prepareStateDir(o *options) (cleanup func(), err error) {
 		return nil, fmt.Errorf("--state-dir %s is not writable (%v), and no private copy: %w", o.stateDir, werr, err)
 	}
 	o.stateWarning = fmt.Sprintf("state dir %s is not writable (%v): this dry run read a copy of its guardrail state and wrote nothing; rate limits and cooldowns are not shared with the daemon", o.stateDir, werr)
-	o.stateDir = tmp
+	o.journalDir, o.stateDir = o.stateDir, tmp
 	return cleanup, nil
 }

@@ -55,7 +55,7 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := mainCmd(bin, "--once", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", state, "--node-name", "n1")
+	cmd := mainCmd(bin, "--once", "--sample", "0", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", state, "--node-name", "n1")
 	cmd.SysProcAttr = nobody
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -104,7 +104,7 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	}
 
 	// Without --dry-run the same state dir is an error at start.
-	cmd = mainCmd(bin, "--once", "--policy", pol, "--state-dir", state, "--node-name", "n1")
+	cmd = mainCmd(bin, "--once", "--sample", "0", "--policy", pol, "--state-dir", state, "--node-name", "n1")
 	cmd.SysProcAttr = nobody
 	msg, err := cmd.CombinedOutput()
 	wantErr := "Error: --state-dir " + state + ": not writable: permission denied (remediate --once --dry-run can run without writing it)"

@@ -57,6 +57,10 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Error: invalid policy %s:\n%v\n", o.policy, err)
 		return exitError
 	}
+	var capped []string
+	if o.once && o.sample > 0 {
+		capped = capForSamples(pol, 2)
+	}
 	cleanup, err := prepareStateDir(o)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
@@ -77,6 +81,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		Help: "1 while every daemon holds all actions (ConfigMap remediate-fleet, key pause)."}, w.fleetPaused))
 	reg.MustRegister(newKubeProxySyncCollector(w.lastKubeProxyScrape))
 	reg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
+	reg.MustRegister(newTrendCollector(w.trendSources()))
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
 		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
@@ -86,7 +91,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	if o.once {
-		return runOnce(ctx, eng, o, stdout, stderr, log)
+		return runOnce(ctx, eng, o, capped, w, stdout, stderr, log)
 	}
 
 	hup := make(chan os.Signal, 1)
@@ -114,7 +119,18 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, stderr io.Writer, log *zap.Logger) int {
+func runOnce(ctx context.Context, eng *remediate.Engine, o *options, capped []string, w *wiring, stdout, stderr io.Writer, log *zap.Logger) int {
+	var sampled *remediate.SampleInfo
+	if o.sample > 0 {
+		var err error
+		if sampled, err = takeFirstSample(ctx, eng, o.sample, stderr); err != nil {
+			fmt.Fprintf(stderr, "Error: %v\n", err)
+			return exitError
+		}
+		if sampled != nil {
+			sampled.Capped = capped
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	rep, err := eng.Cycle(cctx)
@@ -122,6 +138,7 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError
 	}
+	rep.Sampled = sampled
 	if o.stateWarning != "" {
 		rep.Warnings = append(rep.Warnings, o.stateWarning)
 	}
@@ -134,6 +151,17 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, stdout, std
 	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	eng.Close(rctx)
 	rcancel()
+	if o.bundle != "" {
+		// After the pass: the bundle's reads (saves, nft, conntrack) do
+		// not compete with the detectors' deadlines.
+		parts, berr := writeBundle(ctx, o, eng.Policy(), w, rep)
+		if berr != nil {
+			rep.Warnings = append(rep.Warnings, "no bundle written: "+berr.Error())
+			code = exitError
+		} else {
+			fmt.Fprintf(stderr, "remediate: bundle %s written (%d parts; read it with: remediate bundle show %s)\n", o.bundle, parts, o.bundle)
+		}
+	}
 	if o.output == "json" {
 		err = rep.WriteJSON(stdout)
 	} else {

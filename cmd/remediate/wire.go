@@ -12,12 +12,14 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -44,6 +46,11 @@ type wiring struct {
 	// kp is the kube-proxy client of the current policy (its last scrape
 	// is exported by kubeProxySyncCollector).
 	kp atomic.Pointer[kubeproxy.Client]
+	// ipt, ct and ipvsLast are the current iptables, conntrack and IPVS
+	// adapters, whose last observations trendCollector exports.
+	ipt      atomic.Pointer[iptables.Shared]
+	ct       atomic.Pointer[conntrack.Real]
+	ipvsLast atomic.Pointer[ipvs.Handle]
 }
 
 func newWiring(o *options, pol *policy.Policy, log *zap.Logger) *wiring {
@@ -87,7 +94,9 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// lock. A missing save command makes the detector skip that backend.
 	// Shared: the detectors of one cycle (IPTablesRules, DataplaneDrift)
 	// get one save per family and backend, not one each.
-	n.IPTables = iptables.NewShared(iptables.New(iptables.Config{}), 2*time.Second)
+	ipt := iptables.NewShared(iptables.New(iptables.Config{}), 2*time.Second)
+	n.IPTables = ipt
+	w.ipt.Store(ipt)
 	// nftables: the ruleset listed read-only with `nft -j list ruleset`
 	// in this network namespace, bounded in time and size, one listing
 	// shared by the nftables detectors of a cycle. Without nft they skip
@@ -111,6 +120,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		})
 	}
 	n.IPVS = w.ipvs
+	w.ipvsLast.Store(w.ipvs)
 	// conntrack: the table of the daemon's network namespace over
 	// ctnetlink (hostNetwork in the DaemonSet), tunables under --proc-root
 	// and --sys-root, the last nf_conntrack_max set recorded in --state-dir
@@ -118,8 +128,15 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	if err := conntrack.Available(w.o.procRoot); err != nil {
 		n.Unavailable["conntrack"] = err.Error()
 	} else {
-		n.Conntrack = conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
+		ct := conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
+		n.Conntrack = ct
+		w.ct.Store(ct)
 	}
+
+	// cpustat: kube-proxy's cgroup cpu.stat (found from /proc/<pid>/cgroup
+	// under --proc-root, read under --cgroup-root) and /proc/stat, for the
+	// likely causes the kube-proxy symptom findings carry.
+	n.CPU = cpustat.New(cpustat.Config{ProcRoot: w.o.procRoot, CgroupRoot: w.o.cgroupRoot})
 
 	// kube-proxy: its /metrics, /healthz and /proxyMode over HTTP, at the
 	// policy's URLs, each read bounded by scrapeTimeout and shared by the
@@ -141,6 +158,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.KubeProxy = kp
 		w.kp.Store(kp)
 	}
+
+	// probe: TCP connects (connect, close, no payload) from this network
+	// namespace (the node's, with hostNetwork) for ServicePathProbe; each
+	// bounded by the rule's connectTimeout, at most maxConnects per run.
+	n.Probe = probe.New(probe.Options{})
 
 	// kubernetes: the API client and the Services/EndpointSlices view
 	// (in-cluster or --kubeconfig; built once, shared across reloads).

@@ -159,3 +159,50 @@ func countLeft(tb testing.TB, fd int) int {
 	}
 	return int(u.Count)
 }
+
+// BenchmarkCompose250k computes the breakdown of a 250k-entry table (UDP
+// to one Service address, ~1000 source addresses: far more than the
+// sketch's 64 counters, its worst case) in one streamed dump and
+// reports the peak heap in use during it and the bytes allocated: both
+// bounded by the sketch, not by the table.
+//
+//	go test -run XXX -bench Compose250k -benchtime 3x ./internal/conntrack/
+func BenchmarkCompose250k(b *testing.B) {
+	fd, _ := newNetNS(b)
+	fillTable(b, fd, benchTable, 50_000)
+	r := New(Config{NetNS: fd})
+	var peak, alloc uint64
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		runtime.GC()
+		a0 := memstat.TotalAlloc()
+		stop := memstat.HeapPeak()
+		c, err := Compose(context.Background(), r, DefaultTopN, 1<<22)
+		if p := stop(); p > peak {
+			peak = p
+		}
+		alloc += memstat.TotalAlloc() - a0
+		if err != nil || c.Total != benchTable || c.Count(ClassUDPUnreplied) != benchTable || c.TopDestinations[0].Count != benchTable ||
+			c.TopDestinations[0].Endpoint != (Endpoint{Proto: ProtoUDP, Addr: vip.Addr(), Port: vip.Port()}) {
+			b.Fatalf("compose: %+v, %v", c, err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(peak)/(1<<20), "peak-heap-MiB")
+	b.ReportMetric(float64(alloc)/float64(b.N)/(1<<20), "alloc-MiB/op")
+}
+
+// BenchmarkScanTable250k is the dump alone (BenchmarkCompose250k minus the
+// counting).
+func BenchmarkScanTable250k(b *testing.B) {
+	fd, _ := newNetNS(b)
+	fillTable(b, fd, benchTable, 50_000)
+	r := New(Config{NetNS: fd})
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		res, err := r.ScanTable(context.Background(), 1<<22, func(*Flow) error { return nil })
+		if err != nil || res.Scanned != benchTable {
+			b.Fatalf("scan: %+v, %v", res, err)
+		}
+	}
+}

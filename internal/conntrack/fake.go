@@ -23,6 +23,14 @@ type Fake struct {
 	HashSizeValue uint64
 	// StatsValue is returned by Stats.
 	StatsValue Stats
+	// TimeoutsValue are the timeouts (TimeoutTuner); IgnoreSetTimeouts
+	// makes SetTimeouts succeed without changing them.
+	TimeoutsValue     Timeouts
+	IgnoreSetTimeouts bool
+	// ScanHook, when set, runs before each entry a scan hands out (n
+	// counts from 0), unlocked: a test can make a dump slow. It must not
+	// change Flows.
+	ScanHook func(n int)
 	// Record is what SetMax last recorded (HasRecord says whether any).
 	Record    MaxRecord
 	HasRecord bool
@@ -37,8 +45,10 @@ type Fake struct {
 var _ Interface = (*Fake)(nil)
 
 // NewFake returns a Fake with the given max and hashsize.
+// The timeouts are the kernel's defaults (30 s, 120 s, 120 s).
 func NewFake(max, hashSize uint64) *Fake {
-	return &Fake{MaxValue: max, HashSizeValue: hashSize, Errs: map[string]error{}, Calls: map[string]int{}}
+	return &Fake{MaxValue: max, HashSizeValue: hashSize, Errs: map[string]error{}, Calls: map[string]int{},
+		TimeoutsValue: Timeouts{UDP: 30 * time.Second, UDPStream: 120 * time.Second, TCPTimeWait: 120 * time.Second}}
 }
 
 // Do runs fn with the fake locked, to change its state from another
@@ -201,10 +211,24 @@ var _ Scanner = (*Fake)(nil)
 
 // ScanProtocol implements Scanner over Flows.
 func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	res, err := f.scan(ctx, "ScanProtocol", limit, func(fl *Flow) bool { return fl.Proto == proto && fl.OrigDst.Addr().Is4() != v6 }, fn)
+	res.KernelFiltered = true
+	return res, err
+}
+
+var _ TableScanner = (*Fake)(nil)
+
+// ScanTable implements TableScanner over Flows (every family and protocol).
+func (f *Fake) ScanTable(ctx context.Context, limit int, fn func(fl *Flow) error) (ScanResult, error) {
+	return f.scan(ctx, "ScanTable", limit, func(*Flow) bool { return true }, fn)
+}
+
+// scan calls fn with a copy of each flow keep accepts, at most limit.
+func (f *Fake) scan(ctx context.Context, method string, limit int, keep func(*Flow) bool, fn func(fl *Flow) error) (ScanResult, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	res := ScanResult{KernelFiltered: true}
-	if err := f.call("ScanProtocol"); err != nil {
+	var res ScanResult
+	if err := f.call(method); err != nil {
 		return res, err
 	}
 	if limit <= 0 {
@@ -212,12 +236,20 @@ func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 	}
 	for i := range f.Flows {
 		fl := f.Flows[i]
-		if fl.Proto != proto || fl.OrigDst.Addr().Is4() == v6 {
+		if !keep(&fl) {
 			continue
 		}
 		if res.Scanned == limit {
 			res.Truncated = true
 			break
+		}
+		if f.ScanHook != nil {
+			f.mu.Unlock()
+			f.ScanHook(res.Scanned)
+			f.mu.Lock()
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
 		}
 		res.Scanned++
 		if err := fn(&fl); err != nil {
@@ -225,4 +257,36 @@ func (f *Fake) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 		}
 	}
 	return res, nil
+}
+
+var _ TimeoutTuner = (*Fake)(nil)
+
+// Timeouts implements TimeoutTuner (TimeoutsValue).
+func (f *Fake) Timeouts(ctx context.Context) (Timeouts, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.TimeoutsValue, f.call("Timeouts")
+}
+
+// SetTimeouts implements TimeoutTuner: the non-zero fields are stored
+// unless IgnoreSetTimeouts (a kernel that does not take the write).
+func (f *Fake) SetTimeouts(ctx context.Context, t Timeouts) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.call("SetTimeouts"); err != nil {
+		return err
+	}
+	if f.IgnoreSetTimeouts {
+		return nil
+	}
+	if t.UDP > 0 {
+		f.TimeoutsValue.UDP = t.UDP
+	}
+	if t.UDPStream > 0 {
+		f.TimeoutsValue.UDPStream = t.UDPStream
+	}
+	if t.TCPTimeWait > 0 {
+		f.TimeoutsValue.TCPTimeWait = t.TCPTimeWait
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,6 +57,18 @@ type Real struct {
 	cfg    Config
 	sysctl sysctl.Interface
 	mu     sync.Mutex // serializes the record file
+	// last is the newest Usage read (nil before the first), for gauges
+	// that must not read the kernel at scrape time.
+	last atomic.Pointer[Usage]
+}
+
+// LastUsage returns the newest Usage read by a detector, without touching
+// the kernel; ok is false before the first.
+func (r *Real) LastUsage() (Usage, bool) {
+	if u := r.last.Load(); u != nil {
+		return *u, true
+	}
+	return Usage{}, false
 }
 
 var _ Interface = (*Real)(nil)
@@ -119,6 +132,7 @@ func (r *Real) Usage(ctx context.Context) (Usage, error) {
 		}
 		u.Max = m
 	}
+	r.last.Store(&u)
 	return u, nil
 }
 
@@ -325,21 +339,52 @@ var _ Scanner = (*Real)(nil)
 // filtered in the kernel by the original tuple's protocol (on kernels whose
 // CTA_FILTER is trusted, see New), checked again in user space.
 func (r *Real) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int, fn func(f *Flow) error) (ScanResult, error) {
+	fam := uint8(afInet)
+	if v6 {
+		fam = afInet6
+	}
+	res, err := r.scan(ctx, limit, func(s *nlSock, each func(f *Flow) error) (bool, error) {
+		return s.dumpByProto(ctx, fam, proto, !r.cfg.NoKernelFilter, func(f *Flow) error {
+			if f.Proto != proto || f.OrigDst.Addr().Is4() == v6 {
+				return nil
+			}
+			return each(f)
+		})
+	}, fn)
+	if err != nil {
+		return res, fmt.Errorf("scan conntrack entries of protocol %d: %w", proto, err)
+	}
+	return res, nil
+}
+
+var _ TableScanner = (*Real)(nil)
+
+// ScanTable implements TableScanner: one unfiltered AF_UNSPEC dump (every
+// family and protocol), streamed and decoded into one reused Flow.
+func (r *Real) ScanTable(ctx context.Context, limit int, fn func(f *Flow) error) (ScanResult, error) {
+	res, err := r.scan(ctx, limit, func(s *nlSock, each func(f *Flow) error) (bool, error) {
+		seq := s.nextSeq()
+		s.enc.reset()
+		s.enc.dumpAllRequest(seq, s.pid)
+		return s.streamFlows(ctx, seq, false, each)
+	}, fn)
+	if err != nil {
+		return res, fmt.Errorf("scan conntrack table: %w", err)
+	}
+	return res, nil
+}
+
+// scan runs dump on a fresh socket, passing fn the entries dump hands to
+// each until limit (> 0) of them, then stopping with Truncated set.
+func (r *Real) scan(ctx context.Context, limit int, dump func(s *nlSock, each func(f *Flow) error) (filtered bool, err error), fn func(f *Flow) error) (ScanResult, error) {
 	start := time.Now()
 	var res ScanResult
 	if limit <= 0 {
 		return res, errors.New("scan needs a positive limit")
 	}
-	fam := uint8(afInet)
-	if v6 {
-		fam = afInet6
-	}
 	err := r.withSock(func(s *nlSock) error {
 		var err error
-		res.KernelFiltered, err = s.dumpByProto(ctx, fam, proto, !r.cfg.NoKernelFilter, func(f *Flow) error {
-			if f.Proto != proto || f.OrigDst.Addr().Is4() == v6 {
-				return nil
-			}
+		res.KernelFiltered, err = dump(s, func(f *Flow) error {
 			if res.Scanned == limit {
 				res.Truncated = true
 				return errDone
@@ -353,8 +398,45 @@ func (r *Real) ScanProtocol(ctx context.Context, v6 bool, proto uint8, limit int
 		err = nil
 	}
 	res.Duration = time.Since(start)
-	if err != nil {
-		return res, fmt.Errorf("scan conntrack entries of protocol %d: %w", proto, err)
+	return res, err
+}
+
+var _ TimeoutTuner = (*Real)(nil)
+
+// timeoutSysctl is the sysctl of the observed namespace (timeouts are per
+// network namespace; Config.NetNS 0 = the daemon's own).
+func (r *Real) timeoutSysctl() sysctl.Interface { return sysctl.NewNetNS(r.cfg.ProcRoot, r.cfg.NetNS) }
+
+// Timeouts implements TimeoutTuner.
+func (r *Real) Timeouts(ctx context.Context) (Timeouts, error) {
+	s := r.timeoutSysctl()
+	var t Timeouts
+	for _, e := range []struct {
+		key string
+		d   *time.Duration
+	}{{UDPTimeoutKey, &t.UDP}, {UDPTimeoutStreamKey, &t.UDPStream}, {TCPTimeoutTimeWaitKey, &t.TCPTimeWait}} {
+		v, err := sysctl.GetUint(s, e.key)
+		if err != nil {
+			return t, err
+		}
+		*e.d = time.Duration(v) * time.Second
 	}
-	return res, nil
+	return t, nil
+}
+
+// SetTimeouts implements TimeoutTuner.
+func (r *Real) SetTimeouts(ctx context.Context, t Timeouts) error {
+	s := r.timeoutSysctl()
+	for _, e := range []struct {
+		key string
+		d   time.Duration
+	}{{UDPTimeoutKey, t.UDP}, {UDPTimeoutStreamKey, t.UDPStream}, {TCPTimeoutTimeWaitKey, t.TCPTimeWait}} {
+		if e.d <= 0 {
+			continue
+		}
+		if err := sysctl.SetUint(s, e.key, uint64(e.d/time.Second)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

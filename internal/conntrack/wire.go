@@ -39,6 +39,7 @@ const (
 	ctaTupleOrig  = 1
 	ctaTupleReply = 2
 	ctaStatus     = 3
+	ctaProtoinfo  = 4
 	ctaTimeout    = 7
 	ctaID         = 12
 	ctaZone       = 18
@@ -55,6 +56,9 @@ const (
 	ctaProtoNum     = 1
 	ctaProtoSrcPort = 2
 	ctaProtoDstPort = 3
+
+	ctaProtoinfoTCP      = 1 // in CTA_PROTOINFO
+	ctaProtoinfoTCPState = 1 // in CTA_PROTOINFO_TCP
 
 	ctaFilterOrigFlags  = 1
 	ctaFilterReplyFlags = 2
@@ -235,6 +239,13 @@ func (e *encoder) dumpProtoRequest(seq, pid uint32, fam, proto uint8, kernelFilt
 	e.end(off)
 }
 
+// dumpAllRequest encodes an unfiltered dump of every address family
+// (AF_UNSPEC: the kernel walks the whole table of the namespace once).
+func (e *encoder) dumpAllRequest(seq, pid uint32) {
+	off := e.begin(msgType(ctMsgGet), nlmFRequest|nlmFDump, seq, pid, 0)
+	e.end(off)
+}
+
 // deleteRequest encodes the deletion of exactly the entry f (by original
 // tuple, zone and CTA_ID). Without ack the kernel only answers on error.
 func (e *encoder) deleteRequest(seq, pid uint32, f *Flow, ack bool) {
@@ -254,12 +265,24 @@ func (e *encoder) deleteRequest(seq, pid uint32, f *Flow, ack bool) {
 }
 
 // createRequest encodes the creation of an entry with the given tuples and
-// timeout (seconds, must be > 0). Used by tests to build large tables fast.
+// timeout (seconds, must be > 0), its status bits and TCP state when set
+// (the kernel only lets ctnetlink set SEEN_REPLY and ASSURED, never clear
+// them). Used by tests to build large tables fast.
 func (e *encoder) createRequest(seq, pid uint32, f *Flow, timeout uint32) {
 	off := e.begin(msgType(ctMsgNew), nlmFRequest|nlmFAck|nlmFCreate|nlmFExcl, seq, pid, familyOf(f.OrigSrc.Addr()))
 	e.tuple(ctaTupleOrig, f.Proto, f.OrigSrc, f.OrigDst)
 	e.tuple(ctaTupleReply, f.Proto, f.ReplySrc, f.ReplyDst)
 	e.be32(ctaTimeout, timeout)
+	if f.Status != 0 {
+		e.be32(ctaStatus, f.Status)
+	}
+	if f.Proto == ProtoTCP && f.TCPState != 0 {
+		e.open(ctaProtoinfo)
+		e.open(ctaProtoinfoTCP)
+		e.u8(ctaProtoinfoTCPState, f.TCPState)
+		e.close()
+		e.close()
+	}
 	if f.Zone != 0 {
 		e.be16(ctaZone, f.Zone)
 	}
@@ -408,6 +431,17 @@ func decodeFlow(payload []byte, f *Flow) error {
 				return errBadAttr
 			}
 			f.ID = binary.BigEndian.Uint32(a.val)
+		case ctaStatus:
+			if len(a.val) != 4 {
+				return errBadAttr
+			}
+			f.Status = binary.BigEndian.Uint32(a.val)
+		case ctaProtoinfo:
+			st, err := decodeTCPState(a.val)
+			if err != nil {
+				return fmt.Errorf("protocol info: %w", err)
+			}
+			f.TCPState = st
 		case ctaZone:
 			if len(a.val) != 2 {
 				return errBadAttr
@@ -422,6 +456,30 @@ func decodeFlow(payload []byte, f *Flow) error {
 		return errNoTuples
 	}
 	return nil
+}
+
+// decodeTCPState reads CTA_PROTOINFO_TCP_STATE from a CTA_PROTOINFO
+// payload; other protocols' info (SCTP, DCCP) is skipped (0).
+func decodeTCPState(b []byte) (uint8, error) {
+	a := attrs{b: b}
+	for a.next() {
+		if a.typ != ctaProtoinfoTCP {
+			continue
+		}
+		in := attrs{b: a.val}
+		for in.next() {
+			if in.typ == ctaProtoinfoTCPState {
+				if len(in.val) != 1 {
+					return 0, errBadAttr
+				}
+				return in.val[0], nil
+			}
+		}
+		if in.err != nil {
+			return 0, in.err
+		}
+	}
+	return 0, a.err
 }
 
 func decodeTuple(b []byte) (proto uint8, src, dst netip.AddrPort, err error) {

@@ -107,6 +107,11 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			ReplySrc: netip.MustParseAddrPort("10.0.1.1:53"), ReplyDst: netip.MustParseAddrPort("10.0.0.1:1234"), Zone: 7},
 		{Proto: ProtoTCP, OrigSrc: netip.MustParseAddrPort("[fd00::1]:1"), OrigDst: netip.MustParseAddrPort("[fd00::2]:65535"),
 			ReplySrc: netip.MustParseAddrPort("[fd00::3]:2"), ReplyDst: netip.MustParseAddrPort("[fd00::1]:1")},
+		{Proto: ProtoTCP, OrigSrc: netip.MustParseAddrPort("10.0.0.1:40000"), OrigDst: netip.MustParseAddrPort("10.96.0.1:443"),
+			ReplySrc: netip.MustParseAddrPort("10.0.1.9:6443"), ReplyDst: netip.MustParseAddrPort("10.0.0.1:40000"),
+			Status: StatusSeenReply | StatusAssured, TCPState: TCPStateTimeWait},
+		{Proto: ProtoUDP, OrigSrc: netip.MustParseAddrPort("10.0.0.1:5000"), OrigDst: netip.MustParseAddrPort("10.96.0.10:53"),
+			ReplySrc: netip.MustParseAddrPort("10.0.1.1:53"), ReplyDst: netip.MustParseAddrPort("10.0.0.1:5000"), Status: StatusSeenReply},
 	} {
 		var e encoder
 		e.createRequest(1, 0, &f, 30)

@@ -85,6 +85,10 @@ const (
 	// KindNFTablesChain: one base chain of an nftables table
 	// ("nftables/inet/firewall/input").
 	KindNFTablesChain Kind = "nftables-chain"
+	// KindServicePath: the path through one Service port of one family,
+	// as a connection from the node sees it
+	// ("service-path/IPv4/default/kubernetes:443"; probe.Ref).
+	KindServicePath Kind = "service-path"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

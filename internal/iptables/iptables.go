@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"strings"
 	"time"
@@ -59,8 +60,11 @@ type Interface interface {
 }
 
 // BackendDetector is optionally implemented by an Interface: the backend
-// the node's plain `iptables` command uses (what kubelet and most tools
-// write with; kube-proxy's image picks its own).
+// of the plain `iptables` command on the daemon's PATH, that is, of the
+// daemon's own image, which says nothing about the node's or kube-proxy's.
+//
+// Deprecated: detectors read the host's and kube-proxy's iptables from
+// their own root filesystems with ReadInstall.
 type BackendDetector interface {
 	DefaultBackend(ctx context.Context) (Backend, error)
 }
@@ -114,23 +118,10 @@ func (r *Real) command(ctx context.Context, args ...string) (*exec.Cmd, error) {
 
 // Save implements Interface.
 func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	defer cancel()
 	name := SaveCommand(f, b)
-	cmd, err := r.command(ctx, name)
+	out, d, err := r.save(ctx, f, b, nil)
 	if err != nil {
 		return nil, err
-	}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	start := time.Now()
-	err = cmd.Run()
-	d := time.Since(start)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: timed out after %v: %w", name, d.Round(time.Millisecond), ctx.Err())
-		}
-		return nil, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
 	}
 	size := out.Len()
 	rs, err := ParseString(out.String())
@@ -138,6 +129,57 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 		return nil, fmt.Errorf("parsing %s output: %w", name, err)
 	}
 	return &Snapshot{Family: f, Backend: b, Rules: rs, Duration: d, Bytes: size}, nil
+}
+
+// SaveRaw runs the same save command as Save (never through the xtables
+// lock) and returns its output as it is, at most maxBytes of it (the rest
+// is read and dropped; truncated says so). For the evidence bundle.
+func (r *Real) SaveRaw(ctx context.Context, f Family, b Backend, maxBytes int) (out []byte, truncated bool, d time.Duration, err error) {
+	lw := &limitWriter{max: maxBytes}
+	_, d, err = r.save(ctx, f, b, lw)
+	return lw.b.Bytes(), lw.cut, d, err
+}
+
+// save runs the save command with stdout into w (a buffer when nil).
+func (r *Real) save(ctx context.Context, f Family, b Backend, w io.Writer) (*bytes.Buffer, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	name := SaveCommand(f, b)
+	cmd, err := r.command(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if w != nil {
+		cmd.Stdout = w
+	}
+	start := time.Now()
+	err = cmd.Run()
+	d := time.Since(start)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, d, fmt.Errorf("%s: timed out after %v: %w", name, d.Round(time.Millisecond), ctx.Err())
+		}
+		return nil, d, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
+	}
+	return &out, d, nil
+}
+
+// limitWriter keeps the first max bytes written and drops the rest.
+type limitWriter struct {
+	b   bytes.Buffer
+	max int
+	cut bool
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if rest := l.max - l.b.Len(); rest < len(p) {
+		l.cut = true
+		l.b.Write(p[:max(rest, 0)])
+		return len(p), nil
+	}
+	return l.b.Write(p)
 }
 
 // DefaultBackend runs `iptables --version` (which takes no lock) and returns

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"sort"
 	"sync"
 	"time"
 )
@@ -18,6 +19,10 @@ type Shared struct {
 
 	mu    sync.Mutex
 	slots map[sharedKey]*sharedSlot
+	// last is the newest successful snapshot per family and backend
+	// (guarded by mu), kept after its slot goes stale: for gauges and
+	// cause figures that must not run a save of their own.
+	last map[sharedKey]*Snapshot
 }
 
 type sharedKey struct {
@@ -70,6 +75,12 @@ func (s *Shared) Save(ctx context.Context, f Family, b Backend) (*Snapshot, erro
 			snap, err := s.inner.Save(sctx, f, b)
 			s.mu.Lock()
 			sl.snap, sl.err, sl.at = snap, err, s.now()
+			if err == nil && snap != nil {
+				if s.last == nil {
+					s.last = map[sharedKey]*Snapshot{}
+				}
+				s.last[k] = snap
+			}
 			s.mu.Unlock()
 			close(sl.done)
 		}()
@@ -92,4 +103,47 @@ func (s *Shared) DefaultBackend(ctx context.Context) (Backend, error) {
 		return bd.DefaultBackend(ctx)
 	}
 	return "", ErrUnavailable
+}
+
+// LastSnapshots returns the newest successful snapshot of every family and
+// backend saved so far, without running a save (read-only to callers).
+func (s *Shared) LastSnapshots() []*Snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Snapshot, 0, len(s.last))
+	for _, sn := range s.last {
+		out = append(out, sn)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Family != out[j].Family {
+			return out[i].Family < out[j].Family
+		}
+		return out[i].Backend < out[j].Backend
+	})
+	return out
+}
+
+// LastSnapshotter is implemented by adapters that remember their last
+// saves (Shared).
+type LastSnapshotter interface {
+	LastSnapshots() []*Snapshot
+}
+
+var _ LastSnapshotter = (*Shared)(nil)
+
+// RuleCount returns the number of rules in a table of the snapshot's rule
+// set (0 when the table is absent).
+func (s *Snapshot) RuleCount(table string) int {
+	if s == nil || s.Rules == nil {
+		return 0
+	}
+	t := s.Rules.Table(table)
+	if t == nil {
+		return 0
+	}
+	n := 0
+	for _, c := range t.Chains {
+		n += len(c.Rules)
+	}
+	return n
 }

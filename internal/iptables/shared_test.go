@@ -3,6 +3,7 @@ package iptables
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -89,5 +90,35 @@ func TestSharedDoesNotCacheErrorsAndHonoursCallerDeadline(t *testing.T) {
 	start := time.Now()
 	if _, err := s.Save(ctx, IPv4, NFT); !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
 		t.Fatalf("hung save: %v after %v", err, time.Since(start))
+	}
+}
+
+func TestSharedLastSnapshots(t *testing.T) {
+	inner := &blockingSave{release: make(chan struct{})}
+	close(inner.release)
+	s := NewShared(inner, time.Minute)
+	if got := s.LastSnapshots(); len(got) != 0 {
+		t.Fatalf("before any save: %v", got)
+	}
+	for _, f := range []Family{IPv6, IPv4} {
+		if _, err := s.Save(context.Background(), f, Legacy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner.err = errors.New("boom")
+	if _, err := s.Save(context.Background(), IPv4, NFT); err == nil {
+		t.Fatal("no error")
+	}
+	got := s.LastSnapshots()
+	if len(got) != 2 || got[0].Family != IPv4 || got[1].Family != IPv6 {
+		t.Fatalf("last snapshots %+v: want IPv4 and IPv6 legacy, failed saves left out", got)
+	}
+	r, err := Parse(strings.NewReader("*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sn := &Snapshot{Rules: r}
+	if sn.RuleCount("nat") != 2 || sn.RuleCount("filter") != 0 || (*Snapshot)(nil).RuleCount("nat") != 0 {
+		t.Errorf("rule counts %d %d", sn.RuleCount("nat"), sn.RuleCount("filter"))
 	}
 }

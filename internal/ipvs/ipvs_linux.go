@@ -34,10 +34,16 @@ import (
 // the semaphore, so later calls fail at their own deadline instead of piling
 // up on the handle.
 type Handle struct {
-	opts Options
-	sem  chan struct{}
-	h    *mobyipvs.Handle // guarded by sem
+	opts   Options
+	sem    chan struct{}
+	h      *mobyipvs.Handle // guarded by sem
+	listed countTracker
 }
+
+// LastCounts returns the virtual and real servers the detectors last
+// listed, without touching the kernel; ok is false before the first
+// listing.
+func (a *Handle) LastCounts() (Counts, bool) { return a.listed.counts() }
 
 var _ Interface = (*Handle)(nil)
 
@@ -248,6 +254,9 @@ func (a *Handle) VirtualServers(ctx context.Context) ([]VirtualServer, error) {
 		}
 		return nil
 	})
+	if err == nil {
+		a.listed.virtuals(out, time.Now())
+	}
 	return out, mapErr("list services", err)
 }
 
@@ -313,6 +322,9 @@ func (a *Handle) RealServers(ctx context.Context, vs VirtualServer) ([]RealServe
 		}
 		return nil
 	})
+	if err == nil {
+		a.listed.reals(vs, len(out))
+	}
 	return out, mapErr("list destinations of "+vs.Key(), err)
 }
 

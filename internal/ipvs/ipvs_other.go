@@ -45,3 +45,6 @@ func (a *Handle) SetTimeouts(context.Context, Timeouts) error { return errNotLin
 
 // Connections implements Interface.
 func (a *Handle) Connections(context.Context, string, func(Conn) error) error { return errNotLinux() }
+
+// LastCounts is never available here.
+func (a *Handle) LastCounts() (Counts, bool) { return Counts{}, false }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/clip"
 )
 
 // Configz is the part of kube-proxy's /configz the detectors use.
@@ -17,6 +19,9 @@ type Configz struct {
 	MinSyncPeriod time.Duration
 	// Mode is the configured proxy mode ("" means the platform default).
 	Mode string
+	// ClusterCIDR is clusterCIDR as configured (comma-separated CIDRs;
+	// "" unset), clipped to 256 bytes.
+	ClusterCIDR string
 }
 
 // ConfigReader is implemented by adapters that can read kube-proxy's
@@ -52,20 +57,22 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	}
 	var cfg struct {
 		periods
-		Mode     string  `json:"Mode"`
-		IPTables periods `json:"IPTables"`
-		IPVS     periods `json:"IPVS"`
-		NFTables periods `json:"NFTables"`
+		Mode        string  `json:"Mode"`
+		ClusterCIDR string  `json:"ClusterCIDR"`
+		IPTables    periods `json:"IPTables"`
+		IPVS        periods `json:"IPVS"`
+		NFTables    periods `json:"NFTables"`
 	}
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return nil, fmt.Errorf("configz: %w", err)
 	}
 	var lower struct {
 		periodsLower
-		Mode     string       `json:"mode"`
-		IPTables periodsLower `json:"iptables"`
-		IPVS     periodsLower `json:"ipvs"`
-		NFTables periodsLower `json:"nftables"`
+		Mode        string       `json:"mode"`
+		ClusterCIDR string       `json:"clusterCIDR"`
+		IPTables    periodsLower `json:"iptables"`
+		IPVS        periodsLower `json:"ipvs"`
+		NFTables    periodsLower `json:"nftables"`
 	}
 	_ = json.Unmarshal(raw, &lower) // best effort: only fills gaps
 	mode := cfg.Mode
@@ -93,7 +100,7 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	pm, pl := perMode(mode)
 	sp := pick(cfg.SyncPeriod, lower.SyncPeriod, pm.SyncPeriod, pl.SyncPeriod)
 	msp := pick(cfg.MinSyncPeriod, lower.MinSyncPeriod, pm.MinSyncPeriod, pl.MinSyncPeriod)
-	out := &Configz{Mode: mode}
+	out := &Configz{Mode: mode, ClusterCIDR: clip.String(pick(cfg.ClusterCIDR, lower.ClusterCIDR), 256)}
 	d, err := time.ParseDuration(sp)
 	if err != nil || d <= 0 {
 		return nil, fmt.Errorf("configz: syncPeriod %q is not a positive duration", sp)
@@ -107,8 +114,9 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	return out, nil
 }
 
-// configzURL is /configz on the metrics server.
-func configzURL(metricsURL string) string {
+// ConfigzURL is /configz on the metrics server of metricsURL ("" when it
+// does not parse).
+func ConfigzURL(metricsURL string) string {
 	u, err := url.Parse(metricsURL)
 	if err != nil {
 		return ""
@@ -120,7 +128,7 @@ func configzURL(metricsURL string) string {
 // Configz implements ConfigReader: GET /configz on the metrics address,
 // cached like the other answers.
 func (c *Client) Configz(ctx context.Context) (*Configz, error) {
-	u := configzURL(c.opts.MetricsURL)
+	u := ConfigzURL(c.opts.MetricsURL)
 	return c.config.get(ctx, c.clock, c.opts.CacheTTL, func() (*Configz, error) {
 		status, body, err := c.get(ctx, u, "application/json")
 		if err != nil {

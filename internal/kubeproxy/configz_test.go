@@ -13,12 +13,12 @@ func TestParseConfigz(t *testing.T) {
 		name, body string
 		want       Configz
 	}{
-		{"1.34 internal config, top-level periods", `{"kubeproxy.config.k8s.io":{"Mode":"iptables","SyncPeriod":"10s","MinSyncPeriod":"1s","IPTables":{"MasqueradeBit":14}}}`,
-			Configz{SyncPeriod: 10 * time.Second, MinSyncPeriod: time.Second, Mode: "iptables"}},
+		{"1.34 internal config, top-level periods", `{"kubeproxy.config.k8s.io":{"Mode":"iptables","SyncPeriod":"10s","MinSyncPeriod":"1s","ClusterCIDR":"10.244.0.0/16,fd00::/48","IPTables":{"MasqueradeBit":14}}}`,
+			Configz{SyncPeriod: 10 * time.Second, MinSyncPeriod: time.Second, Mode: "iptables", ClusterCIDR: "10.244.0.0/16,fd00::/48"}},
 		{"older: per-mode periods", `{"kubeproxy.config.k8s.io":{"Mode":"nftables","IPTables":{"SyncPeriod":"30s"},"NFTables":{"SyncPeriod":"45s","MinSyncPeriod":"2s"}}}`,
 			Configz{SyncPeriod: 45 * time.Second, MinSyncPeriod: 2 * time.Second, Mode: "nftables"}},
-		{"versioned lower-case keys", `{"kubeproxy.config.k8s.io":{"mode":"ipvs","ipvs":{"syncPeriod":"1m0s"}}}`,
-			Configz{SyncPeriod: time.Minute, Mode: "ipvs"}},
+		{"versioned lower-case keys", `{"kubeproxy.config.k8s.io":{"mode":"ipvs","clusterCIDR":"10.0.0.0/8","ipvs":{"syncPeriod":"1m0s"}}}`,
+			Configz{SyncPeriod: time.Minute, Mode: "ipvs", ClusterCIDR: "10.0.0.0/8"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseConfigz([]byte(tc.body))

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 
+	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/finding"
 )
 
@@ -27,6 +28,8 @@ const (
 	metricRulesTotal      = "kubeproxy_sync_proxy_rules_iptables_total"
 	metricNFTSyncFailures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
 	metricNFTCleanupFails = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
+	metricEndpointChanges = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
+	metricBuildInfo       = "kubernetes_build_info"
 )
 
 // FamilyLabel is the label kube-proxy 1.33+ puts on its per-family series.
@@ -179,6 +182,13 @@ type Metrics struct {
 	// (no ip_family label in any version).
 	EndpointChangesPending *float64
 	ServiceChangesPending  *float64
+	// EndpointChangesTotal is the node-wide counter of endpoint changes
+	// kube-proxy received (sync_proxy_rules_endpoint_changes_total): its
+	// rate is the endpoint churn.
+	EndpointChangesTotal *float64
+	// GitVersion is kubernetes_build_info's git_version ("v1.34.4"; ""
+	// when absent, clipped to 64 bytes).
+	GitVersion string
 	// RESTRequests is client-go's rest_client_requests_total summed over
 	// host and method, by HTTP code ("<error>" for requests that got no
 	// response: transport errors, timeouts). kube-proxy's list and watch
@@ -225,6 +235,28 @@ func (m *Metrics) FamilyNames() []Family {
 	return out
 }
 
+// MinorVersion returns the minor version of GitVersion ("v1.34.4" -> 34);
+// ok is false when it is absent or not a v1.N version (a build from
+// source says "v0.0.0-master").
+func (m *Metrics) MinorVersion() (int, bool) {
+	v, ok := strings.CutPrefix(m.GitVersion, "v1.")
+	if !ok {
+		return 0, false
+	}
+	end := 0
+	for end < len(v) && end < 4 && v[end] >= '0' && v[end] <= '9' {
+		end++
+	}
+	if end == 0 {
+		return 0, false
+	}
+	n := 0
+	for _, c := range v[:end] {
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
 // ParseMetrics parses the Prometheus text exposition format and extracts
 // the kube-proxy series the detectors use. Both label schemas are accepted.
 // It fails on malformed input; it does not bound the input (callers limit
@@ -265,6 +297,14 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 		return fm, true
 	}
 	for name, mf := range fams {
+		if name == metricBuildInfo {
+			for _, s := range mf.GetMetric() {
+				if v, ok := label(s, "git_version"); ok {
+					m.GitVersion = clip.String(v, 64)
+				}
+			}
+			continue
+		}
 		if name == metricRESTRequests {
 			for _, s := range mf.GetMetric() {
 				code, _ := label(s, "code")
@@ -284,6 +324,14 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 				m.EndpointChangesPending = ptr(value(mf.GetType(), s))
 			case metricServicePending:
 				m.ServiceChangesPending = ptr(value(mf.GetType(), s))
+			case metricEndpointChanges:
+				// Node-wide; should a version label it per family, the
+				// families add up to the node's churn.
+				v := value(mf.GetType(), s)
+				if m.EndpointChangesTotal != nil {
+					v += *m.EndpointChangesTotal
+				}
+				m.EndpointChangesTotal = &v
 			case metricLastSync, metricLastQueued, metricRestoreFailures, metricPartialFailures, metricRulesTotal, metricSyncDuration,
 				metricNFTSyncFailures, metricNFTCleanupFails:
 				fm, ok := fam(s)

@@ -347,3 +347,30 @@ func TestParseMetricsNFTablesMode(t *testing.T) {
 		t.Errorf("unexpected series: %+v %+v", m.Families["IPv6"], m.Families["IPv4"])
 	}
 }
+
+// TestEndpointChangesAndVersion reads the churn counter and the build
+// version from kube-proxy v1.34's metrics.
+func TestEndpointChangesAndVersion(t *testing.T) {
+	f, err := os.Open("testdata/metrics-v1.34-healthy.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := ParseMetrics(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.EndpointChangesTotal == nil || *m.EndpointChangesTotal <= 0 {
+		t.Errorf("endpoint changes total %v", m.EndpointChangesTotal)
+	}
+	for _, tc := range []struct {
+		v     string
+		minor int
+		ok    bool
+	}{{"v1.34.4", 34, true}, {"v1.28.0-rc.1", 28, true}, {"v0.0.0-master+abc", 0, false}, {"", 0, false}, {"v1.x", 0, false}} {
+		m := &Metrics{GitVersion: tc.v}
+		if n, ok := m.MinorVersion(); n != tc.minor || ok != tc.ok {
+			t.Errorf("%q: %d %v, want %d %v", tc.v, n, ok, tc.minor, tc.ok)
+		}
+	}
+}

@@ -13,13 +13,16 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -74,6 +77,17 @@ type Node struct {
 	KubeProxy kubeproxy.Interface
 	// IPVS is the kernel's IP Virtual Server tables (subsystem "ipvs").
 	IPVS ipvs.Interface
+	// CPU reads cgroup cpu.stat (kube-proxy's throttling) and the node's
+	// /proc/stat CPU times (subsystem "cpustat"), for the likely causes of
+	// kube-proxy symptoms.
+	CPU cpustat.Interface
+	// LockHistory, when set, gives the xtables lock holds of a recent
+	// window for those causes; nil: the current /proc/locks snapshot.
+	LockHistory causes.LockSource
+	// Probe makes bounded TCP connects (connect, close, no payload) from
+	// the node's network namespace, for the Service path probe (subsystem
+	// "probe").
+	Probe probe.Interface
 }
 
 // Why returns the recorded reason a subsystem is unavailable, or a generic

@@ -122,6 +122,11 @@ func WriteFile(path, value string) error {
 	if err != nil {
 		return fmt.Errorf("open %s for writing: %w", path, err)
 	}
+	return writeClose(f, path, value)
+}
+
+// writeClose writes value and a newline to f in one write(2) and closes it.
+func writeClose(f *os.File, path, value string) error {
 	_, werr := f.Write([]byte(value + "\n"))
 	cerr := f.Close()
 	if werr != nil {

@@ -61,34 +61,7 @@ func TestRealEngineAuditAndEnforce(t *testing.T) {
 
 	run := func(mode string) *remediate.Report {
 		t.Helper()
-		pf := filepath.Join(t.TempDir(), "policy.yaml")
-		if err := os.WriteFile(pf, []byte(strings.Replace(enginePolicy, "MODE", mode, 1)), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		pol, err := policy.Load(pf, remediate.Catalog{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		state := filepath.Join(dir, "state-"+mode)
-		j, err := journal.Open(state, 1<<20, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := remediate.New(pol, remediate.Options{Node: n, StateDir: state, Once: true, Journal: j, Log: zaptest.NewLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close(ctx)
-		rep, err := e.Cycle(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range rep.Findings {
-			t.Logf("%s: finding %s %s: %s", mode, f.Rule, f.Target, f.Message)
-		}
-		for _, d := range rep.Decisions {
-			t.Logf("%s: decision %s %s %s: %s", mode, d.Rule, d.Target, d.Outcome, d.Reason)
-		}
+		rep, _ := onceCycle(t, n, strings.Replace(enginePolicy, "MODE", mode, 1), filepath.Join(dir, "state-"+mode))
 		return rep
 	}
 	decision := func(rep *remediate.Report) remediate.Decision {
@@ -128,6 +101,46 @@ func TestRealEngineAuditAndEnforce(t *testing.T) {
 	if _, err := pr.Get(ctx, restorePID); err == nil {
 		t.Error("enforce mode: restore still running")
 	}
+}
+
+// onceCycle loads the policy src, runs one engine cycle as --once does on n
+// with its state and journal in state, logs the findings and decisions, and
+// returns the report and the journal.
+func onceCycle(t *testing.T, n *node.Node, src, state string) (*remediate.Report, []journal.Record) {
+	t.Helper()
+	ctx := context.Background()
+	pf := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(pf, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.Load(pf, remediate.Catalog{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err := journal.Open(state, 1<<20, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := remediate.New(pol, remediate.Options{Node: n, StateDir: state, Once: true, Journal: j, Log: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close(ctx)
+	rep, err := e.Cycle(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Findings {
+		t.Logf("finding %s %s: %s", f.Rule, f.Target, f.Message)
+	}
+	for _, d := range rep.Decisions {
+		t.Logf("decision %s %s %s: %s", d.Rule, d.Target, d.Outcome, d.Reason)
+	}
+	recs, err := journal.ReadAll(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, recs
 }
 
 func waitLocks(t *testing.T, pr procs.Interface, lock string, cond func(procs.FileLocks) bool) {

@@ -13,6 +13,21 @@
 #   VM_MEM      guest memory in MiB (default 1536)
 #   VM_CGO      CGO_ENABLED for the test binaries (default: go env CGO_ENABLED)
 #   VM_KEEP=1   keep the work directory (initramfs, logs) for debugging
+#   VM_SKIP     -test.skip pattern inside the guest (default ^TestVMKubeProxy:
+#               the kube-proxy scenario needs the host side of
+#               TestIPVSKubeProxyInVM, which runs it with the variables below)
+#   VM_NET=user QEMU user networking, isolated (restrict=on): the guest is
+#               192.168.100.15/24 and reaches nothing but, for each port P in
+#               VM_FORWARD_PORTS, 192.168.100.100:P forwarded to 127.0.0.1:P
+#               of the network namespace QEMU runs in (`busybox nc` per
+#               connection)
+#   VM_FILES    a directory copied into the guest as /hostfiles (its
+#               dynamic programs with their libraries); the tests see
+#               REMEDIATE_VM_FILES=/hostfiles
+#   VM_EXTRA_MODULES, VM_EXTRA_PROGRAMS  more modules / host programs
+#   VM_PREPARE_ONLY=1  resolve and cache the kernel, then exit (a caller
+#               that boots the VM in a network namespace without a route
+#               out downloads it first)
 #   REMEDIATE_E2E_REQUIRED=1  a missing prerequisite fails instead of skipping
 #
 # Exit status: the guest's (0 = every test binary passed), 1 when the VM
@@ -28,6 +43,10 @@ ROOT=$PWD
 VM_PKGS_DEFAULT="./internal/ipvs ./detect ./remediate/action"
 VM_CACHE=${VM_CACHE:-$ROOT/_output/vm}
 VM_RUN=${VM_RUN:-^TestVM}
+VM_SKIP=${VM_SKIP-^TestVMKubeProxy}
+VM_NET=${VM_NET:-}
+VM_FILES=${VM_FILES:-}
+VM_FORWARD_PORTS=${VM_FORWARD_PORTS:-}
 VM_TIMEOUT=${VM_TIMEOUT:-480}
 VM_MEM=${VM_MEM:-1536}
 GO=${GO:-go}
@@ -40,9 +59,10 @@ GO=${GO:-go}
 VM_CGO=${VM_CGO:-$($GO env CGO_ENABLED)}
 META=linux-image-cloud-amd64
 # Modules the tests need (their dependencies are added from modules.dep).
-MODULES="ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack nf_conntrack_netlink nf_tables nft_ct veth dummy"
+MODULES="ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack nf_conntrack_netlink nf_tables nft_ct veth dummy ${VM_EXTRA_MODULES:-}"
+[ "$VM_NET" = user ] && MODULES="$MODULES virtio_pci virtio_net"
 # Host programs copied into the guest with their shared libraries.
-PROGRAMS="ipvsadm conntrack ip flock nft"
+PROGRAMS="ipvsadm conntrack ip flock nft ${VM_EXTRA_PROGRAMS:-}"
 
 log() { echo "vm: $*" >&2; }
 skip_or_fail() {
@@ -108,6 +128,10 @@ fi
 VMLINUZ=$KDIR/boot/vmlinuz-$KVER
 MODDIR=$KDIR/lib/modules/$KVER
 [ -f "$VMLINUZ" ] && [ -f "$MODDIR/modules.dep" ] || { log "FAIL: broken kernel cache $KDIR (delete it)"; exit 1; }
+if [ "${VM_PREPARE_ONLY:-}" = 1 ]; then
+	log "kernel $KVER cached in $KDIR"
+	exit 0
+fi
 
 # --- work directory, cleaned on exit; QEMU killed by its PID
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/remediate-vm.XXXXXX")
@@ -148,7 +172,8 @@ log "test binaries built in $(($(date +%s) - t0))s"
 # --- busybox, host programs and their libraries, modules
 cp "$BUSYBOX" "$R/bin/busybox"
 copy_libs() {
-	ldd "$1" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
+	# A static program has none (ldd fails; so does grep without a match).
+	{ ldd "$1" 2>/dev/null || true; } | { grep -o '/[^ ]*' || true; } | while read -r lib; do
 		[ -e "$R$lib" ] && continue
 		mkdir -p "$R$(dirname "$lib")"
 		cp -L "$lib" "$R$lib"
@@ -161,6 +186,24 @@ copy_with_libs() {
 }
 for c in $PROGRAMS; do copy_with_libs "$(command -v "$c")"; done
 for n in "${names[@]}"; do copy_libs "$R/tests/$n/pkg.test"; done # VM_CGO=1: libc
+# iptables' extensions are shared objects it opens at run time (not in ldd).
+for c in $PROGRAMS; do
+	case $(readlink -f "$(command -v "$c")") in
+	*xtables-*-multi)
+		# Where it was built to look (merged /usr: /lib/... -> /usr/lib/...).
+		x=$(readlink -f "$(dirname "$(ldd "$(command -v "$c")" | grep -o '/[^ ]*libxtables[^ ]*' | head -1)")/xtables")
+		if [ -d "$x" ] && [ ! -d "$R$x" ]; then
+			mkdir -p "$R$x"
+			cp -L "$x"/*.so "$R$x/"
+			for so in "$R$x"/*.so; do copy_libs "$so"; done
+		fi
+		;;
+	esac
+done
+if [ -n "$VM_FILES" ]; then
+	cp -rL "$VM_FILES" "$R/hostfiles"
+	for f in "$R"/hostfiles/*; do [ -x "$f" ] && copy_libs "$f"; done
+fi
 cp /etc/protocols /etc/services "$R/etc/" 2>/dev/null || true
 echo "root:x:0:0:root:/:/bin/sh" >"$R/etc/passwd"
 
@@ -198,12 +241,16 @@ cp "$MODDIR"/modules.{dep,builtin,order} "$KR/" 2>/dev/null || true
 	echo 'mount -t tmpfs run /run; mount -t tmpfs tmp /tmp; mkdir -p /run/netns'
 	echo 'ip link set lo up'
 	echo "for m in $MODULES; do modprobe \$m 2>/dev/null || grep -q \"/\$m.ko\$\" /lib/modules/\$(uname -r)/modules.builtin || echo \"vm: modprobe \$m failed\"; done"
+	if [ "$VM_NET" = user ]; then
+		echo 'i=0; while [ ! -e /sys/class/net/eth0 ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done'
+		echo 'ip link set eth0 up && ip addr add 192.168.100.15/24 dev eth0 || echo "vm: no network"'
+	fi
 	echo 'echo "vm: guest up in $(cut -d" " -f1 /proc/uptime)s, kernel $(uname -r), $(nproc) cpus"'
 	echo 'rc=0'
 	echo "for t in ${names[*]}; do"
 	echo '  echo "=== vm: $t"'
 	echo '  cd /tests/$t'
-	printf '  REMEDIATE_IN_VM=1 REMEDIATE_E2E_REQUIRED=1 ./pkg.test -test.v -test.count=1 -test.timeout=%ss -test.run %q\n' "$VM_TIMEOUT" "$VM_RUN"
+	printf '  REMEDIATE_IN_VM=1 REMEDIATE_E2E_REQUIRED=1 REMEDIATE_VM_FILES=/hostfiles ./pkg.test -test.v -test.count=1 -test.timeout=%ss -test.run %q -test.skip %q\n' "$VM_TIMEOUT" "$VM_RUN" "$VM_SKIP"
 	echo '  r=$?; echo "=== vm: $t exit $r"; [ $r -ne 0 ] && rc=$r'
 	echo 'done'
 	echo 'echo "VM_RC=$rc" >/dev/ttyS1'
@@ -220,10 +267,21 @@ if grep -qwE 'vmx|svm' /proc/cpuinfo && [ -w /dev/kvm ]; then
 else
 	accel=(-accel tcg -cpu max)
 fi
+nic=(-nic none)
+if [ "$VM_NET" = user ]; then
+	# restrict=on: the guest reaches neither the host nor the outside,
+	# only the explicit forwards to this network namespace's loopback.
+	spec="user,model=virtio-net-pci,net=192.168.100.0/24,restrict=on"
+	for p in $VM_FORWARD_PORTS; do
+		case $p in *[!0-9]*) log "FAIL: VM_FORWARD_PORTS: bad port $p"; exit 1 ;; esac
+		spec="$spec,guestfwd=tcp:192.168.100.100:$p-cmd:$BUSYBOX nc 127.0.0.1 $p"
+	done
+	nic=(-nic "$spec")
+fi
 : >"$WORK/result"
 tb=$(date +%s)
 qemu-system-x86_64 "${accel[@]}" -M q35 -bios "$QBOOT" -m "$VM_MEM" -smp "$(nproc)" \
-	-nographic -no-reboot -nic none \
+	-nographic -no-reboot "${nic[@]}" \
 	-kernel "$VMLINUZ" -initrd "$WORK/initrd.cpio" \
 	-append "console=ttyS0 quiet panic=-1" \
 	-serial mon:stdio -serial "file:$WORK/result" \

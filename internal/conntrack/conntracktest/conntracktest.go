@@ -55,7 +55,10 @@ func NetNS(tb testing.TB) int {
 	return int(f.Fd())
 }
 
-// Create creates the flows in the namespace netnsFD with a 300 s timeout.
+const statusConfirmed = 1 << 3 // IPS_CONFIRMED
+
+// Create creates the flows in the namespace netnsFD with a 300 s timeout,
+// with their status bits (SEEN_REPLY, ASSURED) and TCP state when set.
 func Create(tb testing.TB, netnsFD int, flows ...conntrack.Flow) {
 	tb.Helper()
 	c, err := ticonntrack.Dial(&netlink.Config{NetNS: netnsFD})
@@ -76,6 +79,15 @@ func Create(tb testing.TB, netnsFD int, flows ...conntrack.Flow) {
 		t.TupleReply.Proto.Protocol = f.Proto
 		t.TupleReply.Proto.SourcePort = f.ReplySrc.Port()
 		t.TupleReply.Proto.DestinationPort = f.ReplyDst.Port()
+		if f.Status != 0 {
+			// The kernel only lets ctnetlink set SEEN_REPLY and ASSURED,
+			// and refuses a status without CONFIRMED (the new entry
+			// already has it).
+			t.Status = ticonntrack.Status(f.Status | statusConfirmed)
+		}
+		if f.Proto == conntrack.ProtoTCP && f.TCPState != 0 {
+			t.ProtoInfo.TCP = &ticonntrack.ProtoInfoTCP{State: f.TCPState}
+		}
 		if err := c.Create(t); err != nil {
 			tb.Fatalf("create %s: %v", f, err)
 		}

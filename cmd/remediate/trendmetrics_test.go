@@ -1,0 +1,105 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+)
+
+// Every trend series is exported from the start at 0 with a fixed label
+// set (28 series whatever is observed), then the last observations.
+func TestTrendCollector(t *testing.T) {
+	var (
+		saves []*iptables.Snapshot
+		ct    conntrack.Usage
+		ctOK  bool
+		vs    ipvs.Counts
+		vsOK  bool
+		sc    *kubeproxy.Scrape
+	)
+	c := newTrendCollector(trendSources{
+		saves:     func() []*iptables.Snapshot { return saves },
+		conntrack: func() (conntrack.Usage, bool) { return ct, ctOK },
+		ipvs:      func() (ipvs.Counts, bool) { return vs, vsOK },
+		kubeProxy: func() *kubeproxy.Scrape { return sc },
+	})
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	start := gatherText(t, reg)
+	if n := strings.Count(start, "\n"); n != 2*2*4+4+4+2+2 {
+		t.Fatalf("%d series at start:\n%s", n, start)
+	}
+	for _, l := range []string{"remediate_conntrack_entries 0\n", `remediate_iptables_rules{backend="nft",ip_family="IPv6",table="raw"} 0` + "\n"} {
+		if !strings.Contains(start, l) {
+			t.Errorf("at start, /metrics lacks %q", l)
+		}
+	}
+
+	rs, err := iptables.ParseString("*nat\n:PREROUTING ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A PREROUTING -j KUBE-SERVICES\n-A KUBE-SERVICES -j RETURN\nCOMMIT\n*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	saves = []*iptables.Snapshot{{Family: iptables.IPv4, Backend: iptables.Legacy, Rules: rs, Duration: 640 * time.Millisecond}}
+	ct, ctOK = conntrack.Usage{Count: 900, Max: 1000}, true
+	vs, vsOK = ipvs.Counts{Virtual: 3, Real: 7}, true
+	nat := map[string]float64{"nat": 29, "filter": 4}
+	sc = &kubeproxy.Scrape{Metrics: &kubeproxy.Metrics{Families: map[kubeproxy.Family]*kubeproxy.FamilyMetrics{"IPv4": {RulesTotal: nat}}}}
+	for name, want := range map[string]string{
+		"remediate_iptables_rules": `remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="nat"} 2
+remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="filter"} 1
+remediate_iptables_rules{backend="nft",ip_family="IPv4",table="nat"} 0`,
+		"remediate_iptables_save_duration_seconds": `remediate_iptables_save_duration_seconds{backend="legacy",ip_family="IPv4"} 0.64
+remediate_iptables_save_duration_seconds{backend="legacy",ip_family="IPv6"} 0`,
+		"remediate_kube_proxy_rules":     `remediate_kube_proxy_rules{ip_family="IPv4",table="nat"} 29`,
+		"remediate_conntrack_entries":    `remediate_conntrack_entries 900`,
+		"remediate_conntrack_max":        `remediate_conntrack_max 1000`,
+		"remediate_ipvs_virtual_servers": `remediate_ipvs_virtual_servers 3`,
+		"remediate_ipvs_real_servers":    `remediate_ipvs_real_servers 7`,
+	} {
+		body := gatherText(t, reg)
+		for _, line := range strings.Split(want, "\n") {
+			if !strings.Contains(body, line+"\n") {
+				t.Errorf("%s: /metrics lacks %q", name, line)
+			}
+		}
+	}
+	if n := strings.Count(gatherText(t, reg), "\n"); n != 28 {
+		t.Errorf("%d series after observations, want the same 28", n)
+	}
+}
+
+func gatherText(t *testing.T, reg *prometheus.Registry) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			b.WriteString(mf.GetName())
+			if len(m.GetLabel()) > 0 {
+				b.WriteString("{")
+				for i, l := range m.GetLabel() {
+					if i > 0 {
+						b.WriteString(",")
+					}
+					b.WriteString(l.GetName() + "=\"" + l.GetValue() + "\"")
+				}
+				b.WriteString("}")
+			}
+			b.WriteString(" " + strings.TrimSuffix(strings.TrimSuffix(formatFloat(m.GetGauge().GetValue()), ".0"), ".") + "\n")
+		}
+	}
+	return b.String()
+}
+
+func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }

@@ -1,0 +1,199 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/kmod"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// KubeProxyKernelModulesParams configure KubeProxyKernelModules.
+type KubeProxyKernelModulesParams struct {
+	// ProxyMode is kube-proxy's mode, as for IPTablesRules; the check runs
+	// in iptables mode only ("auto" asks kube-proxy).
+	ProxyMode string `yaml:"proxyMode"`
+	// Families to check: IPv4, and IPv6 on dual-stack and IPv6 nodes
+	// (kube-proxy does without IPv6 when the node has no IPv6 iptables).
+	Families []string `yaml:"families"`
+	// Backend whose table modules are required: auto (kube-proxy's
+	// iptables, read from its root; else the host's), legacy or nft.
+	Backend string `yaml:"backend"`
+}
+
+// SetDefaults implements registry.Defaulter.
+func (p *KubeProxyKernelModulesParams) SetDefaults() {
+	*p = KubeProxyKernelModulesParams{ProxyMode: "iptables", Families: []string{"IPv4"}, Backend: "auto"}
+}
+
+// Validate implements policy.Validator.
+func (p *KubeProxyKernelModulesParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	errs = append(errs, validateProxyMode(p.ProxyMode)...)
+	errs = append(errs, validateFamilies(p.Families)...)
+	switch p.Backend {
+	case "auto", "legacy", "nft":
+	default:
+		errs = append(errs, policy.FieldError{Field: "backend", Msg: fmt.Sprintf("must be auto, legacy or nft, not %q", p.Backend)})
+	}
+	return errs
+}
+
+func init() {
+	Define("KubeProxyKernelModules",
+		"iptables mode: the kernel modules kube-proxy's rules need (xt matches and targets, the backend's tables), from /proc/modules, the xtables registries and the host's module lists; built-in or unreadable is never reported as missing",
+		newKubeProxyKernelModules, Targets(finding.KindIPTablesRules))
+}
+
+type kubeProxyKernelModules struct {
+	p KubeProxyKernelModulesParams
+	n *node.Node
+	judgement
+}
+
+func newKubeProxyKernelModules(p *KubeProxyKernelModulesParams, n *node.Node) (Detector, error) {
+	return &kubeProxyKernelModules{p: *p, n: n}, nil
+}
+
+// kernelModule is a module kube-proxy's iptables mode needs, with the
+// feature that needs it and the xtables extensions that show it.
+type kernelModule struct {
+	name string
+	why  string
+	prov kmod.Provides
+}
+
+// requiredModules lists what kube-proxy v1.34's iptables-mode rules use
+// (pkg/proxy/iptables/proxier.go) for one family and backend.
+func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
+	v6 := f == kmod.IPv6
+	pick := func(a, b string) string {
+		if v6 {
+			return b
+		}
+		return a
+	}
+	ms := []kernelModule{
+		{"nf_conntrack", "connection tracking", kmod.Provides{}},
+		{"nf_nat", "NAT (DNAT to endpoints, masquerade)", kmod.Provides{Family: f, Targets: []string{"DNAT"}}},
+		{"xt_conntrack", "-m conntrack (--ctstate)", kmod.Provides{Family: f, Matches: []string{"conntrack"}}},
+		{"xt_comment", "-m comment", kmod.Provides{Family: f, Matches: []string{"comment"}}},
+		{"xt_mark", "-m mark and -j MARK (the masquerade mark)", kmod.Provides{Family: f, Matches: []string{"mark"}, Targets: []string{"MARK"}}},
+		{"xt_statistic", "-m statistic (load balancing across endpoints)", kmod.Provides{Family: f, Matches: []string{"statistic"}}},
+		{"xt_addrtype", "-m addrtype (NodePorts)", kmod.Provides{Family: f, Matches: []string{"addrtype"}}},
+		{"xt_tcpudp", "-p tcp/udp --dport", kmod.Provides{Family: f, Matches: []string{"tcp", "udp"}}},
+		{"xt_nat", "-j DNAT", kmod.Provides{Family: f, Targets: []string{"DNAT"}}},
+		{"xt_MASQUERADE", "-j MASQUERADE (return traffic)", kmod.Provides{Family: f, Targets: []string{"MASQUERADE"}}},
+		{pick("ipt_REJECT", "ip6t_REJECT"), "-j REJECT (Services without endpoints)", kmod.Provides{Family: f, Targets: []string{"REJECT"}}},
+	}
+	switch be {
+	case iptables.Legacy:
+		ms = append(ms,
+			kernelModule{pick("ip_tables", "ip6_tables"), "the legacy iptables tables", kmod.Provides{}},
+			kernelModule{pick("iptable_nat", "ip6table_nat"), "the legacy nat table", kmod.Provides{Family: f, Tables: []string{"nat"}}},
+			kernelModule{pick("iptable_filter", "ip6table_filter"), "the legacy filter table", kmod.Provides{Family: f, Tables: []string{"filter"}}})
+	case iptables.NFT:
+		ms = append(ms,
+			kernelModule{"nf_tables", "the nft backend", kmod.Provides{}},
+			kernelModule{"nft_compat", "xtables matches and targets in the nft backend", kmod.Provides{}},
+			kernelModule{"nft_chain_nat", "nat chains in the nft backend", kmod.Provides{}})
+	}
+	return ms
+}
+
+func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) {
+	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
+	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
+		return nil, Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
+	}
+	be, beSource := d.backend(ctx)
+	snap := kmod.Read(d.n.ProcRoot, hostRoot(d.n))
+	conntrackSysctl := false
+	if _, err := os.Stat(filepath.Join(d.n.ProcRoot, "sys", "net", "netfilter", "nf_conntrack_max")); err == nil {
+		conntrackSysctl = true
+	}
+	var out []Finding
+	var judged []string
+	for _, fs := range d.p.Families {
+		f := kmod.IPv4
+		if fs == string(iptables.IPv6) {
+			f = kmod.IPv6
+		}
+		states := map[string]string{}
+		counts := map[kmod.State]int{}
+		var missing, unknown []string
+		for _, m := range requiredModules(f, be) {
+			st := snap.State(m.name, m.prov)
+			switch {
+			case st.Present():
+			case m.name == "nf_conntrack" && conntrackSysctl:
+				st = kmod.Registered // its sysctls exist
+			case (m.name == "ip_tables" && snap.Matches[kmod.IPv4] != nil) || (m.name == "ip6_tables" && snap.Matches[kmod.IPv6] != nil):
+				st = kmod.Registered // it serves /proc/net/ip*_tables_*
+			}
+			states[m.name] = string(st)
+			counts[st]++
+			switch st {
+			case kmod.Missing:
+				missing = append(missing, m.name+" ("+m.why+")")
+			case kmod.Unknown:
+				unknown = append(unknown, m.name)
+			}
+		}
+		if len(missing) > 0 {
+			ev := map[string]any{
+				"family": fs, "backend": string(be), "backendSource": beSource, "modules": states,
+				"missing": missing, "sources": snap.Sources, "kernelRelease": snap.Release, "moduleSupport": snap.HasModules,
+			}
+			if len(unknown) > 0 {
+				ev["unknown"] = unknown
+			}
+			if len(snap.Errors) > 0 {
+				ev["unreadable"] = snap.Errors
+			}
+			out = append(out, Finding{
+				Detector: "KubeProxyKernelModules",
+				Target:   "iptables/" + fs + "/kernel-modules",
+				Severity: Critical,
+				Message: fmt.Sprintf("%s: kernel modules kube-proxy's iptables rules need are neither loaded, built in nor installed: %s; its iptables-restore fails on the rules that use them",
+					fs, strings.Join(missing, ", ")),
+				Evidence: ev,
+			})
+		}
+		judged = append(judged, fmt.Sprintf("%s (%s backend, %s): %s", fs, orUnknown(string(be)), beSource, stateCounts(counts)))
+	}
+	d.set("%s", strings.Join(judged, "; "))
+	return out, nil
+}
+
+func stateCounts(c map[kmod.State]int) string {
+	var parts []string
+	for st, n := range c {
+		parts = append(parts, fmt.Sprintf("%d %s", n, st))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+// backend returns the backend whose table modules are required.
+func (d *kubeProxyKernelModules) backend(ctx context.Context) (iptables.Backend, string) {
+	if d.p.Backend != "auto" {
+		return iptables.Backend(d.p.Backend), "from the policy"
+	}
+	host, kp, _, _ := readIPTablesParties(ctx, d.n, nil)
+	if kp != nil && kp.known() && kp.In.Backend != "" {
+		return kp.In.Backend, "kube-proxy's iptables (" + kp.In.Root + ")"
+	}
+	if host.known() && host.In.Backend != "" {
+		return host.In.Backend, "the host's iptables (" + host.In.Root + ")"
+	}
+	return "", "backend unknown: only backend-neutral modules checked"
+}

@@ -1,0 +1,614 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/probe"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// ServicePathProbeName is the registered type name.
+const ServicePathProbeName = "ServicePathProbe"
+
+// Bounds of ServicePathProbe's parameters.
+const (
+	spMaxCanaries   = 16
+	spMaxConnects   = 16
+	spConfirmPause  = time.Second
+	spKubernetesNS  = "default"
+	spKubernetesSvc = "kubernetes"
+)
+
+// ServicePathProbeParams configure ServicePathProbe.
+//
+// Cost: a path that answers costs one connect per run; a failing one costs
+// up to `failures` Service connects (1 s apart) plus one direct connect per
+// ready endpoint, all within maxConnects. The `kubernetes` probe is a TCP
+// handshake to the API server without TLS: each one adds to the API
+// server's apiserver_tls_handshake_errors_total (logged only at -v=5).
+type ServicePathProbeParams struct {
+	// Kubernetes probes the `kubernetes` Service in `default` (the API
+	// server's own; default true).
+	Kubernetes bool `yaml:"kubernetes"`
+	// Canaries are more Services to probe: "namespace/name" (its first TCP
+	// port) or "namespace/name/port" (a port name or number); at most 16.
+	Canaries []string `yaml:"canaries"`
+	// Families to probe: IPv4, IPv6 (default both). A dual-stack Service is
+	// probed once per ClusterIP of these families, each against an
+	// endpoint of the same family.
+	Families []string `yaml:"families"`
+	// MaxConnects bounds the TCP connects of one run, through Services and
+	// direct together (default 4; 2 to 16). Probes that do not fit wait
+	// for the next run, which starts with them.
+	MaxConnects int `yaml:"maxConnects"`
+	// ConnectTimeout bounds each connect (default 2s: Linux retransmits a
+	// lost SYN after 1 s, so one lost SYN does not fail a connect; 100ms
+	// to 10s). Keep maxConnects x connectTimeout + 1s under the policy's
+	// detectorTimeout; a connect the detector's deadline would cut is not
+	// started.
+	ConnectTimeout policy.Duration `yaml:"connectTimeout"`
+	// MinPeriod is the shortest time between two probing runs (default
+	// 10s); a run sooner repeats the last results without connecting.
+	MinPeriod policy.Duration `yaml:"minPeriod"`
+	// Failures is how many consecutive Service connects must fail before
+	// the path is judged (default 2; 1 to 5). They are made 1 s apart in
+	// the same run when the budget allows (so --once judges in one run),
+	// else over the next runs.
+	Failures int `yaml:"failures"`
+}
+
+// SetDefaults sets the defaults (registry.Defaulter).
+func (p *ServicePathProbeParams) SetDefaults() {
+	*p = ServicePathProbeParams{Kubernetes: true, Families: []string{"IPv4", "IPv6"}, MaxConnects: 4,
+		ConnectTimeout: policy.D(2 * time.Second), MinPeriod: policy.D(10 * time.Second), Failures: 2}
+}
+
+// Validate implements policy.Validator.
+func (p *ServicePathProbeParams) Validate() []policy.FieldError {
+	errs := validateFamilies(p.Families)
+	if !p.Kubernetes && len(p.Canaries) == 0 {
+		errs = append(errs, policy.FieldError{Field: "canaries", Msg: "nothing to probe: list canaries or leave kubernetes on"})
+	}
+	if len(p.Canaries) > spMaxCanaries {
+		errs = append(errs, policy.FieldError{Field: "canaries", Msg: fmt.Sprintf("at most %d", spMaxCanaries)})
+	}
+	seen := map[spSpec]bool{}
+	for i, c := range p.Canaries {
+		s, err := parseCanary(c)
+		if err != nil {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("canaries[%d]", i), Msg: err.Error()})
+			continue
+		}
+		if seen[s] {
+			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("canaries[%d]", i), Msg: fmt.Sprintf("%q is listed twice", c)})
+		}
+		seen[s] = true
+	}
+	if p.MaxConnects < 2 || p.MaxConnects > spMaxConnects {
+		errs = append(errs, policy.FieldError{Field: "maxConnects", Msg: fmt.Sprintf("must be in [2, %d] (a failing path needs a Service and a direct connect)", spMaxConnects)})
+	}
+	if p.ConnectTimeout.Duration < 100*time.Millisecond || p.ConnectTimeout.Duration > 10*time.Second {
+		errs = append(errs, policy.FieldError{Field: "connectTimeout", Msg: "must be in [100ms, 10s]"})
+	}
+	if p.MinPeriod.Duration < time.Second || p.MinPeriod.Duration > time.Hour {
+		errs = append(errs, policy.FieldError{Field: "minPeriod", Msg: "must be in [1s, 1h]"})
+	}
+	if p.Failures < 1 || p.Failures > 5 {
+		errs = append(errs, policy.FieldError{Field: "failures", Msg: "must be in [1, 5]"})
+	}
+	return errs
+}
+
+func init() {
+	Define(ServicePathProbeName,
+		"TCP connect (no payload) through the `kubernetes` Service and configured canary Services, compared with a direct connect to their ready endpoints: the Service path failing while its backend answers is the dataplane's fault; both failing is a backend problem",
+		newServicePathProbe, Targets(finding.KindServicePath))
+}
+
+// spSpec is one Service to probe; Port is a port name, a number, or ""
+// (the first TCP port).
+type spSpec struct {
+	Namespace, Name, Port string
+}
+
+func (s spSpec) String() string {
+	if s.Port == "" {
+		return s.Namespace + "/" + s.Name
+	}
+	return s.Namespace + "/" + s.Name + "/" + s.Port
+}
+
+// parseCanary reads "namespace/name[/port]".
+func parseCanary(c string) (spSpec, error) {
+	parts := strings.Split(c, "/")
+	if len(parts) < 2 || len(parts) > 3 {
+		return spSpec{}, fmt.Errorf("%q: want namespace/name or namespace/name/port", c)
+	}
+	for _, p := range parts[:2] {
+		if !isDNSLabel(p) {
+			return spSpec{}, fmt.Errorf("%q: %q is not a namespace or Service name", c, p)
+		}
+	}
+	s := spSpec{Namespace: parts[0], Name: parts[1]}
+	if len(parts) == 3 {
+		s.Port = parts[2]
+		if n, err := strconv.Atoi(s.Port); err == nil {
+			if n < 1 || n > 65535 {
+				return spSpec{}, fmt.Errorf("%q: port %d out of range", c, n)
+			}
+		} else if !isDNSLabel(s.Port) {
+			return spSpec{}, fmt.Errorf("%q: %q is neither a port number nor a port name", c, s.Port)
+		}
+	}
+	return s, nil
+}
+
+// isDNSLabel: lower-case alphanumerics and '-', 1..63, not starting or
+// ending with '-'.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// spPath is one Service port of one family to probe.
+type spPath struct {
+	ref      probe.Ref
+	portName string
+	vip      netip.AddrPort
+	// backends are the endpoints kube-proxy sends this node's ClusterIP
+	// traffic to (ready, or serving-terminating as its fallback; local
+	// ones only with internalTrafficPolicy Local), sorted.
+	backends []netip.AddrPort
+}
+
+// planServicePaths resolves the specs against the view: the paths to
+// probe, in spec order (family order within a Service), and why the
+// others are not probed. Pure.
+func planServicePaths(v cluster.View, specs []spSpec, families []string, nodeName string) ([]spPath, []string) {
+	svcs := v.Services()
+	find := func(ns, name string) (cluster.Service, bool) {
+		i := sort.Search(len(svcs), func(i int) bool {
+			return svcs[i].Namespace > ns || svcs[i].Namespace == ns && svcs[i].Name >= name
+		})
+		if i < len(svcs) && svcs[i].Namespace == ns && svcs[i].Name == name {
+			return svcs[i], true
+		}
+		for _, s := range svcs { // a view not sorted (fakes): linear
+			if s.Namespace == ns && s.Name == name {
+				return s, true
+			}
+		}
+		return cluster.Service{}, false
+	}
+	wantFam := map[string]bool{}
+	for _, f := range families {
+		wantFam[f] = true
+	}
+	var paths []spPath
+	var not []string
+	for _, spec := range specs {
+		s, ok := find(spec.Namespace, spec.Name)
+		switch {
+		case !ok:
+			not = append(not, spec.String()+": not in the cluster view")
+			continue
+		case s.Type == "ExternalName":
+			not = append(not, spec.String()+": ExternalName (kube-proxy does not proxy it)")
+			continue
+		case s.ProxyName != "":
+			not = append(not, spec.String()+": belongs to service proxy "+s.ProxyName)
+			continue
+		case len(s.ClusterIPs) == 0:
+			not = append(not, spec.String()+": headless (no ClusterIP)")
+			continue
+		}
+		var sp *cluster.ServicePort
+		for i := range s.Ports {
+			p := &s.Ports[i]
+			switch {
+			case spec.Port == "" && (p.Protocol == "TCP" || p.Protocol == ""):
+			case spec.Port != "" && (spec.Port == p.Name || spec.Port == strconv.Itoa(int(p.Port))):
+			default:
+				continue
+			}
+			sp = p
+			break
+		}
+		if sp == nil {
+			not = append(not, spec.String()+": no such TCP port")
+			continue
+		}
+		if sp.Protocol != "TCP" && sp.Protocol != "" {
+			not = append(not, fmt.Sprintf("%s: port %d is %s (only TCP is probed)", spec, sp.Port, sp.Protocol))
+			continue
+		}
+		eps := v.Endpoints(s.Namespace, s.Name)
+		for _, ip := range s.ClusterIPs {
+			a, err := netip.ParseAddr(ip)
+			if err != nil {
+				continue
+			}
+			a = a.Unmap()
+			fam := "IPv4"
+			if a.Is6() {
+				fam = "IPv6"
+			}
+			if !wantFam[fam] {
+				continue
+			}
+			path := spPath{ref: probe.Ref{Family: fam, Namespace: s.Namespace, Name: s.Name, Port: sp.Port},
+				portName: sp.Name, vip: netip.AddrPortFrom(a, uint16(sp.Port))}
+			path.backends = spBackends(eps, sp.Name, fam, s.InternalPolicyLocal, nodeName)
+			if len(path.backends) == 0 {
+				why := "no ready endpoint (kube-proxy rejects its traffic by design)"
+				if s.InternalPolicyLocal {
+					why = "internalTrafficPolicy Local and no ready endpoint on this node (kube-proxy drops by design)"
+				}
+				not = append(not, fmt.Sprintf("%s %s %s: %s", spec, fam, path.vip, why))
+				continue
+			}
+			paths = append(paths, path)
+		}
+	}
+	return paths, not
+}
+
+// spBackends applies kube-proxy's choice of endpoints for ClusterIP
+// traffic from this node (cluster.UsableForCluster; internalTrafficPolicy
+// Local keeps the node's own).
+func spBackends(eps []cluster.Endpoint, portName, fam string, local bool, nodeName string) []netip.AddrPort {
+	var cand []cluster.Endpoint
+	for _, e := range eps {
+		if e.PortName != portName || (e.Protocol != "" && e.Protocol != "TCP") || e.Port < 1 || e.Port > 65535 {
+			continue
+		}
+		if local && e.NodeName != nodeName {
+			continue
+		}
+		a, err := netip.ParseAddr(e.Address)
+		if err != nil || a.Unmap().Is4() != (fam == "IPv4") {
+			continue
+		}
+		cand = append(cand, e)
+	}
+	anyReady := false
+	for _, e := range cand {
+		anyReady = anyReady || (e.Ready && !e.Secondary)
+	}
+	var out []netip.AddrPort
+	for _, e := range cand {
+		if cluster.UsableForCluster(e, anyReady) {
+			out = append(out, netip.AddrPortFrom(netip.MustParseAddr(e.Address).Unmap(), uint16(e.Port)))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Compare(out[j]) < 0 })
+	return out
+}
+
+// spState is what the detector remembers of one path between runs.
+type spState struct {
+	// fails counts consecutive failing Service connects.
+	fails int
+	// last is the last judged finding, reported again while the path is
+	// not probed (budget, minPeriod) until a connect answers.
+	last    *Finding
+	lastRun time.Time
+}
+
+type servicePath struct {
+	judgement
+	p     ServicePathProbeParams
+	n     *node.Node
+	specs []spSpec
+	// pause waits between confirming connects (a test replaces it).
+	pause func(ctx context.Context, d time.Duration) error
+
+	mu         sync.Mutex
+	lastRun    time.Time
+	lastJudged string
+	next       probe.Ref // the path the next run starts with
+	state      map[probe.Ref]*spState
+}
+
+func newServicePathProbe(p *ServicePathProbeParams, n *node.Node) (Detector, error) {
+	d := &servicePath{p: *p, n: n, state: map[probe.Ref]*spState{}, pause: sleepCtx}
+	if p.Kubernetes {
+		d.specs = append(d.specs, spSpec{Namespace: spKubernetesNS, Name: spKubernetesSvc})
+	}
+	for _, c := range p.Canaries {
+		s, err := parseCanary(c)
+		if err != nil {
+			return nil, err
+		}
+		d.specs = append(d.specs, s)
+	}
+	return d, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// spVerdict is how a judged path ended.
+type spVerdict string
+
+const (
+	spDataplane spVerdict = "dataplane"
+	spPartial   spVerdict = "dataplane-partial"
+	spBackend   spVerdict = "backend"
+)
+
+// spResultEvidence is one connect in a finding's evidence.
+type spResultEvidence struct {
+	Addr      string  `json:"addr"`
+	Outcome   string  `json:"outcome"`
+	LatencyMs float64 `json:"latencyMs"`
+	Error     string  `json:"error,omitempty"`
+}
+
+func spEvidence(r probe.Result) spResultEvidence {
+	e := spResultEvidence{Addr: r.Addr.String(), Outcome: string(r.Outcome), LatencyMs: float64(r.Latency.Microseconds()) / 1000}
+	if r.Err != nil && r.Outcome != probe.Timeout {
+		e.Error = r.Err.Error()
+	}
+	return e
+}
+
+// judgeServicePath turns a failing Service path and its direct connects
+// into a finding. Pure.
+func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.Result) Finding {
+	var ok, bad []string
+	for _, r := range direct {
+		if r.OK() {
+			ok = append(ok, fmt.Sprintf("%s %s", r.Addr, r))
+		} else {
+			bad = append(bad, fmt.Sprintf("%s %s", r.Addr, r))
+		}
+	}
+	svcName := path.ref.Service()
+	head := fmt.Sprintf("%s port %d (%s ClusterIP %s) fails through the Service: %s, %d consecutive connects",
+		svcName, path.ref.Port, path.ref.Family, path.vip, svc, fails)
+	var verdict spVerdict
+	var sev Severity
+	var msg string
+	switch {
+	case len(bad) > 0:
+		verdict, sev = spBackend, Warning
+		what := "its backend fails directly too"
+		if len(direct) > 1 {
+			what = fmt.Sprintf("%d of %d backends checked fail directly too", len(bad), len(direct))
+		}
+		msg = fmt.Sprintf("%s; %s (%s): a backend problem, not the Service dataplane", head, what, strings.Join(bad, "; "))
+		if len(ok) > 0 {
+			msg += fmt.Sprintf(" (answering: %s)", strings.Join(ok, "; "))
+		}
+	case len(direct) < len(path.backends):
+		verdict, sev = spPartial, Warning
+		msg = fmt.Sprintf("%s, while the %d of %d backends checked answer directly (%s); the others wait for the connect budget",
+			head, len(direct), len(path.backends), strings.Join(ok, "; "))
+	default:
+		verdict, sev = spDataplane, Critical
+		who := "its backend answers"
+		if len(direct) > 1 {
+			who = fmt.Sprintf("all %d backends answer", len(direct))
+		}
+		msg = fmt.Sprintf("%s, while %s directly (%s): the Service path on this node drops or rejects what its backends accept (a firewall or filter rule after kube-proxy's DNAT, a CNI policy, conntrack)",
+			head, who, strings.Join(ok, "; "))
+	}
+	checked := make([]spResultEvidence, 0, len(direct))
+	for _, r := range direct {
+		checked = append(checked, spEvidence(r))
+	}
+	return Finding{
+		Detector: ServicePathProbeName,
+		Target:   path.ref.Target(),
+		Severity: sev,
+		Message:  msg,
+		Evidence: map[string]any{
+			"service":             svcName,
+			"family":              path.ref.Family,
+			"port":                int(path.ref.Port),
+			"portName":            path.portName,
+			"clusterIP":           path.vip.String(),
+			"verdict":             string(verdict),
+			"serviceResult":       spEvidence(svc),
+			"consecutiveFailures": fails,
+			"backendsChecked":     checked,
+			"backendsUsable":      len(path.backends),
+		},
+	}
+}
+
+// Detect probes the paths in turn, starting where the last run stopped,
+// within the connect budget: a Service connect each; a failing one is
+// confirmed by further Service connects, then compared with direct
+// connects to its backends.
+func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
+	n := d.n
+	d.set("")
+	if n.Probe == nil {
+		return nil, Skip("%s", n.Why("probe"))
+	}
+	if n.Cluster == nil {
+		return nil, Skip("%s", n.Why("kubernetes"))
+	}
+	if f := n.Cluster.Freshness(); !f.Synced {
+		return nil, Skip("cluster view not synced yet: no ClusterIP or endpoint to probe")
+	} else if !f.Connected {
+		return nil, Skip("cluster view disconnected (%v): the endpoints to compare with may be stale", f.LastError)
+	}
+	now := n.Clock.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.lastRun.IsZero() && now.Sub(d.lastRun) < d.p.MinPeriod.Duration {
+		d.set("%s (probed %s ago; not again within minPeriod %s)", d.lastJudged, now.Sub(d.lastRun).Round(time.Second), d.p.MinPeriod.Duration)
+		return d.lastFindings(now), nil
+	}
+	paths, not := planServicePaths(n.Cluster, d.specs, d.p.Families, n.Name)
+	if len(paths) == 0 {
+		d.state = map[probe.Ref]*spState{}
+		return nil, Skip("no Service path to probe: %s", strings.Join(not, "; "))
+	}
+	d.lastRun = now
+	live := map[probe.Ref]bool{}
+	start := 0
+	for i, p := range paths {
+		live[p.ref] = true
+		if p.ref == d.next {
+			start = i
+		}
+		if d.state[p.ref] == nil {
+			d.state[p.ref] = &spState{}
+		}
+	}
+	for ref := range d.state {
+		if !live[ref] {
+			delete(d.state, ref)
+		}
+	}
+	timeout := d.p.ConnectTimeout.Duration
+	budget := d.p.MaxConnects
+	var stopped string
+	connect := func(a netip.AddrPort) (probe.Result, bool) {
+		if budget < 1 {
+			stopped = "connect budget"
+			return probe.Result{}, false
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+			stopped = "the detector's deadline"
+			return probe.Result{}, false
+		}
+		budget--
+		r := n.Probe.Connect(ctx, a, timeout)
+		if r.Outcome == probe.Aborted {
+			stopped = "the detector's deadline"
+			return r, false
+		}
+		return r, true
+	}
+	var answered []string
+	var recovered []string
+	done := 0
+	d.next = probe.Ref{}
+	for k := 0; k < len(paths); k++ {
+		path := paths[(start+k)%len(paths)]
+		st := d.state[path.ref]
+		svc, ok := connect(path.vip)
+		if !ok {
+			d.next = path.ref
+			break
+		}
+		for !svc.OK() {
+			st.fails++
+			// Confirm while the budget keeps room for a direct connect.
+			if st.fails >= d.p.Failures || budget < 2 {
+				break
+			}
+			if d.pause(ctx, spConfirmPause) != nil {
+				stopped, ok = "the detector's deadline", false
+				break
+			}
+			if svc, ok = connect(path.vip); !ok {
+				break
+			}
+		}
+		if !ok {
+			d.next = path.ref
+			break
+		}
+		if svc.OK() {
+			if st.fails > 0 {
+				recovered = append(recovered, fmt.Sprintf("%s answered after %d failed connect(s)", path.ref.Service(), st.fails))
+			}
+			st.fails, st.last, st.lastRun = 0, nil, now
+			answered = append(answered, fmt.Sprintf("%s %s %s", path.ref.Service(), path.vip, svc))
+			done++
+			continue
+		}
+		if st.fails < d.p.Failures {
+			// Not confirmed yet: the next run starts here.
+			stopped = "connect budget"
+			d.next = path.ref
+			break
+		}
+		var direct []probe.Result
+		for _, b := range path.backends {
+			r, ok := connect(b)
+			if !ok {
+				break
+			}
+			direct = append(direct, r)
+		}
+		if len(direct) == 0 {
+			d.next = path.ref
+			break
+		}
+		f := judgeServicePath(path, svc, st.fails, direct)
+		st.last, st.lastRun = &f, now
+		done++
+	}
+	out := d.lastFindings(now)
+	judged := fmt.Sprintf("%d of %d Service paths answer", len(answered), len(paths))
+	if len(answered) > 0 {
+		judged += " (" + strings.Join(answered, "; ") + ")"
+	}
+	if done < len(paths) {
+		judged += fmt.Sprintf("; %d wait for the next run (%s)", len(paths)-done, stopped)
+	}
+	if len(recovered) > 0 {
+		judged += "; " + strings.Join(recovered, "; ")
+	}
+	if len(not) > 0 {
+		judged += "; not probed: " + strings.Join(not, "; ")
+	}
+	d.lastJudged = judged
+	d.set("%s", judged)
+	return out, nil
+}
+
+// lastFindings returns the judged findings still standing, by target; one
+// judged before now says how long ago (probedAgo).
+func (d *servicePath) lastFindings(now time.Time) []Finding {
+	var out []Finding
+	for _, st := range d.state {
+		if st.last == nil {
+			continue
+		}
+		f := *st.last
+		ev := make(map[string]any, len(f.Evidence)+1)
+		for k, v := range f.Evidence {
+			ev[k] = v
+		}
+		if st.lastRun.Before(now) {
+			ev["probedAgo"] = now.Sub(st.lastRun).Round(time.Second).String()
+		}
+		f.Evidence = ev
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Target < out[j].Target })
+	return out
+}

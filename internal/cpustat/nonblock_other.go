@@ -1,0 +1,5 @@
+//go:build !linux
+
+package cpustat
+
+const syscallNonblock = 0

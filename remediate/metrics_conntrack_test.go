@@ -1,0 +1,85 @@
+package remediate
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
+
+func seriesCount(t *testing.T, reg *prometheus.Registry, name string) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+// The conntrack gauges carry the cycle's breakdown, with a fixed label set
+// (every class exported at 0 from the start), and fall back to 0 when a
+// cycle has no breakdown.
+func TestConntrackGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	pol := &policy.Policy{}
+	zeroGauges(m, pol)
+	if n := seriesCount(t, reg, "remediate_conntrack_entries_by_class"); n != len(conntrack.AllClasses()) {
+		t.Fatalf("%d class series at start, want %d", n, len(conntrack.AllClasses()))
+	}
+	comp := conntrack.NewComposer(5, 0)
+	for i := 0; i < 30; i++ {
+		f := conntrack.Flow{Proto: conntrack.ProtoUDP, OrigSrc: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i % 3)}), 1),
+			OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), Status: conntrack.StatusSeenReply}
+		if i >= 24 {
+			f.Proto, f.TCPState, f.OrigDst = conntrack.ProtoTCP, conntrack.TCPStateTimeWait, netip.MustParseAddrPort("10.96.0.1:443")
+		}
+		comp.Add(&f)
+	}
+	ev := map[string]any{}
+	comp.Result().PutEvidence(ev)
+	fs := []ReportFinding{
+		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.DriftTarget, Evidence: map[string]any{}}},
+		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.TableTarget, Evidence: ev}},
+	}
+	observeConntrack(m, fs)
+	for class, want := range map[string]float64{"udp/stream": 24, "tcp/TIME_WAIT": 6, "udp/unreplied": 0, "icmp": 0} {
+		if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues(class)); got != want {
+			t.Errorf("%s = %v, want %v", class, got, want)
+		}
+	}
+	if got := gaugeValue(t, m.ConntrackTopShare.WithLabelValues("destination")); got != 0.8 {
+		t.Errorf("destination share %v", got)
+	}
+	if got := gaugeValue(t, m.ConntrackTopShare.WithLabelValues("source")); got < 0.33 || got > 0.34 {
+		t.Errorf("source share %v", got)
+	}
+	zeroGauges(m, pol)
+	observeConntrack(m, nil)
+	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 0 {
+		t.Errorf("after a cycle without breakdown: %v", got)
+	}
+	if n := seriesCount(t, reg, "remediate_conntrack_entries_by_class"); n != len(conntrack.AllClasses()) {
+		t.Errorf("%d class series, want %d (bounded)", n, len(conntrack.AllClasses()))
+	}
+}
