@@ -88,6 +88,8 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 			w.closers = append(w.closers, lw.Close)
 		}
 		n.XtablesLockWatch = w.lockWatch.Load()
+		// The likely causes read the lock holds of their window from it.
+		n.LockHistory = w.lockWatch.Load()
 	}
 	// iptables: rule sets read with iptables-{legacy,nft}-save in this
 	// network namespace (hostNetwork: true), never through the xtables
@@ -172,6 +174,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Unavailable["kubernetes"] = k.noAccess
 	}
 	applyPrivileges(n, w.noPriv)
+	if n.Procs == nil {
+		// Without the privileges to read other processes the lock is not
+		// watched either (its holders could not be named).
+		n.XtablesLockWatch, n.LockHistory = nil, nil
+	}
 	return n, nil
 }
 

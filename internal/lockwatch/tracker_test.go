@@ -176,3 +176,30 @@ func TestTrackerUnsampledUsesAndWaitStarts(t *testing.T) {
 		t.Errorf("first-sample waiter = %+v", w)
 	}
 }
+
+// TestWindowOf: the likely causes' lock window groups holds by program,
+// with counts, longest hold, latest pid and most waiters; unsampled uses
+// and holds that ended before the window are left out.
+func TestWindowOf(t *testing.T) {
+	now := at(60000)
+	hs := []Hold{
+		{Start: at(0), End: at(2000), Holders: []Proc{{Pid: 1, Program: "python3"}}},
+		{Start: at(30000), End: at(32000), Holders: []Proc{{Pid: 2, Program: "python3"}}, MaxWaiting: 2},
+		{Start: at(40000), End: at(40001), Unsampled: true},
+		{Start: at(50000), End: at(50300), Holders: []Proc{{Pid: 3, Program: "iptables-restore", KubeProxy: true}}},
+		{Start: at(59000), LockPIDs: []int32{4}},
+	}
+	w := WindowOf(hs, now, 45*time.Second)
+	if w.Window != 45*time.Second || w.Waiters != 2 || len(w.Holders) != 3 {
+		t.Fatalf("window = %+v", w)
+	}
+	if h := w.Holders[0]; h.Program != "python3" || h.Holds != 1 || h.Longest != 2*time.Second || h.PID != 2 || h.KubeProxy {
+		t.Errorf("python3 = %+v", h)
+	}
+	if h := w.Holders[1]; h.Program != Unknown || h.Longest != time.Second || h.PID != 4 {
+		t.Errorf("ongoing = %+v", h)
+	}
+	if h := w.Holders[2]; !h.KubeProxy || h.Holds != 1 {
+		t.Errorf("kube-proxy = %+v", h)
+	}
+}
