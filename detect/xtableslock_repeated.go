@@ -200,11 +200,21 @@ func (d *xtablesLock) kubeProxyWindow(ctx context.Context, now time.Time, win ti
 	if d.n.KubeProxy == nil {
 		return "", nil
 	}
-	sc, err := d.n.KubeProxy.Metrics(ctx)
-	if err != nil || sc == nil || sc.Metrics == nil {
+	// The kube-proxy detectors' last scrape (a lock detector never waits
+	// on kube-proxy); an adapter without one is asked (the fake).
+	var sc *kubeproxy.Scrape
+	if ls, ok := d.n.KubeProxy.(interface{ LastScrape() *kubeproxy.Scrape }); ok {
+		sc = ls.LastScrape()
+	} else if s, err := d.n.KubeProxy.Metrics(ctx); err == nil {
+		sc = s
+	}
+	if sc == nil || sc.Metrics == nil {
 		return "", nil
 	}
-	cur := kpFailures{at: now, failures: map[kubeproxy.Family]float64{}}
+	cur := kpFailures{at: sc.At, failures: map[kubeproxy.Family]float64{}}
+	if sc.At.IsZero() {
+		cur.at = now
+	}
 	for f, fm := range sc.Metrics.Families {
 		v := 0.0
 		if fm.RestoreFailures != nil {
@@ -216,7 +226,9 @@ func (d *xtablesLock) kubeProxyWindow(ctx context.Context, now time.Time, win ti
 		cur.failures[f] = v
 	}
 	d.mu.Lock()
-	d.kp = append(d.kp, cur)
+	if n := len(d.kp); n == 0 || !d.kp[n-1].at.Equal(cur.at) { // a new scrape
+		d.kp = append(d.kp, cur)
+	}
 	for len(d.kp) > 1 && (now.Sub(d.kp[0].at) > win || len(d.kp) > maxKPSamples) {
 		d.kp = d.kp[1:]
 	}
