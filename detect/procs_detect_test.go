@@ -142,6 +142,7 @@ func TestXtablesLockContentionTracksHoldAcrossCycles(t *testing.T) {
 	n, clk := newIssue3Node(f)
 	d := newIssue3Detector(t, "XtablesLockContention", n, func(p any) {
 		p.(*XtablesLockContentionParams).MaxHold = policy.D(30 * time.Second)
+		p.(*XtablesLockContentionParams).MaxRestoreWait = policy.D(time.Hour) // see TestXtablesLockRestoreWaiterSingleLook
 	})
 	ctx := context.Background()
 	got, err := d.Detect(ctx)
@@ -168,7 +169,7 @@ func TestXtablesLockContentionTracksHoldAcrossCycles(t *testing.T) {
 	if len(ws) != 1 || ws[0]["name"] != "iptables-legacy-restore" {
 		t.Errorf("waiters = %v", ws)
 	}
-	if !strings.Contains(got[1].Message, "held by sleep (pid 101) in every cycle for 35s (max 30s); 1 waiting (max 3)") {
+	if !strings.Contains(got[1].Message, "held by sleep (pid 101) for ≥ 35s (seen holding at every cycle; max 30s); held ≥ 35s (its oldest waiter iptables-legacy-restore pid 200 has waited 35s since it started); 1 waiting (max 3)") {
 		t.Errorf("message = %q", got[1].Message)
 	}
 
@@ -228,7 +229,8 @@ func TestProcessParamsValidate(t *testing.T) {
 		{&HungIPTablesRestoreParams{Names: nil, MinAge: policy.D(0)}, []string{"names", "programs", "minAge"}},
 		{&HungIPTablesRestoreParams{Names: []string{"ok", "", "/usr/sbin/x"}, Programs: []string{"nft"}, MinAge: policy.D(time.Second)}, []string{"names[1]", "names[2]"}},
 		{&HungIPTablesRestoreParams{Names: []string{"ok"}, Programs: []string{"/usr/sbin/nft"}, MinAge: policy.D(time.Second)}, []string{"programs[0]"}},
-		{&XtablesLockContentionParams{MaxHold: policy.D(-1), MaxWaiters: 0}, []string{"maxHold", "maxWaiters"}},
+		{&XtablesLockContentionParams{MaxHold: policy.D(-1), MaxWaiters: 0, MaxRestoreWait: policy.D(time.Second), RepeatHold: policy.D(time.Second), RepeatWindow: policy.D(time.Minute)}, []string{"maxHold", "maxWaiters"}},
+		{&XtablesLockContentionParams{MaxHold: policy.D(1), MaxWaiters: 1, RepeatMax: -1, RepeatHold: policy.D(time.Minute), RepeatWindow: policy.D(time.Second)}, []string{"maxRestoreWait", "repeatMax", "repeatWindow"}},
 	}
 	for _, c := range cases {
 		var fields []string

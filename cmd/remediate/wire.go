@@ -17,6 +17,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/memlimit"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -38,6 +39,10 @@ type wiring struct {
 
 	// ipvs is created once and shared across policy reloads.
 	ipvs *ipvs.Handle
+	// lockWatch measures xtables lock holds; created once (shared across
+	// reloads, so its history survives them), started by the first
+	// XtablesLockContention run, stopped by Close.
+	lockWatch atomic.Pointer[lockwatch.Watcher]
 	// noPriv: subsystems this process lacks the privileges for (read once).
 	noPriv map[string]string
 	// kp is the kube-proxy client of the current policy (its last scrape
@@ -83,6 +88,15 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.Procs = procs.New(w.o.procRoot)
 		warnPIDNamespace(w.log, n.Procs)
+		if w.lockWatch.Load() == nil {
+			lw := lockwatch.New(lockwatch.Config{ProcRoot: w.o.procRoot, LockFile: w.o.xtablesLock,
+				Procs: n.Procs, Log: w.log.Named("lockwatch")})
+			w.lockWatch.Store(lw)
+			w.closers = append(w.closers, lw.Close)
+		}
+		n.XtablesLockWatch = w.lockWatch.Load()
+		// The likely causes read the lock holds of their window from it.
+		n.LockHistory = w.lockWatch.Load()
 	}
 	// iptables: rule sets read with iptables-{legacy,nft}-save in this
 	// network namespace (hostNetwork: true), never through the xtables
@@ -170,6 +184,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Unavailable["kubernetes"] = k.noAccess
 	}
 	applyPrivileges(n, w.noPriv)
+	if n.Procs == nil {
+		// Without the privileges to read other processes the lock is not
+		// watched either (its holders could not be named).
+		n.XtablesLockWatch, n.LockHistory = nil, nil
+	}
 	return n, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
+	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -49,6 +50,11 @@ type Node struct {
 	// Procs reads processes and file locks through ProcRoot and signals
 	// processes (subsystem "procs").
 	Procs procs.Interface
+	// XtablesLockWatch measures every hold of XtablesLock between cycles
+	// (inotify-woken sampling, started by the first detector that reads
+	// it and stopped at exit); nil when not wired (holds are then only
+	// seen at cycles).
+	XtablesLockWatch lockwatch.Reader
 	// IPTables reads the iptables rule sets with *-save, never taking the
 	// xtables lock (subsystem "iptables").
 	IPTables iptables.Interface
