@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -290,7 +291,51 @@ func TestChartValues(t *testing.T) {
 			}
 		}
 	})
+	// Pod delete: only in enforce, only in nodeAgents.namespaces (one Role
+	// and RoleBinding each), never cluster-wide.
+	t.Run("node-agents-namespaces", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want []string
+		}{
+			{nil, nil},
+			{[]string{"--set", "nodeAgents.namespaces={kube-system,calico-system}"}, nil},
+			{[]string{"--set", "enforce=true"}, []string{"kube-system"}},
+			{[]string{"--set", "enforce=true", "--set", "nodeAgents.namespaces={kube-system,calico-system}"}, []string{"calico-system", "kube-system"}},
+			{[]string{"--set", "enforce=true", "--set-json", "nodeAgents.namespaces=[]"}, nil},
+		} {
+			m := render(t, tc.args...)
+			var got []string
+			for k, o := range m {
+				if o.GetKind() != "ClusterRole" && o.GetKind() != "Role" || IsHook(o) {
+					continue
+				}
+				rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+				for _, r := range rules {
+					res, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+					verbs, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+					if slices.Contains(res, "pods") && slices.Contains(verbs, "delete") {
+						if o.GetKind() != "Role" || o.GetName() != "remediate-node-agents" {
+							t.Errorf("%v: %s grants pod delete", tc.args, k)
+						}
+						got = append(got, o.GetNamespace())
+						rb := m["RoleBinding "+o.GetNamespace()+"/remediate-node-agents"]
+						subj, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
+						if rb == nil || len(subj) != 1 || subj[0].(map[string]any)["namespace"] != "ops" || subj[0].(map[string]any)["name"] != "remediate" {
+							t.Errorf("%v: %s not bound to ops/remediate: %v", tc.args, k, rb)
+						}
+					}
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("%v: pod delete in %v, want %v", tc.args, got, tc.want)
+			}
+		}
+	})
 	for name, args := range map[string][]string{
+		"bad-agent-namespace":  {"--set", "nodeAgents.namespaces={Kube_System}"},
+		"dup-agent-namespace":  {"--set", "nodeAgents.namespaces={kube-system,kube-system}"},
 		"latest":               {"--set", "image.tag=latest"},
 		"unknown-key":          {"--set", "enforcee=true"},
 		"enforce-not-bool":     {"--set-string", "enforce=yes"},

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/kustomize/api/resmap"
 	"sigs.k8s.io/yaml"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
@@ -46,9 +47,10 @@ func TestRenderOverlays(t *testing.T) {
 				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true, "Namespace": true,
 					"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}[r.GetKind()]
 				// Everything in remediate's own namespace except what it
-				// needs in kube-system (kube-proxy pods, Node Events).
+				// needs in kube-system (Node Events; enforce: delete of the
+				// node agents' pods).
 				want := "remediate"
-				if r.GetName() == "remediate-kube-system" {
+				if r.GetName() == "remediate-kube-system" || r.GetName() == "remediate-node-agents" {
 					want = "kube-system"
 				}
 				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != want {
@@ -59,7 +61,9 @@ func TestRenderOverlays(t *testing.T) {
 				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 				want := 1
 				if k == "Role" || k == "RoleBinding" {
-					want = 2 // leases in remediate, pods and events in kube-system
+					// Leases in remediate, events and (enforce; empty in
+					// audit) pod delete in kube-system.
+					want = 3
 				}
 				if kinds[k] != want {
 					t.Errorf("%d %s, want %d (%v)", kinds[k], k, want, kinds)
@@ -224,5 +228,97 @@ func TestDeploySurvivesUsualEdits(t *testing.T) {
 				t.Errorf("%s: metrics not on loopback: %v", overlay, c.Args)
 			}
 		}
+	}
+}
+
+// podDeleters returns the objects of m that grant pod delete, as
+// "Kind namespace/name".
+func podDeleters(t *testing.T, m resmap.ResMap) []string {
+	t.Helper()
+	var out []string
+	for _, r := range m.Resources() {
+		if r.GetKind() != "ClusterRole" && r.GetKind() != "Role" {
+			continue
+		}
+		js, _ := r.MarshalJSON()
+		var role rbacv1.ClusterRole
+		if err := yaml.Unmarshal(js, &role); err != nil {
+			t.Fatal(err)
+		}
+		for _, rule := range role.Rules {
+			if (slices.Contains(rule.Resources, "pods") || slices.Contains(rule.Resources, "*")) &&
+				(slices.Contains(rule.Verbs, "delete") || slices.Contains(rule.Verbs, "*")) {
+				out = append(out, r.GetKind()+" "+r.GetNamespace()+"/"+r.GetName())
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestPodDeleteNamespaced: pod delete is granted by namespaced Roles in the
+// node agents' namespaces only (kube-system; calico-system and kube-flannel
+// with their components), never by the ClusterRole, so that without the
+// admission policy RBAC alone keeps every other namespace's pods out of
+// reach; the audit overlay grants it nowhere.
+func TestPodDeleteNamespaced(t *testing.T) {
+	for _, tc := range []struct {
+		overlay    string
+		components []string
+		want       []string
+	}{
+		{"audit", nil, nil},
+		{"enforce", nil, []string{"Role kube-system/remediate-node-agents"}},
+		{"enforce", []string{"node-agents-calico-system", "node-agents-kube-flannel"},
+			[]string{"Role calico-system/remediate-node-agents", "Role kube-flannel/remediate-node-agents", "Role kube-system/remediate-node-agents"}},
+	} {
+		t.Run(tc.overlay+strings.Join(tc.components, "+"), func(t *testing.T) {
+			dir := t.TempDir()
+			rel := func(p string) string {
+				r, err := filepath.Rel(dir, filepath.Join(Dir(), p))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return r
+			}
+			k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel(filepath.Join("overlays", tc.overlay)) + "\n"
+			if len(tc.components) > 0 {
+				k += "components:\n"
+				for _, c := range tc.components {
+					k += "- " + rel(filepath.Join("components", c)) + "\n"
+				}
+			}
+			if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			m, err := RenderDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := podDeleters(t, m); !slices.Equal(got, tc.want) {
+				t.Errorf("pod delete granted by %v, want %v", got, tc.want)
+			}
+			// Each Role that grants it is bound to the ServiceAccount, in
+			// the Role's namespace.
+			bound := map[string]bool{}
+			for _, r := range m.Resources() {
+				if r.GetKind() != "RoleBinding" {
+					continue
+				}
+				js, _ := r.MarshalJSON()
+				var rb rbacv1.RoleBinding
+				if err := yaml.Unmarshal(js, &rb); err != nil {
+					t.Fatal(err)
+				}
+				if len(rb.Subjects) == 1 && rb.Subjects[0].Kind == "ServiceAccount" && rb.Subjects[0].Name == "remediate" && rb.Subjects[0].Namespace == "remediate" {
+					bound["Role "+rb.Namespace+"/"+rb.RoleRef.Name] = true
+				}
+			}
+			for _, w := range tc.want {
+				if !bound[w] {
+					t.Errorf("%s not bound to the ServiceAccount remediate/remediate", w)
+				}
+			}
+		})
 	}
 }

@@ -45,7 +45,7 @@ func newCNIConfig(p *CNIConfigParams, n *node.Node) (Detector, error) {
 	return &cniConfig{p: *p, n: n}, nil
 }
 
-func (d *cniConfig) Detect(context.Context) ([]Finding, error) {
+func (d *cniConfig) Detect(ctx context.Context) ([]Finding, error) {
 	if d.n.CNIConfDir == "" {
 		return nil, Skip("no CNI configuration directory configured (--cni-conf-dir)")
 	}
@@ -63,12 +63,22 @@ func (d *cniConfig) Detect(context.Context) ([]Finding, error) {
 	}
 	if dir.ConfDirErr != nil {
 		if errors.Is(dir.ConfDirErr, fs.ErrNotExist) {
+			why, ok := d.kubernetesNode(ctx)
+			if !ok {
+				return nil, Skip("CNI configuration directory %s does not exist and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
+			}
+			ev["kubernetesNode"] = why
 			return found(Critical, "CNI configuration directory %s does not exist on node %s (or the host path is not mounted here): the runtime cannot set up any pod network", dir.ConfDir, d.n.Name)
 		}
 		return nil, fmt.Errorf("reading CNI configuration directory %s: %w", dir.ConfDir, dir.ConfDirErr)
 	}
 	f := dir.InUse()
 	if f == nil {
+		why, ok := d.kubernetesNode(ctx)
+		if !ok {
+			return nil, Skip("CNI configuration directory %s holds no network configuration and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
+		}
+		ev["kubernetesNode"] = why
 		return found(Critical, "CNI configuration directory %s on node %s holds no network configuration (*.conf, *.conflist, *.json): new pods get no sandbox", dir.ConfDir, d.n.Name)
 	}
 	ev["inUse"] = f.Name
@@ -96,4 +106,29 @@ func (d *cniConfig) Detect(context.Context) ([]Finding, error) {
 	}
 	d.set("CNI configuration %s/%s (network %s, plugins %s) loadable, plugins present in %s", dir.ConfDir, f.Name, f.Network, strings.Join(f.Plugins, ", "), dir.BinDir)
 	return nil, nil
+}
+
+// kubernetesNode says whether this machine is evidently a Kubernetes node,
+// and why (or why not): a missing or empty configuration directory only
+// matters where pods are run. Evidence, cheapest first: the watch of this
+// node's pods or the cluster view configured (cluster access), or a
+// kubelet process. A developer's machine running the daemon without a
+// kubeconfig (make run) has none: its missing /etc/cni/net.d is no finding.
+func (d *cniConfig) kubernetesNode(ctx context.Context) (string, bool) {
+	switch {
+	case d.n.Pods != nil:
+		return "the pods of node " + d.n.Name + " are watched", true
+	case d.n.Cluster != nil:
+		return "cluster access is configured", true
+	case d.n.Procs == nil:
+		return "no cluster access and " + d.n.Why("procs"), false
+	}
+	ps, err := d.n.Procs.Find(ctx, []string{"kubelet"})
+	if err != nil {
+		return fmt.Sprintf("no cluster access, and looking for a kubelet process failed: %v", err), false
+	}
+	if len(ps) > 0 {
+		return fmt.Sprintf("kubelet running (pid %d)", ps[0].Pid), true
+	}
+	return "no cluster access and no kubelet process", false
 }

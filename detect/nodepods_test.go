@@ -229,9 +229,41 @@ func TestCNIConfig(t *testing.T) {
 			t.Fatalf("got %+v, want %s %q", fs, sev, want)
 		}
 	}
-	expect(Critical, "does not exist")
+	// Not evidently a Kubernetes node (no cluster access, no kubelet; a
+	// developer's machine): a missing or empty directory is skipped, with
+	// the reason.
+	ps := procs.NewFake(1)
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 7, Cmdline: []string{"/usr/sbin/sshd"}}})
+	n.Procs = ps
+	expectSkip := func(want string) {
+		t.Helper()
+		fs, err := d.Detect(ctx)
+		if reason, ok := IsSkip(err); !ok || !strings.Contains(reason, want) || len(fs) != 0 {
+			t.Fatalf("got %+v, %v; want a skip %q", fs, err, want)
+		}
+	}
+	expectSkip("does not exist and this is not evidently a Kubernetes node (no cluster access and no kubelet process)")
 	must(t, os.MkdirAll(conf, 0o755))
 	must(t, os.MkdirAll(bin, 0o755))
+	expectSkip("holds no network configuration")
+	// A kubelet runs: the same directory is a finding, with the evidence.
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 42, Cmdline: []string{"/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml"}}})
+	expect(Critical, "holds no network configuration")
+	if fs, _ := d.Detect(ctx); len(fs) != 1 || fs[0].Evidence["kubernetesNode"] != "kubelet running (pid 42)" {
+		t.Errorf("evidence %+v", fs)
+	}
+	ps.Remove(42)
+	expectSkip("holds no network configuration")
+	// Cluster access (the watch of this node's pods) is evidence enough,
+	// without a kubelet process in sight (another PID namespace).
+	n.Pods = clustertest.NewPods(podsT0)
+	must(t, os.Remove(conf))
+	expect(Critical, "does not exist")
+	n.Pods = nil
+	n.Procs = nil
+	expectSkip("does not exist and this is not evidently a Kubernetes node (no cluster access and procs is not configured")
+	n.Pods = clustertest.NewPods(podsT0)
+	must(t, os.MkdirAll(conf, 0o755))
 	expect(Critical, "holds no network configuration")
 	must(t, os.WriteFile(filepath.Join(conf, "10-flannel.conflist"), []byte(`{"name":"cbr0","cniVersion":"1.0.0","plugins":[{"type":"flannel"},{"type":"portmap"}]}`), 0o644))
 	expect(Critical, "names plugins missing from "+bin+": flannel, portmap")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -198,6 +199,36 @@ func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, d
 	return applyObjects(t, cp, overlay, objs, dryRun)
 }
 
+// applyEnforceWith applies, for real, the enforce overlay with the given
+// components of deploy/components (as a user's own overlay would).
+func applyEnforceWith(t *testing.T, cp *controlplane.ControlPlane, components ...string) {
+	t.Helper()
+	dir := t.TempDir()
+	rel := func(p ...string) string {
+		r, err := filepath.Rel(dir, filepath.Join(append([]string{deploy.Dir()}, p...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel("overlays", "enforce") + "\ncomponents:\n"
+	for _, c := range components {
+		k += "- " + rel("components", c) + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := deploy.RenderDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := deploy.KustomizeObjects(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyObjects(t, cp, "enforce+"+strings.Join(components, "+"), objs, false)
+}
+
 // applyObjects server-side applies objs and returns what the apiserver
 // answered.
 func applyObjects(t *testing.T, cp *controlplane.ControlPlane, what string, objs []*unstructured.Unstructured, dryRun bool) []*unstructured.Unstructured {
@@ -268,14 +299,21 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"patch", "", "nodes", "status", ""},
 		{"get", "coordination.k8s.io", "leases", "", guardNS}, {"list", "coordination.k8s.io", "leases", "", guardNS},
 		{"create", "coordination.k8s.io", "leases", "", guardNS}, {"update", "coordination.k8s.io", "leases", "", guardNS},
+		// Pod delete in the node agents' namespace (Role
+		// remediate-node-agents in kube-system; the admission policy
+		// narrows it further).
 		{"list", "", "pods", "", "kube-system"}, {"delete", "", "pods", "", "kube-system"},
 		// The watch of this node's pods (field selector; RBAC cannot narrow
-		// it) and agents' pods outside kube-system (the admission policy
-		// narrows delete).
-		{"list", "", "pods", "", ""}, {"watch", "", "pods", "", ""}, {"delete", "", "pods", "", "calico-system"},
+		// it).
+		{"list", "", "pods", "", ""}, {"watch", "", "pods", "", ""},
 		{"create", "events.k8s.io", "events", "", "kube-system"}, {"patch", "events.k8s.io", "events", "", "kube-system"},
 	}
 	refused := []ra{
+		// Pod delete outside the node agents' namespaces, refused by RBAC
+		// alone (whether or not the admission policy is installed):
+		// calico-system only with its component (testNodePods adds it).
+		{"delete", "", "pods", "", "default"}, {"delete", "", "pods", "", "calico-system"}, {"delete", "", "pods", "", guardNS},
+		{"delete", "", "pods", "", ""},
 		{"get", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", ""},
 		{"watch", "", "secrets", "", "default"}, {"get", "", "secrets", "", "default"},
 		{"create", "", "pods", "", "kube-system"}, {"update", "", "pods", "", "kube-system"}, {"patch", "", "pods", "", ""},
@@ -358,6 +396,24 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 	if err := n1.CoreV1().Pods("kube-system").Delete(ctx, "kp-n1", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Errorf("daemon may not delete its own node's kube-proxy pod: %v", err)
 	}
+	// A kube-proxy-labelled pod of n1 in default: refused by RBAC itself
+	// (Forbidden before admission runs), not only by the admission policy.
+	if _, err := cp.Client.CoreV1().ServiceAccounts("default").Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, func() *corev1.Pod {
+		p := kubeProxyPod("kp-default-n1", "n1")
+		p.Namespace = "default"
+		return p
+	}(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := n1.CoreV1().Pods("default").Delete(ctx, "kp-default-n1", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `cannot delete resource "pods" in API group "" in the namespace "default"`) {
+		t.Errorf("delete of a pod in default as the daemon on n1: %v, want RBAC's refusal", err)
+	}
+	_ = cp.Client.CoreV1().Pods("default").Delete(ctx, "kp-default-n1", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	if _, err := kube.Cordon(ctx, n1, "n2", kube.CordonRecord{Detector: "x"}); err == nil || !strings.Contains(err.Error(), "only update its own Node") {
 		t.Errorf("daemon on n1 cordoned n2: %v", err)
 	}

@@ -63,6 +63,9 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Fatal(err)
 		}
 	}
+	// Calico by the Tigera operator lives in calico-system: its component
+	// grants the pod delete there (RBAC refuses it without; testPermissions).
+	applyEnforceWith(t, cp, "node-agents-calico-system")
 	var mu sync.Mutex
 	var urls []string
 	c, err := kube.NewClient(asDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
@@ -186,13 +189,15 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Errorf("%s: %v, want %q", target, err, want)
 		}
 	}
-	// The admission policy refuses the same deletes server-side, and a
-	// pod labelled like an agent outside the agents' namespaces.
+	// The admission policy refuses the same delete server-side in the
+	// agents' namespace; RBAC already refuses it outside the agents'
+	// namespaces, a pod labelled like an agent included.
 	mkPod(t, admin, func() *corev1.Pod { p := calicoNode("impostor", "n1"); p.Namespace = podsNS; return p }(), runningStatus(0, nil))
-	for _, p := range [][2]string{{"calico-system", "calico-node-n2"}, {podsNS, "batch-00"}, {podsNS, "impostor"}} {
+	for _, p := range [][3]string{{"calico-system", "calico-node-n2", "only delete the pod of a node agent"},
+		{podsNS, "batch-00", `cannot delete resource "pods"`}, {podsNS, "impostor", `cannot delete resource "pods"`}} {
 		err := c.Interface.CoreV1().Pods(p[0]).Delete(ctx, p[1], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
-		if err == nil || !strings.Contains(err.Error(), "only delete the pod of a node agent") {
-			t.Errorf("delete %s/%s as the daemon on n1: %v", p[0], p[1], err)
+		if err == nil || !strings.Contains(err.Error(), p[2]) {
+			t.Errorf("delete %s/%s as the daemon on n1: %v, want %q", p[0], p[1], err, p[2])
 		}
 	}
 	go func() { // the DaemonSet controller
