@@ -320,8 +320,12 @@ func TestChartValues(t *testing.T) {
 						}
 						got = append(got, o.GetNamespace())
 						rb := m["RoleBinding "+o.GetNamespace()+"/remediate-node-agents"]
+						if rb == nil {
+							t.Errorf("%v: %s has no RoleBinding", tc.args, k)
+							continue
+						}
 						subj, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
-						if rb == nil || len(subj) != 1 || subj[0].(map[string]any)["namespace"] != "ops" || subj[0].(map[string]any)["name"] != "remediate" {
+						if len(subj) != 1 || subj[0].(map[string]any)["namespace"] != "ops" || subj[0].(map[string]any)["name"] != "remediate" {
 							t.Errorf("%v: %s not bound to ops/remediate: %v", tc.args, k, rb)
 						}
 					}

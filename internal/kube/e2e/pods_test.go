@@ -144,7 +144,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	mkPod(t, admin, calicoNode("calico-node-n1", "n1"), runningStatus(0, nil))
 	mkPod(t, admin, calicoNode("calico-node-n2", "n2"), runningStatus(0, nil))
 	detectUntil(agentDet, "agent Ready", func(fs []detect.Finding) bool { return len(fs) == 0 && len(pw.NodePods()) == 14 })
-	fs = detectUntil(podsDet, "pods finding with the agent", func(fs []detect.Finding) bool {
+	detectUntil(podsDet, "pods finding with the agent", func(fs []detect.Finding) bool {
 		return len(fs) == 1 && strings.Contains(fs[0].Message, "CNI agent calico-system/calico-node-n1 Ready")
 	})
 	// Not Ready.
