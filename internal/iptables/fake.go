@@ -16,24 +16,9 @@ type Fake struct {
 	errs  map[string]error
 	dur   map[string]time.Duration
 	calls map[string]int
-	// Default is what DefaultBackend returns ("" = an error).
-	Default Backend
 }
 
-var (
-	_ Interface       = (*Fake)(nil)
-	_ BackendDetector = (*Fake)(nil)
-)
-
-// DefaultBackend implements BackendDetector.
-func (k *Fake) DefaultBackend(context.Context) (Backend, error) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.Default == "" {
-		return "", fmt.Errorf("%w: iptables not installed (fake)", ErrUnavailable)
-	}
-	return k.Default, nil
-}
+var _ Interface = (*Fake)(nil)
 
 // NewFake returns a Fake with no backends.
 func NewFake() *Fake {

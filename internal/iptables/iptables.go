@@ -66,13 +66,6 @@ type Interface interface {
 	Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 }
 
-// BackendDetector is optionally implemented by an Interface: the backend
-// the node's plain `iptables` command uses (what kubelet and most tools
-// write with; kube-proxy's image picks its own).
-type BackendDetector interface {
-	DefaultBackend(ctx context.Context) (Backend, error)
-}
-
 // Config configures the real adapter.
 type Config struct {
 	// Prefix is prepended to every command, e.g. ["ip", "netns", "exec",
@@ -117,8 +110,7 @@ type lastSave struct {
 }
 
 var (
-	_ Interface       = (*Real)(nil)
-	_ BackendDetector = (*Real)(nil)
+	_ Interface = (*Real)(nil)
 )
 
 // New returns the real adapter.
@@ -302,23 +294,6 @@ func (o *outBuf) text() string {
 	}
 	// The buffer is not written after this: the string is immutable.
 	return unsafe.String(unsafe.SliceData(o.b), len(o.b))
-}
-
-// DefaultBackend runs `iptables --version` (which takes no lock) and returns
-// the backend the node's plain `iptables` uses.
-func (r *Real) DefaultBackend(ctx context.Context) (Backend, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
-	defer cancel()
-	cmd, err := r.command(ctx, "iptables", "--version")
-	if err != nil {
-		return "", err
-	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("iptables --version: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	_, b, err := ParseVersion(string(out))
-	return b, err
 }
 
 // ParseVersion parses `iptables --version` output ("iptables v1.8.9

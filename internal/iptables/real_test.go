@@ -78,9 +78,6 @@ func TestRealSaveBothBackendsInNamespace(t *testing.T) {
 			}
 		}
 	}
-	if _, err := quick.DefaultBackend(ctx); err != nil {
-		t.Errorf("iptables --version with the xtables lock held: %v", err)
-	}
 }
 
 // restorable returns the captured kube-proxy rule set without its nfacct
@@ -114,18 +111,6 @@ func TestRealSaveTimeoutAndMissingCommand(t *testing.T) {
 	if _, err := r.Save(context.Background(), IPv4, NFT); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("missing command: %v", err)
 	}
-}
-
-func TestRealDefaultBackend(t *testing.T) {
-	netnstest.NeedCommands(t, "iptables")
-	b, err := New(Config{}).DefaultBackend(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b != Legacy && b != NFT {
-		t.Fatalf("backend = %q", b)
-	}
-	t.Logf("iptables on this machine uses %s", b)
 }
 
 func netnsPath(ns string) string { return "/var/run/netns/" + ns }

@@ -97,14 +97,6 @@ func (s *Shared) Save(ctx context.Context, f Family, b Backend) (*Snapshot, erro
 	}
 }
 
-// DefaultBackend implements BackendDetector when the wrapped adapter does.
-func (s *Shared) DefaultBackend(ctx context.Context) (Backend, error) {
-	if bd, ok := s.inner.(BackendDetector); ok {
-		return bd.DefaultBackend(ctx)
-	}
-	return "", ErrUnavailable
-}
-
 // LastSnapshots returns the newest successful snapshot of every family and
 // backend saved so far, without running a save (read-only to callers).
 func (s *Shared) LastSnapshots() []*Snapshot {
