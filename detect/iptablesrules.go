@@ -143,6 +143,39 @@ type iptablesRules struct {
 	mu   sync.Mutex
 	last map[string]*saveResult // family/backend -> last save
 	judgement
+
+	// defects are kube-proxy's chain defects of the rule set last checked
+	// per family/backend: a reused save (the same *Ruleset, never
+	// modified after its parse) is not compared again.
+	defectsMu sync.Mutex
+	defects   map[string]cachedDefects
+}
+
+type cachedDefects struct {
+	rs *iptables.Ruleset
+	ds []iptables.Defect
+}
+
+// kubeProxyDefects is iptables.KubeProxyDefects of the snapshot's rules,
+// computed once per rule set.
+func (d *iptablesRules) kubeProxyDefects(s *iptables.Snapshot) []iptables.Defect {
+	key := string(s.Family) + "/" + string(s.Backend)
+	d.defectsMu.Lock()
+	defer d.defectsMu.Unlock()
+	if c, ok := d.defects[key]; ok && c.rs == s.Rules {
+		return c.ds
+	}
+	ds := iptables.KubeProxyDefects(s.Rules, iptables.DefectOptions{
+		// Those two are checkServicesJump's and checkFirewallDrop's
+		// (which may be turned off on their own).
+		SkipServicesJumps:    true,
+		SkipBareFirewallDrop: true,
+	})
+	if d.defects == nil {
+		d.defects = map[string]cachedDefects{}
+	}
+	d.defects[key] = cachedDefects{rs: s.Rules, ds: ds}
+	return ds
 }
 
 func newIPTablesRules(p *IPTablesRulesParams, n *node.Node) (Detector, error) {
@@ -391,12 +424,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 	}
 
 	if d.p.CheckKubeProxyChains && mode.check && mode.mode != string(kubeproxy.ModeIPVS) {
-		out = append(out, defectFindings(s, iptables.KubeProxyDefects(s.Rules, iptables.DefectOptions{
-			// Those two are checkServicesJump's and checkFirewallDrop's
-			// (which may be turned off on their own).
-			SkipServicesJumps:    true,
-			SkipBareFirewallDrop: true,
-		}), base, mode)...)
+		out = append(out, defectFindings(s, d.kubeProxyDefects(s), base, mode)...)
 	}
 
 	if n := s.Rules.KubeRuleCount(); d.p.MaxKubeRules > 0 && n > d.p.MaxKubeRules {

@@ -422,3 +422,37 @@ func TestIPTablesRulesKubeProxyChains(t *testing.T) {
 		})
 	}
 }
+
+// TestIPTablesRulesDefectsFollowTheRuleset: kube-proxy's chain defects are
+// computed once per rule set, and a new rule set (a changed save) is
+// judged again in the next cycle of the same detector, both ways.
+func TestIPTablesRulesDefectsFollowTheRuleset(t *testing.T) {
+	healthy := healthyRules(t)
+	masq := `-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully` + "\n"
+	if !strings.Contains(healthy, masq) {
+		t.Fatal("capture has no MASQUERADE rule")
+	}
+	noMasq := strings.Replace(healthy, masq, "", 1)
+	f := iptables.NewFake()
+	f.SetRules(iptables.IPv4, iptables.NFT, emptyNFT)
+	n, clk := newIssue3Node(nil)
+	n.IPTables = f
+	d := newIssue3Detector(t, "IPTablesRules", n, func(p any) {
+		p.(*IPTablesRulesParams).Families = []string{"IPv4"}
+	})
+	want := "iptables/IPv4/legacy/nat/KUBE-POSTROUTING/masquerade"
+	for i, c := range []struct {
+		rules string
+		want  []string
+	}{{healthy, nil}, {healthy, nil}, {noMasq, []string{want}}, {noMasq, []string{want}}, {healthy, nil}} {
+		f.SetRules(iptables.IPv4, iptables.Legacy, c.rules)
+		clk.Step(time.Minute) // past the save duty cycle
+		got, err := d.Detect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(findingTargets(got), c.want) {
+			t.Fatalf("cycle %d: targets = %v, want %v", i+1, findingTargets(got), c.want)
+		}
+	}
+}

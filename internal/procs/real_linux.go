@@ -41,9 +41,10 @@ type Real struct {
 
 	// scanMu serialises Find's scans over argv, the argv[0] basenames
 	// of the last scan by PID (see Find).
-	scanMu sync.Mutex
-	argv   map[int32]argvEntry
-	scans  uint64
+	scanMu   sync.Mutex
+	argv     map[int32]argvEntry
+	scans    uint64    // comm scans Find has used (the Finds of one cycle share one)
+	lastScan *commScan // the comm scan of the last Find
 }
 
 var _ Interface = (*Real)(nil)
@@ -257,8 +258,9 @@ func (r *Real) Get(ctx context.Context, pid int32) (Process, error) {
 }
 
 // refreshScans is how often Find reads every process's argv again even
-// when its comm is unchanged (every refreshScans-th scan, the first
-// included): it bounds how long an argv rewritten in place (setproctitle)
+// when its comm is unchanged (every refreshScans-th comm scan, the first
+// included; the Finds of a cycle share one comm scan and read each argv
+// at most once for it): it bounds how long an argv rewritten in place (setproctitle)
 // or a reused PID with the same comm goes unseen.
 const refreshScans = 10
 
@@ -266,7 +268,8 @@ const refreshScans = 10
 // was read and argv[0]'s basename.
 type argvEntry struct {
 	comm, name string
-	scan       uint64
+	scan       uint64 // the last scan that saw the PID
+	read       uint64 // the scan in which argv[0] was read
 }
 
 // Find implements Interface. For every process it reads only the comm (a
@@ -309,7 +312,10 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	if r.argv == nil {
 		r.argv = map[int32]argvEntry{}
 	}
-	r.scans++
+	if scan != r.lastScan {
+		r.scans++
+		r.lastScan = scan
+	}
 	full := r.scans%refreshScans == 1
 	buf := make([]byte, 4096)
 	var out []Process
@@ -319,7 +325,7 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 		}
 		comm := scan.comms[i]
 		e, seen := r.argv[pid]
-		if full || !seen || e.comm != comm {
+		if !seen || e.comm != comm || (full && e.read != r.scans) {
 			// argv[0] ends at the first NUL; a longer one is clipped
 			// by ArgvName anyway.
 			argv0, ok := readSmall(r.path(strconv.Itoa(int(pid)), "cmdline"), buf)
@@ -330,7 +336,7 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 			if i := strings.IndexByte(argv0, 0); i >= 0 {
 				argv0 = argv0[:i]
 			}
-			e = argvEntry{comm: comm, name: ArgvName([]string{argv0})}
+			e = argvEntry{comm: comm, name: ArgvName([]string{argv0}), read: r.scans}
 		}
 		e.scan = r.scans
 		r.argv[pid] = e

@@ -334,6 +334,65 @@ func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
 	}
 }
 
+// TestRealFindsOfOneCycleShareAScan: the Finds of one cycle (one shared
+// comm scan) count as one scan and read each argv at most once for it,
+// even on a full-refresh scan; the next cycle's scan counts again.
+func TestRealFindsOfOneCycleShareAScan(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, s string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("stat", "cpu 0\nbtime 1000\n")
+	write("11/comm", "sleep\n")
+	write("11/cmdline", "sleep\x00300\x00")
+	write("11/stat", "11 (sleep) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0")
+	r := New(root)
+	ctx := context.Background()
+	newCycle := func() {
+		commScans.mu.Lock()
+		delete(commScans.m, root)
+		commScans.mu.Unlock()
+	}
+	find := func() int {
+		t.Helper()
+		ps, err := r.Find(ctx, []string{"iptables-restore"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ps)
+	}
+	newCycle()
+	if n := find(); n != 0 || r.scans != 1 {
+		t.Fatalf("first Find: %d found, scan %d", n, r.scans)
+	}
+	// Same cycle (scan 1 is a full refresh): argv is not read again.
+	write("11/cmdline", "iptables-restore\x00300\x00")
+	for i := 0; i < 3; i++ {
+		if n := find(); n != 0 || r.scans != 1 {
+			t.Fatalf("Find %d of the same cycle: %d found, scan %d (argv read twice for one scan?)", i+2, n, r.scans)
+		}
+	}
+	// The following cycles count one scan each; the rewritten argv shows
+	// at the next full refresh, refreshScans cycles later, and not before.
+	for c := 2; c <= refreshScans; c++ {
+		newCycle()
+		if n := find() + find(); n != 0 || r.scans != uint64(c) {
+			t.Fatalf("cycle %d: %d found, scan %d", c, n, r.scans)
+		}
+	}
+	newCycle()
+	if n := find(); n != 1 || r.scans != refreshScans+1 {
+		t.Fatalf("full refresh: %d found, scan %d, want 1 at scan %d", n, r.scans, refreshScans+1)
+	}
+}
+
 // TestScanCommsShared: the scans of one cycle share one read of the comms
 // (a process started after it is seen by the next cycle's scan), and
 // CommRunning answers from it.
