@@ -3,6 +3,7 @@ package kmod
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -133,4 +134,16 @@ func FuzzParsers(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLinesLongerThanTheFirstBuffer: a line longer than the scanner's
+// first buffer (4 KiB) but under maxLine is still read whole, and the
+// lines after it too; a line over maxLine ends the scan.
+func TestLinesLongerThanTheFirstBuffer(t *testing.T) {
+	long := strings.Repeat("x", 10<<10)
+	var got []int
+	lines(strings.NewReader("a\n"+long+"\nb\n"+strings.Repeat("y", maxLine+1)+"\nc\n"), func(l string) { got = append(got, len(l)) })
+	if want := []int{1, len(long), 1}; !slices.Equal(got, want) {
+		t.Fatalf("line lengths %v, want %v", got, want)
+	}
 }
