@@ -206,12 +206,8 @@ func (d *conntrackExhaustion) breakdown(ctx context.Context, u conntrack.Usage) 
 	if !ok {
 		return conntrack.Composition{}, false, nil
 	}
-	bctx := ctx
-	if dl, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		bctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
-		defer cancel()
-	}
+	bctx, cancel := halfOfDeadline(ctx)
+	defer cancel()
 	comp, err := conntrack.Compose(bctx, ts, d.p.TopN, d.p.BreakdownMaxEntries)
 	if err != nil && ctx.Err() == nil && bctx.Err() != nil && comp.Total > 0 {
 		comp.Truncated = true

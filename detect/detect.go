@@ -22,6 +22,7 @@ package detect
 
 import (
 	"context"
+	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -119,4 +120,16 @@ func Define[P any](name, doc string, factory func(*P, *node.Node) (Detector, err
 	t := Type{Name: name, Doc: doc}
 	t.NewParams, t.New = registry.Typed(name, factory)
 	registered.Add(t, opts...)
+}
+
+// halfOfDeadline returns ctx bounded to half of the time left before its
+// deadline (ctx itself when it has none): a detector's optional or
+// fallible step (asking a possibly frozen kube-proxy, a conntrack
+// breakdown) leaves the rest of the detector's time to what follows.
+func halfOfDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, time.Until(dl)/2)
 }

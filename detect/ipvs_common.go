@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
-	"time"
 
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -81,16 +80,6 @@ func ipvsViewPrecheck(n *node.Node, needView bool) error {
 		}
 	}
 	return nil
-}
-
-// halfOfDeadline returns ctx bounded to half of the time left before its
-// deadline (ctx itself when it has none).
-func halfOfDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, time.Until(dl)/2)
 }
 
 func ipvsProcRootOr(p string) string {

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"os"
 	"path/filepath"
 	"sort"
@@ -119,7 +119,7 @@ func (s *Store) Lock(ctx context.Context) (func(), error) {
 // ErrCorrupt) is a warning to report, not a failure.
 func (s *Store) Load(now time.Time) (*State, error) {
 	path := filepath.Join(s.Dir, stateFile)
-	data, err := readStateFile(path)
+	data, err := boundedfile.ReadNoFollow(path, MaxStateSize)
 	if errors.Is(err, os.ErrNotExist) {
 		return NewState(), nil
 	}
@@ -148,35 +148,6 @@ func (s *Store) Load(now time.Time) (*State, error) {
 // MaxStateSize is the largest state file Load reads; a larger one is
 // quarantined unread (and Save refuses to write one).
 const MaxStateSize = 16 << 20
-
-// readStateFile reads path without following a symlink, without blocking on
-// a FIFO or device, only if it is a regular file of at most MaxStateSize.
-func readStateFile(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
-	}
-	f := os.NewFile(uintptr(fd), path)
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
-	}
-	if fi.Size() > MaxStateSize {
-		return nil, fmt.Errorf("%d bytes, over the %d-byte bound", fi.Size(), MaxStateSize)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxStateSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > MaxStateSize {
-		return nil, fmt.Errorf("grew over the %d-byte bound while read", MaxStateSize)
-	}
-	return data, nil
-}
 
 // Save writes the state atomically and durably.
 func (s *Store) Save(st *State) error {

@@ -16,12 +16,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 )
 
 // Defaults of the directories, as the kubelet and container runtimes have
@@ -97,7 +97,7 @@ func Read(confDir, binDir string) Dir {
 	d.Omitted = omitted
 	for _, n := range names {
 		f := File{Name: n}
-		data, err := readBounded(filepath.Join(confDir, n), MaxFileSize)
+		data, err := boundedfile.Read(filepath.Join(confDir, n), MaxFileSize)
 		if err == nil {
 			f.Network, f.Version, f.Plugins, err = Parse(n, data)
 		}
@@ -146,34 +146,6 @@ func listConf(dir string) (names []string, omitted int, err error) {
 		names = names[:MaxFiles]
 	}
 	return names, omitted, nil
-}
-
-// readBounded reads a regular file of at most max bytes, without blocking
-// on a FIFO or device.
-func readBounded(path string, max int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%s)", fi.Mode().Type())
-	}
-	if fi.Size() > max {
-		return nil, fmt.Errorf("too large: %d bytes (limit %d)", fi.Size(), max)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("too large: more than %d bytes", max)
-	}
-	return b, nil
 }
 
 // Parse reads one configuration file as libcni would: a *.conflist is a

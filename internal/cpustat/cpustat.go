@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"math"
 	"os"
@@ -241,7 +242,7 @@ func (r *Real) resolveOutside(lines []CgroupLine) []CgroupLine {
 			continue
 		}
 		if initLines == nil {
-			b, err := readSmall(filepath.Join(r.cfg.ProcRoot, "1", "cgroup"))
+			b, err := boundedfile.Read(filepath.Join(r.cfg.ProcRoot, "1", "cgroup"), maxFile)
 			if err != nil {
 				return out
 			}
@@ -411,36 +412,13 @@ func New(cfg Config) *Real {
 	return &Real{cfg: cfg}
 }
 
-// readSmall reads at most maxFile bytes of a file, refusing anything but a
-// regular file or a procfs/cgroupfs pseudo-file (which report size 0).
-func readSmall(p string) ([]byte, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscallNonblock, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err != nil {
-		return nil, err
-	} else if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", p)
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxFile+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > maxFile {
-		return nil, fmt.Errorf("%s is larger than %d bytes", p, maxFile)
-	}
-	return b, nil
-}
-
 // CgroupCPU implements Interface.
 func (r *Real) CgroupCPU(ctx context.Context, pid int32) (CgroupCPU, error) {
 	if err := ctx.Err(); err != nil {
 		return CgroupCPU{}, err
 	}
 	p := filepath.Join(r.cfg.ProcRoot, strconv.Itoa(int(pid)), "cgroup")
-	b, err := readSmall(p)
+	b, err := boundedfile.Read(p, maxFile)
 	if err != nil {
 		return CgroupCPU{}, fmt.Errorf("reading %s: %w", p, err)
 	}
@@ -455,7 +433,7 @@ func (r *Real) CgroupCPU(ctx context.Context, pid int32) (CgroupCPU, error) {
 	}
 	var tried []string
 	for _, c := range cands {
-		b, err := readSmall(c.File)
+		b, err := boundedfile.Read(c.File, maxFile)
 		if err != nil {
 			tried = append(tried, err.Error())
 			continue

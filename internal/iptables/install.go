@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"os"
 	"path"
@@ -11,7 +12,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 )
 
 // Install describes the iptables installed in one root filesystem (the
@@ -220,7 +220,7 @@ var versionRE = regexp.MustCompile(`\x00v?([0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3}
 // binaryVersion scans at most maxBinaryRead bytes of a regular file for the
 // embedded version string.
 func binaryVersion(file string) (version string, b Backend, ok bool) {
-	f, err := openRegular(file)
+	f, err := boundedfile.Open(file)
 	if err != nil {
 		return "", "", false
 	}
@@ -253,21 +253,6 @@ func scanVersion(r io.Reader) (version string, b Backend, ok bool) {
 	}
 }
 
-// openRegular opens a file without blocking on a FIFO or device and
-// refuses anything but a regular file.
-func openRegular(file string) (*os.File, error) {
-	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%s is not a regular file", file)
-	}
-	return f, nil
-}
-
 // packageVersion reads iptables' version from the root's package
 // database: dpkg (status, or distroless status.d/), then apk.
 func packageVersion(root string) (version, source string) {
@@ -287,7 +272,7 @@ func readDBVersion(root, db string, parse func(io.Reader, string) string) string
 	if err != nil {
 		return ""
 	}
-	f, err := openRegular(filepath.Join(root, links[len(links)-1]))
+	f, err := boundedfile.Open(filepath.Join(root, links[len(links)-1]))
 	if err != nil {
 		return ""
 	}

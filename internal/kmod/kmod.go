@@ -11,12 +11,12 @@ package kmod
 
 import (
 	"bufio"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 )
 
 // State of one module.
@@ -232,18 +232,11 @@ func (p Provides) registered(s *Snapshot) bool {
 func Normalize(name string) string { return strings.ReplaceAll(name, "-", "_") }
 
 func readFile(p string, parse func(io.Reader)) error {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	f, err := boundedfile.Open(p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() || fi.Mode()&(os.ModeNamedPipe|os.ModeDevice|os.ModeSocket) != 0 {
-		return &os.PathError{Op: "read", Path: p, Err: syscall.EINVAL}
-	}
 	parse(io.LimitReader(f, maxFile))
 	return nil
 }

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package boundedfile
+
+const (
+	oNonblock = 0
+	oNoFollow = 0
+)

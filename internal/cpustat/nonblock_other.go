@@ -1,5 +1,0 @@
-//go:build !linux
-
-package cpustat
-
-const syscallNonblock = 0
