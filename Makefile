@@ -54,9 +54,10 @@ test: helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; \
 	  else echo "not root: the IPVS VM lane (make test-vm) is not run"; fi
 
-# The IPVS real-kernel lane: the TestVM* tests of VM_PKGS run inside a QEMU
-# VM booting Debian's cloud kernel (which has ip_vs); see tools/vm/README.md.
-VM_PKGS ?= ./internal/ipvs ./detect ./remediate/action
+# The real-kernel lane: the TestVM* tests of VM_PKGS run inside a QEMU VM
+# booting Debian's cloud kernel (which has ip_vs, and cgroup v2 with the cpu
+# controller for internal/cpustat); see tools/vm/README.md.
+VM_PKGS ?= ./internal/ipvs ./internal/cpustat ./detect ./remediate/action
 # Then the real kube-proxy in IPVS mode inside the VM against the real
 # apiserver on this host (TestIPVSKubeProxyInVM boots the VM itself, inside
 # the control plane's network namespace).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/vm/run.sh: run Go tests inside a throwaway QEMU VM booting Debian's
-# cloud kernel, which has IPVS (this machine's kernel does not). See
+# cloud kernel, which has IPVS (this machine's kernel does not) and a
+# cgroup v2 cpu controller the tests may use (this machine's is v1). See
 # tools/vm/README.md.
 #
 #   tools/vm/run.sh [PKG...]      default: the packages in VM_PKGS
@@ -40,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 
-VM_PKGS_DEFAULT="./internal/ipvs ./detect ./remediate/action"
+VM_PKGS_DEFAULT="./internal/ipvs ./internal/cpustat ./detect ./remediate/action"
 VM_CACHE=${VM_CACHE:-$ROOT/_output/vm}
 VM_RUN=${VM_RUN:-^TestVM}
 VM_SKIP=${VM_SKIP-^TestVMKubeProxy}

@@ -1,6 +1,6 @@
 //go:build linux
 
-// Package vm is the guest side of the IPVS real-kernel test lane: tests
+// Package vm is the guest side of the real-kernel test lane: tests
 // named TestVM* call Require, which skips them everywhere except inside the
 // throwaway QEMU VM that tools/vm/run.sh boots (REMEDIATE_IN_VM=1), where a
 // Debian kernel with ip_vs runs. Inside the VM the guest's root network
@@ -9,9 +9,12 @@
 // own, joined to it by veth pairs, with the service addresses on a dummy
 // kube-ipvs0 interface as kube-proxy does.
 //
+// The cgroup helpers (cgroup.go) let a test use cgroup v2 with the cpu
+// controller, which the hosts do not have (their cpu controller is v1).
+//
 // Nothing here may run on a developer's or CI host: it changes the root
-// namespace's IPVS table, sysctls and interfaces, which is harmless only in
-// a VM that is powered off afterwards.
+// namespace's IPVS table, sysctls, interfaces and cgroups, which is
+// harmless only in a VM that is powered off afterwards.
 package vm
 
 import (
