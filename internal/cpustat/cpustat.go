@@ -1,7 +1,9 @@
 // Package cpustat reads CPU accounting through the configured roots: the
-// cpu.stat of a process's cgroup (cgroup v1 and v2), found from
+// cpu.stat of a process's cgroup (cgroup v1 and v2; v2 proven on a real
+// kernel by TestVMCgroupV2Throttling in the VM lane), found from
 // /proc/<pid>/cgroup under --proc-root and a cgroup filesystem root
-// (--cgroup-root), and the node's aggregate CPU times from /proc/stat.
+// (--cgroup-root), or of the ancestor whose quota limits it, and the
+// node's aggregate CPU times from /proc/stat.
 //
 // Every read is of a small file with a size limit and never blocks on
 // anything but the filesystem; parsers accept hostile input and give a
@@ -39,7 +41,11 @@ const maxLines = 1024
 type CgroupCPU struct {
 	// Version is 1 or 2 (the cgroup hierarchy the file came from).
 	Version int `json:"version"`
-	// Path is the cgroup's path inside its hierarchy ("/kubepods/...").
+	// Path is the cgroup's path inside its hierarchy ("/kubepods/..."):
+	// the process's own group, or, when that has no CPU quota, the
+	// nearest ancestor that has one (the kernel counts throttling only in
+	// the group whose quota ran out: a process limited by its pod's or
+	// slice's quota shows no periods in its own cpu.stat).
 	Path string `json:"path"`
 	// Periods is nr_periods: enforcement periods (of cpu.cfs_period_us,
 	// default 100 ms) in which the cgroup was runnable under a quota.
@@ -177,7 +183,8 @@ func CPUStatCandidates(root string, lines []CgroupLine) ([]Candidate, error) {
 			refused = fmt.Errorf("cgroup path %q is outside this cgroup namespace's view (run with the host's cgroup namespace)", p)
 			return
 		}
-		out = append(out, Candidate{Version: version, Path: clean, File: filepath.Join(root, dir, filepath.FromSlash(clean), "cpu.stat")})
+		base := filepath.Join(root, dir)
+		out = append(out, Candidate{Version: version, Path: clean, Base: base, File: filepath.Join(base, filepath.FromSlash(clean), "cpu.stat")})
 	}
 	for _, l := range lines {
 		for _, c := range l.Controllers {
@@ -318,6 +325,9 @@ type Candidate struct {
 	Path string
 	// File is the cpu.stat file under the cgroup root.
 	File string
+	// Base is the directory the hierarchy is mounted on (File is
+	// Base/Path/cpu.stat).
+	Base string
 }
 
 // CPUTimes are the node's aggregate CPU times from /proc/stat's "cpu"
@@ -381,7 +391,8 @@ func ParseProcStat(r io.Reader) (CPUTimes, error) {
 // Interface reads CPU accounting. Implementations are goroutine-safe.
 type Interface interface {
 	// CgroupCPU returns the cpu.stat of the cgroup that process pid is in
-	// (the hierarchy with the cpu controller: v1's cpu, else v2's).
+	// (the hierarchy with the cpu controller: v1's cpu, else v2's), or of
+	// its nearest ancestor with a CPU quota when its own group has none.
 	CgroupCPU(ctx context.Context, pid int32) (CgroupCPU, error)
 	// NodeCPU returns the node's aggregate CPU times.
 	NodeCPU(ctx context.Context) (CPUTimes, error)
@@ -448,9 +459,91 @@ func (r *Real) CgroupCPU(ctx context.Context, pid int32) (CgroupCPU, error) {
 			continue
 		}
 		st.Path = c.Path
-		return st, nil
+		return r.limiting(c, st), nil
 	}
 	return CgroupCPU{}, fmt.Errorf("no cpu.stat with throttling counters for pid %d under %s: %s", pid, r.cfg.CgroupRoot, strings.Join(tried, "; "))
+}
+
+// maxAncestors bounds the levels limiting climbs.
+const maxAncestors = 16
+
+// limiting returns the accounting of the group whose quota limits the
+// process: own (candidate c's) when c has a quota or when none of its
+// ancestors (up to maxAncestors levels, below the hierarchy's root, which
+// cannot have one) does, else the nearest ancestor's that has one. Whether
+// a group has a quota is read from its cpu.max (v2: not "max") or
+// cpu.cfs_quota_us (v1: not -1); a file that cannot be read ends the
+// search with own.
+func (r *Real) limiting(c Candidate, own CgroupCPU) CgroupCPU {
+	p := c.Path
+	for range maxAncestors {
+		if p == "/" {
+			return own
+		}
+		dir := filepath.Join(c.Base, filepath.FromSlash(p))
+		lim, err := hasQuota(c.Version, dir)
+		if err != nil {
+			return own
+		}
+		if lim {
+			if p == c.Path {
+				return own
+			}
+			b, err := boundedfile.Read(filepath.Join(dir, "cpu.stat"), maxFile)
+			if err != nil {
+				return own
+			}
+			st, err := ParseCPUStat(c.Version, bytes.NewReader(b))
+			if err != nil || !st.Quota {
+				return own
+			}
+			st.Path = p
+			return st
+		}
+		p = path.Dir(p)
+	}
+	return own
+}
+
+// hasQuota reports whether the cgroup directory dir has a CPU quota set.
+func hasQuota(version int, dir string) (bool, error) {
+	name := "cpu.max"
+	if version == 1 {
+		name = "cpu.cfs_quota_us"
+	}
+	b, err := boundedfile.Read(filepath.Join(dir, name), 256)
+	if err != nil {
+		return false, err
+	}
+	q, err := ParseQuota(version, b)
+	if err != nil {
+		return false, fmt.Errorf("%s/%s: %w", dir, name, err)
+	}
+	return q, nil
+}
+
+// ParseQuota reports whether a v2 cpu.max ("max 100000" none, "5000
+// 100000" 5 ms per 100 ms) or a v1 cpu.cfs_quota_us ("-1" none, "5000")
+// sets a quota.
+func ParseQuota(version int, b []byte) (bool, error) {
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return false, errors.New("empty")
+	}
+	if version == 1 {
+		q, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return false, err
+		}
+		return q > 0, nil
+	}
+	if f[0] == "max" {
+		return false, nil
+	}
+	if _, err := strconv.ParseUint(f[0], 10, 64); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // NodeCPU implements Interface.

@@ -207,6 +207,93 @@ func TestRealReadsFiles(t *testing.T) {
 	}
 }
 
+// TestRealQuotaOnAnAncestor: the kernel counts periods and throttling only
+// in the group whose quota is enforced (seen on a real v2 kernel in
+// TestVMCgroupV2Throttling): a process whose own group has no quota but
+// whose pod or slice has one is read from that ancestor, the nearest one
+// with a quota; with a quota of its own, or none anywhere, from its own.
+func TestRealQuotaOnAnAncestor(t *testing.T) {
+	dir := t.TempDir()
+	proc, cg := filepath.Join(dir, "proc"), filepath.Join(dir, "cgroup")
+	write := func(p, s string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	zero := "usage_usec 900\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"
+	// v2: kubepods (no quota) / pod (quota) / ctr (no quota).
+	write(filepath.Join(cg, "kubepods", "cpu.max"), "max 100000\n")
+	write(filepath.Join(cg, "kubepods", "cpu.stat"), zero)
+	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "5000 100000\n")
+	write(filepath.Join(cg, "kubepods", "pod", "cpu.stat"), "usage_usec 800\nnr_periods 40\nnr_throttled 38\nthrottled_usec 3600000\n")
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.max"), "max 100000\n")
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.stat"), zero)
+	write(filepath.Join(proc, "10", "cgroup"), "0::/kubepods/pod/ctr\n")
+	// v1: the same with cfs_quota_us.
+	write(filepath.Join(cg, "cpu", "kubepods", "pod", "cpu.cfs_quota_us"), "5000\n")
+	write(filepath.Join(cg, "cpu", "kubepods", "pod", "cpu.stat"), "nr_periods 40\nnr_throttled 20\nthrottled_time 5\n")
+	write(filepath.Join(cg, "cpu", "kubepods", "pod", "ctr", "cpu.cfs_quota_us"), "-1\n")
+	write(filepath.Join(cg, "cpu", "kubepods", "pod", "ctr", "cpu.stat"), "nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")
+	write(filepath.Join(proc, "11", "cgroup"), "1:cpu:/kubepods/pod/ctr\n0::/\n")
+	r := New(Config{ProcRoot: proc, CgroupRoot: cg})
+	ctx := context.Background()
+	c, err := r.CgroupCPU(ctx, 10)
+	if err != nil || c.Path != "/kubepods/pod" || c.Periods != 40 || c.Throttled != 38 || c.ThrottledTime != 3600*time.Millisecond {
+		t.Errorf("v2, quota on the pod: %+v %v", c, err)
+	}
+	c, err = r.CgroupCPU(ctx, 11)
+	if err != nil || c.Version != 1 || c.Path != "/kubepods/pod" || c.Throttled != 20 {
+		t.Errorf("v1, quota on the pod: %+v %v", c, err)
+	}
+	// A quota of its own: its own counters, though the pod has one too.
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.max"), "2000 100000\n")
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.stat"), "nr_periods 7\nnr_throttled 1\nthrottled_usec 1\n")
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" || c.Periods != 7 {
+		t.Errorf("own quota: %+v %v", c, err)
+	}
+	// No quota anywhere: its own zeros (not throttled, truthfully).
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.max"), "max 100000\n")
+	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.stat"), zero)
+	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "max 100000\n")
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" || c.Periods != 0 || !c.Quota {
+		t.Errorf("no quota: %+v %v", c, err)
+	}
+	// An unreadable or hostile cpu.max ends the search: own counters.
+	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "lots\n")
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" {
+		t.Errorf("hostile cpu.max: %+v %v", c, err)
+	}
+}
+
+func TestParseQuota(t *testing.T) {
+	for _, tc := range []struct {
+		v    int
+		in   string
+		want bool
+		err  bool
+	}{{2, "max 100000\n", false, false}, {2, "5000 100000\n", true, false}, {2, "", false, true}, {2, "-5 100000", false, true},
+		{1, "-1\n", false, false}, {1, "5000\n", true, false}, {1, "max", false, true}} {
+		got, err := ParseQuota(tc.v, []byte(tc.in))
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("ParseQuota(%d, %q) = %v, %v", tc.v, tc.in, got, err)
+		}
+	}
+}
+
+func FuzzParseQuota(f *testing.F) {
+	f.Add(2, []byte("5000 100000\n"))
+	f.Add(1, []byte("-1\n"))
+	f.Fuzz(func(t *testing.T, v int, b []byte) {
+		if q, err := ParseQuota(v, b); err != nil && q {
+			t.Fatalf("quota with an error: %q", b)
+		}
+	})
+}
+
 func FuzzParseCPUStat(f *testing.F) {
 	f.Add("usage_usec 2000000\nnr_periods 100\nnr_throttled 40\nthrottled_usec 3500000\n")
 	f.Add("nr_periods 10\nnr_throttled 3\nthrottled_time 250000000\n")

@@ -22,16 +22,21 @@ import (
 // through bind mounts of /proc and the hierarchy (the roots a DaemonSet
 // is given), from the root cgroup namespace and from a private one
 // (containerd's default on v2, where /proc/<pid>/cgroup shows
-// "0::/../../..").
+// "0::/../../.."). A process whose quota is on its pod's group, not its
+// own, is read from the pod's: the kernel counts nothing in its own.
 func TestVMCgroupV2Throttling(t *testing.T) {
 	vm.RequireGuest(t)
 	vm.Cgroup2(t)
 	lim := vm.NewCgroup(t, "/kubepods/burstable/pod-kp/ctr-kp", "5000 100000")
 	free := vm.NewCgroup(t, "/kubepods/besteffort/pod-free/ctr-free", "")
 	daemon := vm.NewCgroup(t, "/kubepods/besteffort/pod-daemon/ctr-daemon", "")
+	// The quota on the pod only (as a systemd slice's CPUQuota=).
+	podLim := vm.NewCgroup(t, "/kubepods/burstable/pod-lim", "5000 100000")
+	podCtr := vm.NewCgroup(t, "/kubepods/burstable/pod-lim/ctr", "")
 	start := time.Now()
 	kp := lim.Spin(t, "kube-proxy")
 	busy := free.Spin(t, "busy")
+	inPod := podCtr.Spin(t, "in-pod")
 	procRoot, cgroupRoot := vm.HostRoots(t)
 	r := New(Config{ProcRoot: procRoot, CgroupRoot: cgroupRoot})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -118,6 +123,23 @@ func TestVMCgroupV2Throttling(t *testing.T) {
 		t.Errorf("unlimited spinner ran only %v in %v", c.Usage, time.Since(start))
 	}
 
+	// Quota on the pod: the kernel counts periods only there, none in the
+	// container's own cpu.stat; cpustat reads the pod's.
+	own := podCtr.CPUStat(t)
+	c, err = r.CgroupCPU(ctx, int32(inPod.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := podLim.CPUStat(t)
+	t.Logf("quota on the pod: %+v; container's own cpu.stat %v, pod's %v", c, own, pod)
+	if own["nr_periods"] != 0 || own["nr_throttled"] != 0 {
+		t.Errorf("the container's own cpu.stat counts periods under its pod's quota: %v", own)
+	}
+	if c.Path != podLim.Path || c.Throttled == 0 || c.Throttled > pod["nr_throttled"] ||
+		float64(c.Throttled) < 0.7*float64(c.Periods) {
+		t.Errorf("process limited by its pod's quota: %+v, want the pod's (%s) throttling, mostly throttled", c, podLim.Path)
+	}
+
 	// The same from a private cgroup namespace rooted at the daemon's
 	// container: the process's path climbs out of it.
 	err = vm.InCgroupNS(t, daemon, func() error {
@@ -142,6 +164,9 @@ func TestVMCgroupV2Throttling(t *testing.T) {
 		}
 		if free.Path != "/kubepods/besteffort/pod-free/ctr-free" || free.Periods != 0 {
 			t.Errorf("unlimited group from the private namespace: %+v", free)
+		}
+		if c, err := r.CgroupCPU(ctx, int32(inPod.Pid)); err != nil || c.Path != podLim.Path || c.Throttled == 0 {
+			t.Errorf("quota on the pod, from the private namespace: %+v %v", c, err)
 		}
 		return nil
 	})
