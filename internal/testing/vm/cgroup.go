@@ -149,20 +149,30 @@ func (c *Cgroup) CPUStat(t testing.TB) map[string]uint64 {
 	return out
 }
 
-// Spin starts a CPU-bound process (busybox sh running an endless loop of
-// builtins: no forks) directly inside the group (clone into the cgroup, so
-// no instruction of it runs outside), with comm set to comm (it runs
-// busybox through a symlink of that name). It is killed and reaped when t
-// ends.
-func (c *Cgroup) Spin(t testing.TB, comm string) *os.Process {
+// envSpin makes a test binary that imports this package spin forever
+// instead of running its tests (Spin's child).
+const envSpin = "REMEDIATE_VM_SPIN"
+
+func init() {
+	if os.Getenv(envSpin) == "1" && InVM() {
+		for { // CPU-bound until killed; the runtime preempts it asynchronously
+		}
+	}
+}
+
+// Spin starts a CPU-bound process directly inside the group (cloned into
+// the cgroup, so no instruction of it runs outside): this test binary run
+// again through a symlink named name, which init turns into an endless
+// loop. Its comm and argv[0] are name, as a process found by name (a
+// stand-in "kube-proxy") needs. It is killed and reaped when t ends.
+func (c *Cgroup) Spin(t testing.TB, name string) *os.Process {
 	t.Helper()
-	bin, err := exec.LookPath("busybox")
+	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	link := filepath.Join(dir, comm)
-	if err := os.Symlink(bin, link); err != nil {
+	link := filepath.Join(t.TempDir(), name)
+	if err := os.Symlink(exe, link); err != nil {
 		t.Fatal(err)
 	}
 	fd, err := unix.Open(c.Dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -170,7 +180,7 @@ func (c *Cgroup) Spin(t testing.TB, comm string) *os.Process {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	cmd := &exec.Cmd{Path: link, Args: []string{"sh", "-c", "while :; do :; done"},
+	cmd := &exec.Cmd{Path: link, Args: []string{link}, Env: append(os.Environ(), envSpin+"=1", EnvInVM+"=1"),
 		SysProcAttr: &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting a spinner in %s: %v", c.Path, err)
