@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -408,7 +409,27 @@ type Config struct {
 }
 
 // Real reads the files.
-type Real struct{ cfg Config }
+type Real struct {
+	cfg Config
+
+	mu sync.Mutex
+	// limits memoises which group limits a cgroup (limiting's walk), by
+	// its cpu.stat file, for limitTTL: quotas change rarely and the walk
+	// reads one file per level.
+	limits map[string]limitEntry
+}
+
+type limitEntry struct {
+	path string // the limiting group's path in its hierarchy
+	at   time.Time
+}
+
+// limitTTL is how long a limiting group found is reused; maxLimits bounds
+// the memo (it is emptied when full).
+const (
+	limitTTL  = time.Minute
+	maxLimits = 64
+)
 
 var _ Interface = (*Real)(nil)
 
@@ -473,36 +494,54 @@ const maxAncestors = 16
 // cannot have one) does, else the nearest ancestor's that has one. Whether
 // a group has a quota is read from its cpu.max (v2: not "max") or
 // cpu.cfs_quota_us (v1: not -1); a file that cannot be read ends the
-// search with own.
+// search with own. The group found is reused for limitTTL.
 func (r *Real) limiting(c Candidate, own CgroupCPU) CgroupCPU {
+	now := time.Now()
+	r.mu.Lock()
+	e, ok := r.limits[c.File]
+	r.mu.Unlock()
+	if !ok || now.Sub(e.at) >= limitTTL || now.Before(e.at) {
+		e = limitEntry{path: r.findLimiting(c), at: now}
+		r.mu.Lock()
+		if r.limits == nil || len(r.limits) >= maxLimits {
+			r.limits = map[string]limitEntry{}
+		}
+		r.limits[c.File] = e
+		r.mu.Unlock()
+	}
+	if e.path == c.Path {
+		return own
+	}
+	b, err := boundedfile.Read(filepath.Join(c.Base, filepath.FromSlash(e.path), "cpu.stat"), maxFile)
+	if err != nil {
+		return own
+	}
+	st, err := ParseCPUStat(c.Version, bytes.NewReader(b))
+	if err != nil || !st.Quota {
+		return own
+	}
+	st.Path = e.path
+	return st
+}
+
+// findLimiting returns the path of the nearest of c's group and its
+// ancestors that has a quota, or c's own path.
+func (r *Real) findLimiting(c Candidate) string {
 	p := c.Path
 	for range maxAncestors {
 		if p == "/" {
-			return own
+			break
 		}
-		dir := filepath.Join(c.Base, filepath.FromSlash(p))
-		lim, err := hasQuota(c.Version, dir)
+		lim, err := hasQuota(c.Version, filepath.Join(c.Base, filepath.FromSlash(p)))
 		if err != nil {
-			return own
+			break
 		}
 		if lim {
-			if p == c.Path {
-				return own
-			}
-			b, err := boundedfile.Read(filepath.Join(dir, "cpu.stat"), maxFile)
-			if err != nil {
-				return own
-			}
-			st, err := ParseCPUStat(c.Version, bytes.NewReader(b))
-			if err != nil || !st.Quota {
-				return own
-			}
-			st.Path = p
-			return st
+			return p
 		}
 		p = path.Dir(p)
 	}
-	return own
+	return c.Path
 }
 
 // hasQuota reports whether the cgroup directory dir has a CPU quota set.

@@ -249,9 +249,22 @@ func TestRealQuotaOnAnAncestor(t *testing.T) {
 	if err != nil || c.Version != 1 || c.Path != "/kubepods/pod" || c.Throttled != 20 {
 		t.Errorf("v1, quota on the pod: %+v %v", c, err)
 	}
-	// A quota of its own: its own counters, though the pod has one too.
+	// A quota of its own: its own counters, though the pod has one too;
+	// seen once the memoised answer expires (limitTTL), not before.
 	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.max"), "2000 100000\n")
 	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.stat"), "nr_periods 7\nnr_throttled 1\nthrottled_usec 1\n")
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod" {
+		t.Errorf("within limitTTL: %+v %v, want the memoised pod", c, err)
+	}
+	expire := func() {
+		r.mu.Lock()
+		for k, e := range r.limits {
+			e.at = e.at.Add(-limitTTL)
+			r.limits[k] = e
+		}
+		r.mu.Unlock()
+	}
+	expire()
 	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" || c.Periods != 7 {
 		t.Errorf("own quota: %+v %v", c, err)
 	}
@@ -259,13 +272,27 @@ func TestRealQuotaOnAnAncestor(t *testing.T) {
 	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.max"), "max 100000\n")
 	write(filepath.Join(cg, "kubepods", "pod", "ctr", "cpu.stat"), zero)
 	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "max 100000\n")
+	expire()
 	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" || c.Periods != 0 || !c.Quota {
 		t.Errorf("no quota: %+v %v", c, err)
 	}
 	// An unreadable or hostile cpu.max ends the search: own counters.
 	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "lots\n")
+	expire()
 	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" {
 		t.Errorf("hostile cpu.max: %+v %v", c, err)
+	}
+	// The ancestor's group gone (the pod re-created): its own counters.
+	write(filepath.Join(cg, "kubepods", "pod", "cpu.max"), "5000 100000\n")
+	expire()
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod" {
+		t.Errorf("pod quota again: %+v %v", c, err)
+	}
+	if err := os.Remove(filepath.Join(cg, "kubepods", "pod", "cpu.stat")); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := r.CgroupCPU(ctx, 10); err != nil || c.Path != "/kubepods/pod/ctr" {
+		t.Errorf("pod's cpu.stat gone: %+v %v", c, err)
 	}
 }
 
@@ -363,6 +390,41 @@ func BenchmarkRealSample(b *testing.B) {
 		}
 		if _, err := r.CgroupCPU(ctx, pid); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRealSampleNoQuota is CgroupCPU for a process four levels deep
+// (kubelet's kubepods/<qos>/<pod>/<container>) with no quota anywhere: its
+// own cpu.stat and every level's cpu.max (the most reads limiting makes),
+// on a file tree.
+func BenchmarkRealSampleNoQuota(b *testing.B) {
+	dir := b.TempDir()
+	proc, cg := filepath.Join(dir, "proc"), filepath.Join(dir, "cgroup")
+	p := filepath.Join(cg, "kubepods", "burstable", "pod1", "ctr")
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for d := p; d != cg; d = filepath.Dir(d) {
+		if err := os.WriteFile(filepath.Join(d, "cpu.max"), []byte("max 100000\n"), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(p, "cpu.stat"), []byte("usage_usec 1\nnr_periods 0\nnr_throttled 0\nthrottled_usec 0\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(proc, "7"), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(proc, "7", "cgroup"), []byte("0::/kubepods/burstable/pod1/ctr\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	r := New(Config{ProcRoot: proc, CgroupRoot: cg})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if c, err := r.CgroupCPU(ctx, 7); err != nil || c.Path != "/kubepods/burstable/pod1/ctr" {
+			b.Fatal(c, err)
 		}
 	}
 }
