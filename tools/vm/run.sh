@@ -252,7 +252,7 @@ cp "$MODDIR"/modules.{dep,builtin,order} "$KR/" 2>/dev/null || true
 	echo '  echo "=== vm: $t"'
 	echo '  cd /tests/$t'
 	printf '  REMEDIATE_IN_VM=1 REMEDIATE_E2E_REQUIRED=1 REMEDIATE_VM_FILES=/hostfiles ./pkg.test -test.v -test.count=1 -test.timeout=%ss -test.run %q -test.skip %q\n' "$VM_TIMEOUT" "$VM_RUN" "$VM_SKIP"
-	echo '  r=$?; echo "=== vm: $t exit $r"; [ $r -ne 0 ] && rc=$r'
+	echo '  r=$?; echo "=== vm: $t exit $r (guest uptime $(cut -d" " -f1 /proc/uptime)s)"; [ $r -ne 0 ] && rc=$r'
 	echo 'done'
 	echo 'echo "VM_RC=$rc" >/dev/ttyS1'
 	echo 'sync; poweroff -f'

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -153,9 +154,13 @@ func (c *Cgroup) CPUStat(t testing.TB) map[string]uint64 {
 // instead of running its tests (Spin's child).
 const envSpin = "REMEDIATE_VM_SPIN"
 
+// spins is what Spin's child counts, CPU-bound until it is killed.
+var spins atomic.Uint64
+
 func init() {
 	if os.Getenv(envSpin) == "1" && InVM() {
-		for { // CPU-bound until killed; the runtime preempts it asynchronously
+		for {
+			spins.Add(1)
 		}
 	}
 }
