@@ -87,7 +87,7 @@ type Cgroup struct {
 // (so p's cpu.stat carries nr_periods, nr_throttled and throttled_usec),
 // and writes cpuMax ("5000 100000": 5 ms per 100 ms; "" leaves "max")
 // to p's cpu.max. Cgroup2 must have run. What it made is removed when t
-// ends, after the processes started by Start (whose cleanups run first).
+// ends, after the processes Spin started in it (whose cleanups run first).
 func NewCgroup(t testing.TB, p, cpuMax string) *Cgroup {
 	t.Helper()
 	p = path.Clean("/" + p)
