@@ -16,7 +16,7 @@ import (
 
 // fakeProcRoot builds a proc root whose <pid>/root directories hold the
 // given files ("->target" makes a symlink).
-func fakeProcRoot(t *testing.T, roots map[int]map[string]string) string {
+func fakeProcRoot(t testing.TB, roots map[int]map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for pid, files := range roots {
@@ -44,7 +44,7 @@ func fakeProcRoot(t *testing.T, roots map[int]map[string]string) string {
 }
 
 // writeFiles writes files under dir.
-func writeFiles(t *testing.T, dir string, files map[string]string) {
+func writeFiles(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
 	for p, c := range files {
 		full := filepath.Join(dir, p)
