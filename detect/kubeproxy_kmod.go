@@ -54,13 +54,14 @@ func init() {
 }
 
 type kubeProxyKernelModules struct {
-	p KubeProxyKernelModulesParams
-	n *node.Node
+	p        KubeProxyKernelModulesParams
+	n        *node.Node
+	installs *iptables.InstallReader
 	judgement
 }
 
 func newKubeProxyKernelModules(p *KubeProxyKernelModulesParams, n *node.Node) (Detector, error) {
-	return &kubeProxyKernelModules{p: *p, n: n}, nil
+	return &kubeProxyKernelModules{p: *p, n: n, installs: iptables.NewInstallReader(iptables.DefaultInstallMemo, n.Clock)}, nil
 }
 
 // kernelModule is a module kube-proxy's iptables mode needs, with the
@@ -188,11 +189,10 @@ func (d *kubeProxyKernelModules) backend(ctx context.Context) (iptables.Backend,
 	if d.p.Backend != "auto" {
 		return iptables.Backend(d.p.Backend), "from the policy"
 	}
-	host, kp, _, _ := readIPTablesParties(ctx, d.n, nil)
-	if kp != nil && kp.known() && kp.In.Backend != "" {
+	if kp, err := kubeProxyIPTables(ctx, d.n, d.installs); err == nil && kp.known() && kp.In.Backend != "" {
 		return kp.In.Backend, "kube-proxy's iptables (" + kp.In.Root + ")"
 	}
-	if host.known() && host.In.Backend != "" {
+	if host := readPartyIPTables(d.installs, "host", 0, hostRoot(d.n)); host.known() && host.In.Backend != "" {
 		return host.In.Backend, "the host's iptables (" + host.In.Root + ")"
 	}
 	return "", "backend unknown: only backend-neutral modules checked"
