@@ -112,6 +112,9 @@ func BenchmarkKubeProxyKernelModulesCycle(b *testing.B) {
 				if c.proc == "fake" {
 					pp.Families = []string{"IPv4"}
 				}
+				if c.everyTime {
+					pp.ReuseFor.Duration = 0
+				}
 			})
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -121,6 +124,7 @@ func BenchmarkKubeProxyKernelModulesCycle(b *testing.B) {
 				}
 				clk.Step(30 * time.Second)
 			}
+			b.ReportMetric(float64(d.(*kubeProxyKernelModules).reads)/float64(b.N), "readings/op")
 		})
 	}
 }
