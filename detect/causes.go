@@ -225,36 +225,6 @@ func (w *causeWatch) throttling(ctx context.Context, n *node.Node, span time.Dur
 		Window: nw.at.Sub(o.at), Cgroup: nw.v.Path}, nil
 }
 
-// findKubeProxy returns kube-proxy's process: the only one named
-// kube-proxy, or the only one of several in this daemon's network
-// namespace (kube-proxy runs with hostNetwork).
-func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, error) {
-	if n.Procs == nil {
-		return procs.Process{}, errors.New(n.Why("procs"))
-	}
-	ps, err := n.Procs.Find(ctx, []string{"kube-proxy"})
-	if err != nil {
-		return procs.Process{}, fmt.Errorf("looking for kube-proxy's process: %w", err)
-	}
-	if len(ps) > 1 {
-		var same []procs.Process
-		self := n.Procs.SelfNetNS()
-		for _, p := range ps {
-			if self != "" && p.NetNS == self {
-				same = append(same, p)
-			}
-		}
-		if len(same) != 1 {
-			return procs.Process{}, fmt.Errorf("%d processes named kube-proxy, %d in this network namespace: cannot tell which is this node's", len(ps), len(same))
-		}
-		ps = same
-	}
-	if len(ps) == 0 {
-		return procs.Process{}, errors.New("no process named kube-proxy visible through the proc root")
-	}
-	return ps[0], nil
-}
-
 // ruleSets returns the rule counts and save times of the family
 // (Unlabelled: all): from the last saves of the shared iptables adapter
 // when it has any, else kube-proxy's own rule counts.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -90,11 +90,14 @@ func init() {
 type iptablesVersionSkew struct {
 	p IPTablesVersionSkewParams
 	n *node.Node
+	// installs remembers the binaries and package databases read, so
+	// that an unchanged one is not scanned again every cycle.
+	installs *iptables.InstallReader
 	judgement
 }
 
 func newIPTablesVersionSkew(p *IPTablesVersionSkewParams, n *node.Node) (Detector, error) {
-	return &iptablesVersionSkew{p: *p, n: n}, nil
+	return &iptablesVersionSkew{p: *p, n: n, installs: iptables.NewInstallReader(iptables.DefaultInstallMemo, n.Clock)}, nil
 }
 
 // iptablesParty is one place iptables is installed and used: the host,
@@ -129,16 +132,11 @@ func (p iptablesParty) evidence() map[string]any {
 	return m
 }
 
-// hostRoot is the host's root filesystem as PID 1 of the proc root sees
-// it (with hostPID, the node's init).
-func hostRoot(n *node.Node) string { return filepath.Join(n.ProcRoot, "1", "root") }
-
-// readIPTablesParties reads the iptables of the host, kube-proxy and the
-// running CNI agents (by process name), each from its own root.
-func readIPTablesParties(ctx context.Context, n *node.Node, cniAgents []string) (host iptablesParty, kp *iptablesParty, cni []iptablesParty, notes []string) {
-	host = iptablesParty{Who: "host"}
-	host.In, host.Err = iptables.ReadInstall(hostRoot(n))
-	host.In.Root = hostRoot(n)
+// readIPTablesParties reads the iptables of the host, kube-proxy (the one
+// pickKubeProxy chooses) and the running CNI agents (by process name, the
+// lowest PID of each), each from its own root, through r's memo.
+func readIPTablesParties(ctx context.Context, n *node.Node, r *iptables.InstallReader, cniAgents []string) (host iptablesParty, kp *iptablesParty, cni []iptablesParty, notes []string) {
+	host = readPartyIPTables(r, "host", 0, hostRoot(n))
 	if same, _ := sameFile(hostRoot(n), filepath.Join(n.ProcRoot, "self", "root")); same {
 		notes = append(notes, "the host root "+hostRoot(n)+" is this daemon's own root (it runs on the host, or without hostPID)")
 	}
@@ -146,35 +144,32 @@ func readIPTablesParties(ctx context.Context, n *node.Node, cniAgents []string) 
 		notes = append(notes, "kube-proxy and CNI agent processes not looked up: "+n.Why("procs"))
 		return host, nil, nil, notes
 	}
+	// One look-up for kube-proxy and the agents.
 	names := append([]string{"kube-proxy"}, cniAgents...)
 	ps, err := n.Procs.Find(ctx, names)
 	if err != nil {
 		notes = append(notes, "listing processes: "+err.Error())
 		return host, nil, nil, notes
 	}
+	var kps []procs.Process
 	seen := map[string]bool{}
 	for _, p := range ps {
 		name := p.Name()
+		if name == "kube-proxy" {
+			kps = append(kps, p)
+			continue
+		}
 		if seen[name] {
 			continue // one per agent: the lowest PID
 		}
 		seen[name] = true
-		who := "cni/" + name
-		if name == "kube-proxy" {
-			who = "kube-proxy"
-		}
-		root := filepath.Join(n.ProcRoot, strconv.Itoa(int(p.Pid)), "root")
-		party := iptablesParty{Who: who, Pid: p.Pid}
-		party.In, party.Err = iptables.ReadInstall(root)
-		party.In.Root = root
-		if name == "kube-proxy" {
-			kp = &party
-		} else {
-			cni = append(cni, party)
-		}
+		cni = append(cni, readPartyIPTables(r, "cni/"+name, p.Pid, processRoot(n, p.Pid)))
 	}
-	if kp == nil {
-		notes = append(notes, "no kube-proxy process found")
+	if p, err := pickKubeProxy(kps, n.Procs.SelfNetNS()); err != nil {
+		notes = append(notes, err.Error())
+	} else {
+		party := readPartyIPTables(r, "kube-proxy", p.Pid, processRoot(n, p.Pid))
+		kp = &party
 	}
 	return host, kp, cni, notes
 }
@@ -198,7 +193,7 @@ func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]Finding, error) {
 	if mode.mode == string(kubeproxy.ModeNFTables) {
 		return nil, Skip("kube-proxy runs in nftables mode (%s): it does not use iptables", mode.note)
 	}
-	host, kp, cni, notes := readIPTablesParties(ctx, d.n, d.p.CNIAgents)
+	host, kp, cni, notes := readIPTablesParties(ctx, d.n, d.installs, d.p.CNIAgents)
 	var out []Finding
 	var compared []string
 	pair := func(a, b iptablesParty) {

@@ -10,13 +10,15 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // fakeProcRoot builds a proc root whose <pid>/root directories hold the
 // given files ("->target" makes a symlink).
-func fakeProcRoot(t *testing.T, roots map[int]map[string]string) string {
+func fakeProcRoot(t testing.TB, roots map[int]map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	for pid, files := range roots {
@@ -44,7 +46,7 @@ func fakeProcRoot(t *testing.T, roots map[int]map[string]string) string {
 }
 
 // writeFiles writes files under dir.
-func writeFiles(t *testing.T, dir string, files map[string]string) {
+func writeFiles(t testing.TB, dir string, files map[string]string) {
 	t.Helper()
 	for p, c := range files {
 		full := filepath.Join(dir, p)
@@ -184,4 +186,39 @@ func TestIPTablesVersionSkewParamsValidate(t *testing.T) {
 	if want := []string{"proxyMode", "versionSkew", "cniAgents[0]", "families[0]", "saveTimeout"}; !reflect.DeepEqual(fields, want) {
 		t.Errorf("fields = %v, want %v", fields, want)
 	}
+}
+
+// TestIPTablesVersionSkewRemembersBinaries: an unchanged binary is not
+// scanned again at the next cycle; kube-proxy's, replaced by an upgrade
+// (a new file renamed over it), is, and the skew it brings is reported.
+func TestIPTablesVersionSkewRemembersBinaries(t *testing.T) {
+	pf := procs.NewFake(999)
+	pf.Add(fakeProc(50, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "kube-proxy"))
+	pf.Add(fakeProc(60, 1, "calico-node", procT0.Add(-time.Hour), "S", "calico-node"))
+	n, _ := newIssue3Node(pf)
+	n.Clock = clocktesting.NewFakeClock(time.Now().Add(time.Hour)) // the files are old by it
+	n.ProcRoot = fakeProcRoot(t, map[int]map[string]string{1: debianRoot("nft", "1.8.9"), 50: debianRoot("nft", "1.8.9"), 60: debianRoot("nft", "1.8.9")})
+	d := newIssue3Detector(t, "IPTablesVersionSkew", n, func(p any) { p.(*IPTablesVersionSkewParams).CheckKubeRulesBackend = false })
+	cycle := func(wantReads int, wantTargets []string) {
+		t.Helper()
+		got, err := d.Detect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := d.(*iptablesVersionSkew).installs.Reads(); r != wantReads || !reflect.DeepEqual(findingTargets(got), wantTargets) {
+			t.Fatalf("%d files read, findings %v; want %d, %v", r, findingTargets(got), wantReads, wantTargets)
+		}
+	}
+	cycle(3, nil)
+	cycle(3, nil)
+	bin := filepath.Join(n.ProcRoot, "50", "root", "usr/sbin/xtables-nft-multi")
+	if err := os.WriteFile(bin+".new", []byte("ELF\x00%s v%s\x001.6.1 (nf_tables)\x00"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".new", bin); err != nil {
+		t.Fatal(err)
+	}
+	skew := []string{"iptables/versions/host/kube-proxy/version", "iptables/versions/kube-proxy/cni/calico-node/version"}
+	cycle(4, skew)
+	cycle(4, skew)
 }

@@ -457,7 +457,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 // daemon's image, never by running a binary): the set in kube-proxy's
 // backend is the one it maintains, the other is stale.
 func (d *iptablesRules) mixVersions(ctx context.Context, f *Finding) {
-	host, kp, _, notes := readIPTablesParties(ctx, d.n, nil)
+	host, kp, _, notes := readIPTablesParties(ctx, d.n, nil, nil)
 	if host.known() {
 		f.Evidence["nodeIptablesBackend"], f.Evidence["nodeIptables"] = string(host.In.Backend), host.In.Describe()
 	} else {

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
@@ -27,11 +29,24 @@ type KubeProxyKernelModulesParams struct {
 	// Backend whose table modules are required: auto (kube-proxy's
 	// iptables, read from its root; else the host's), legacy or nft.
 	Backend string `yaml:"backend"`
+	// ReuseFor is how long a reading (the module sources and, with
+	// backend auto, kube-proxy's iptables) that found every module
+	// present is reused before it is read again; a reading with a missing
+	// module, an unknown one (on a kernel with module support) or an
+	// unknown backend is read again at the next cycle, and a new process
+	// (--once) always reads. 0 reads every cycle.
+	ReuseFor policy.Duration `yaml:"reuseFor"`
 }
+
+// DefaultKernelModulesReuse is ReuseFor's default: modules are loaded
+// rarely (kube-proxy's first rules load them, an operator's modprobe),
+// while reading the xtables registries spins on the kernel's x_tables
+// mutex (~4 ms a cycle under a large table's save).
+const DefaultKernelModulesReuse = 5 * time.Minute
 
 // SetDefaults implements registry.Defaulter.
 func (p *KubeProxyKernelModulesParams) SetDefaults() {
-	*p = KubeProxyKernelModulesParams{ProxyMode: "iptables", Families: []string{"IPv4"}, Backend: "auto"}
+	*p = KubeProxyKernelModulesParams{ProxyMode: "iptables", Families: []string{"IPv4"}, Backend: "auto", ReuseFor: policy.D(DefaultKernelModulesReuse)}
 }
 
 // Validate implements policy.Validator.
@@ -44,6 +59,9 @@ func (p *KubeProxyKernelModulesParams) Validate() []policy.FieldError {
 	default:
 		errs = append(errs, policy.FieldError{Field: "backend", Msg: fmt.Sprintf("must be auto, legacy or nft, not %q", p.Backend)})
 	}
+	if p.ReuseFor.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "reuseFor", Msg: "must be >= 0"})
+	}
 	return errs
 }
 
@@ -54,13 +72,51 @@ func init() {
 }
 
 type kubeProxyKernelModules struct {
-	p KubeProxyKernelModulesParams
-	n *node.Node
+	p        KubeProxyKernelModulesParams
+	n        *node.Node
+	installs *iptables.InstallReader
+
+	mu   sync.Mutex
+	last *kmodReading
+	// reads counts the readings taken (for tests).
+	reads int
 	judgement
 }
 
 func newKubeProxyKernelModules(p *KubeProxyKernelModulesParams, n *node.Node) (Detector, error) {
-	return &kubeProxyKernelModules{p: *p, n: n}, nil
+	return &kubeProxyKernelModules{p: *p, n: n, installs: iptables.NewInstallReader(iptables.DefaultInstallMemo, n.Clock)}, nil
+}
+
+// kmodReading is one reading of the module sources and what was judged
+// from it.
+type kmodReading struct {
+	at       time.Time
+	findings []Finding
+	judged   string
+	// attention: a module missing, or unknown on a kernel that can load
+	// modules, or the backend unknown: read again next cycle.
+	attention bool
+}
+
+// rereadModules decides whether this cycle reads the module sources again
+// (true) or reuses prev, and says why: always without a previous reading
+// or reuse, when prev had a missing or unknown module (a fix or a new
+// problem is seen at the next cycle), when the clock went back, and once
+// prev is reuseFor old.
+func rereadModules(prev *kmodReading, now time.Time, reuseFor time.Duration) (bool, string) {
+	switch {
+	case prev == nil:
+		return true, "first reading"
+	case reuseFor <= 0:
+		return true, "read every cycle (reuseFor 0)"
+	case prev.attention:
+		return true, "the last reading had a missing or unknown module"
+	case now.Before(prev.at):
+		return true, "the clock went back"
+	case now.Sub(prev.at) >= reuseFor:
+		return true, fmt.Sprintf("the last reading is %s old (reuseFor %s)", now.Sub(prev.at).Round(time.Second), reuseFor)
+	}
+	return false, ""
 }
 
 // kernelModule is a module kube-proxy's iptables mode needs, with the
@@ -114,6 +170,29 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) 
 	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
 		return nil, Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
 	}
+	now := d.n.Clock.Now()
+	d.mu.Lock()
+	prev := d.last
+	d.mu.Unlock()
+	read, why := rereadModules(prev, now, d.p.ReuseFor.Duration)
+	r := prev
+	if read {
+		r = d.read(ctx, now)
+		d.mu.Lock()
+		d.last, d.reads = r, d.reads+1
+		d.mu.Unlock()
+	}
+	at := r.at.UTC().Format(time.RFC3339)
+	if read {
+		d.set("%s; modules read at %s (%s)", r.judged, at, why)
+	} else {
+		d.set("%s; modules read at %s, reused until %s", r.judged, at, r.at.Add(d.p.ReuseFor.Duration).UTC().Format(time.RFC3339))
+	}
+	return append([]Finding(nil), r.findings...), nil
+}
+
+// read reads the module sources and kube-proxy's backend and judges them.
+func (d *kubeProxyKernelModules) read(ctx context.Context, now time.Time) *kmodReading {
 	be, beSource := d.backend(ctx)
 	snap := kmod.Read(d.n.ProcRoot, hostRoot(d.n))
 	conntrackSysctl := false
@@ -122,6 +201,7 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) 
 	}
 	var out []Finding
 	var judged []string
+	attention := false
 	for _, fs := range d.p.Families {
 		f := kmod.IPv4
 		if fs == string(iptables.IPv6) {
@@ -159,6 +239,7 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) 
 			if len(snap.Errors) > 0 {
 				ev["unreadable"] = snap.Errors
 			}
+			ev["readAt"] = now.UTC().Format(time.RFC3339)
 			out = append(out, Finding{
 				Detector: "KubeProxyKernelModules",
 				Target:   "iptables/" + fs + "/kernel-modules",
@@ -169,9 +250,13 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) 
 			})
 		}
 		judged = append(judged, fmt.Sprintf("%s (%s backend, %s): %s", fs, orUnknown(string(be)), beSource, stateCounts(counts)))
+		// Without module support (no /proc/modules) an unknown module
+		// stays unknown until a reboot: nothing can load it.
+		if len(missing) > 0 || (len(unknown) > 0 && snap.HasModules) || be == "" {
+			attention = true
+		}
 	}
-	d.set("%s", strings.Join(judged, "; "))
-	return out, nil
+	return &kmodReading{at: now, findings: out, judged: strings.Join(judged, "; "), attention: attention}
 }
 
 func stateCounts(c map[kmod.State]int) string {
@@ -188,11 +273,10 @@ func (d *kubeProxyKernelModules) backend(ctx context.Context) (iptables.Backend,
 	if d.p.Backend != "auto" {
 		return iptables.Backend(d.p.Backend), "from the policy"
 	}
-	host, kp, _, _ := readIPTablesParties(ctx, d.n, nil)
-	if kp != nil && kp.known() && kp.In.Backend != "" {
+	if kp, err := kubeProxyIPTables(ctx, d.n, d.installs); err == nil && kp.known() && kp.In.Backend != "" {
 		return kp.In.Backend, "kube-proxy's iptables (" + kp.In.Root + ")"
 	}
-	if host.known() && host.In.Backend != "" {
+	if host := readPartyIPTables(d.installs, "host", 0, hostRoot(d.n)); host.known() && host.In.Backend != "" {
 		return host.In.Backend, "the host's iptables (" + host.In.Root + ")"
 	}
 	return "", "backend unknown: only backend-neutral modules checked"

@@ -44,7 +44,7 @@ func fakeProc(pid, ppid int32, comm string, started time.Time, state string, arg
 		Exe: exe, CapEff: 0x1ffffffffff, NetNS: testNetNS}}
 }
 
-func newIssue3Detector(t *testing.T, typ string, n *node.Node, set func(any)) Detector {
+func newIssue3Detector(t testing.TB, typ string, n *node.Node, set func(any)) Detector {
 	t.Helper()
 	ty, ok := Lookup(typ)
 	if !ok {

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"os"
 	"path"
@@ -62,8 +61,16 @@ var ErrNotInstalled = errors.New("iptables not installed")
 // commandPaths are where an iptables command is looked up, in PATH order.
 var commandPaths = []string{"/usr/local/sbin/iptables", "/usr/sbin/iptables", "/sbin/iptables", "/usr/local/bin/iptables", "/usr/bin/iptables", "/bin/iptables"}
 
-// ReadInstall reads the iptables installed under root.
+// ReadInstall reads the iptables installed under root, every file afresh
+// (InstallReader.Read remembers unchanged files).
 func ReadInstall(root string) (Install, error) {
+	var r *InstallReader
+	return r.Read(root)
+}
+
+// Read reads the iptables installed under root, as ReadInstall, answering
+// from the memo for a binary or package database unchanged since read.
+func (r *InstallReader) Read(root string) (Install, error) {
 	in := Install{Root: root}
 	var err error
 	for _, p := range commandPaths {
@@ -91,14 +98,14 @@ func ReadInstall(root string) (Install, error) {
 		// The wrapper script has no version string; the multi-call
 		// binaries next to it do, but which one runs is not decided yet.
 		in.Backend, in.BackendSource = "", ""
-	} else if v, b, ok := binaryVersion(filepath.Join(root, in.Binary)); ok {
+	} else if v, b, ok := r.binaryVersion(filepath.Join(root, in.Binary)); ok {
 		in.Version, in.VersionSource = v, "binary"
 		if b != "" {
 			in.Backend, in.BackendSource = b, "binary"
 		}
 	}
 	if in.Version == "" {
-		if v, src := packageVersion(root); v != "" {
+		if v, src := r.packageVersion(root); v != "" {
 			in.Version, in.VersionSource = v, src
 		}
 	}
@@ -220,12 +227,16 @@ var versionRE = regexp.MustCompile(`\x00v?([0-9]{1,3}\.[0-9]{1,3}(?:\.[0-9]{1,3}
 // binaryVersion scans at most maxBinaryRead bytes of a regular file for the
 // embedded version string.
 func binaryVersion(file string) (version string, b Backend, ok bool) {
-	f, err := boundedfile.Open(file)
-	if err != nil {
-		return "", "", false
-	}
-	defer f.Close()
-	return scanVersion(io.LimitReader(f, maxBinaryRead))
+	var r *InstallReader
+	return r.binaryVersion(file)
+}
+
+func (r *InstallReader) binaryVersion(file string) (version string, b Backend, ok bool) {
+	res := r.readFile(file, kindBinary, maxBinaryRead, func(rd io.Reader) fileResult {
+		v, b, ok := scanVersion(rd)
+		return fileResult{version: v, backend: b, ok: ok}
+	})
+	return res.version, res.backend, res.ok
 }
 
 // scanVersion finds the embedded version string in r, reading it in chunks
@@ -255,29 +266,26 @@ func scanVersion(r io.Reader) (version string, b Backend, ok bool) {
 
 // packageVersion reads iptables' version from the root's package
 // database: dpkg (status, or distroless status.d/), then apk.
-func packageVersion(root string) (version, source string) {
+func (r *InstallReader) packageVersion(root string) (version, source string) {
 	for _, db := range []string{"/var/lib/dpkg/status.d/iptables", "/var/lib/dpkg/status"} {
-		if v := readDBVersion(root, db, ParseDpkgStatus); v != "" {
+		if v := r.readDBVersion(root, db, kindDpkg, ParseDpkgStatus); v != "" {
 			return v, "dpkg"
 		}
 	}
-	if v := readDBVersion(root, "/lib/apk/db/installed", ParseApkInstalled); v != "" {
+	if v := r.readDBVersion(root, "/lib/apk/db/installed", kindApk, ParseApkInstalled); v != "" {
 		return v, "apk"
 	}
 	return "", ""
 }
 
-func readDBVersion(root, db string, parse func(io.Reader, string) string) string {
+func (r *InstallReader) readDBVersion(root, db string, kind fileKind, parse func(io.Reader, string) string) string {
 	links, err := resolveIn(root, db)
 	if err != nil {
 		return ""
 	}
-	f, err := boundedfile.Open(filepath.Join(root, links[len(links)-1]))
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	return parse(io.LimitReader(f, maxPackageDBRead), "iptables")
+	return r.readFile(filepath.Join(root, links[len(links)-1]), kind, maxPackageDBRead, func(rd io.Reader) fileResult {
+		return fileResult{version: parse(rd, "iptables")}
+	}).version
 }
 
 // dbLines calls fn for each line of r (lines longer than maxDBLine are

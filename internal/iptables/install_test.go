@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // fakeRoot builds a root filesystem from a map: "path" → content for a
@@ -250,5 +252,155 @@ func TestResolveInErrors(t *testing.T) {
 	root := fakeRoot(t, map[string]string{"/a": "x"})
 	if _, err := resolveIn(root, "/missing/iptables"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing: %v", err)
+	}
+}
+
+// settledClock is a clock an hour ahead: every file the test writes is
+// older than RacyWindow by it.
+func settledClock() *clocktesting.FakeClock {
+	return clocktesting.NewFakeClock(time.Now().Add(time.Hour))
+}
+
+func TestInstallReaderRemembersUnchangedFiles(t *testing.T) {
+	root := fakeRoot(t, map[string]string{
+		"/usr/sbin/iptables":          "->/etc/alternatives/iptables",
+		"/etc/alternatives/iptables":  "->/usr/sbin/iptables-nft",
+		"/usr/sbin/iptables-nft":      "->xtables-nft-multi",
+		"/usr/sbin/xtables-nft-multi": binary("1.8.9 (nf_tables)"),
+	})
+	bin := filepath.Join(root, "/usr/sbin/xtables-nft-multi")
+	r := NewInstallReader(0, settledClock())
+	read := func(wantV string, wantB Backend, wantReads int) {
+		t.Helper()
+		in, err := r.Read(root)
+		if err != nil || in.Version != wantV || in.Backend != wantB || in.VersionSource != "binary" {
+			t.Fatalf("Read = %+v, %v; want %s %s from the binary", in, err, wantV, wantB)
+		}
+		if got := r.Reads(); got != wantReads {
+			t.Fatalf("files read = %d, want %d", got, wantReads)
+		}
+	}
+	read("1.8.9", NFT, 1)
+	read("1.8.9", NFT, 1) // unchanged: from the memo
+
+	// Replaced (as dpkg does: a new file renamed over the old: new inode).
+	tmp := bin + ".dpkg-new"
+	if err := os.WriteFile(tmp, []byte(binary("1.8.10 (nf_tables)")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		t.Fatal(err)
+	}
+	read("1.8.10", NFT, 2)
+	read("1.8.10", NFT, 2)
+
+	// Written in place, same size, same inode: the times tell.
+	if err := os.WriteFile(bin, []byte(binary("1.8.11 (nf_tables)")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(bin, time.Now().Add(time.Minute), time.Now().Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	r.clk = clocktesting.NewFakeClock(time.Now().Add(2 * time.Hour))
+	read("1.8.11", NFT, 3)
+	read("1.8.11", NFT, 3)
+
+	// The link switched to the other backend: resolved afresh, the legacy
+	// binary read once.
+	legacy := filepath.Join(root, "/usr/sbin/xtables-legacy-multi")
+	if err := os.WriteFile(legacy, []byte(binary("1.8.11 (legacy)")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "/etc/alternatives/iptables")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/usr/sbin/xtables-legacy-multi", filepath.Join(root, "/etc/alternatives/iptables")); err != nil {
+		t.Fatal(err)
+	}
+	read("1.8.11", Legacy, 4)
+	read("1.8.11", Legacy, 4)
+}
+
+func TestInstallReaderPackageDatabase(t *testing.T) {
+	status := func(v string) string {
+		return "Package: iptables\nStatus: install ok installed\nVersion: " + v + "\n"
+	}
+	root := fakeRoot(t, map[string]string{
+		"/usr/sbin/iptables":        "->iptables-legacy",
+		"/usr/sbin/iptables-legacy": "no version string here",
+		"/var/lib/dpkg/status":      status("1.8.7-1"),
+	})
+	r := NewInstallReader(0, settledClock())
+	for i, want := range []struct {
+		v     string
+		reads int
+	}{{"1.8.7", 2}, {"1.8.7", 2}} {
+		in, err := r.Read(root)
+		if err != nil || in.Version != want.v || in.VersionSource != "dpkg" || r.Reads() != want.reads {
+			t.Fatalf("read %d: %+v, %v, %d files read; want %s from dpkg, %d read", i, in, err, r.Reads(), want.v, want.reads)
+		}
+	}
+	// dpkg rewrites status (a new file renamed over it).
+	db := filepath.Join(root, "/var/lib/dpkg/status")
+	if err := os.WriteFile(db+"-new", []byte(status("1:1.8.9-2")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(db+"-new", db); err != nil {
+		t.Fatal(err)
+	}
+	if in, _ := r.Read(root); in.Version != "1.8.9" || r.Reads() != 3 {
+		t.Fatalf("after the upgrade: %+v, %d files read; want 1.8.9, 3 read", in, r.Reads())
+	}
+}
+
+// TestInstallReaderRacyFile: a file changed within RacyWindow of its read
+// is read again next time (a same-size rewrite in the same clock tick
+// would keep every stat field).
+func TestInstallReaderRacyFile(t *testing.T) {
+	root := fakeRoot(t, map[string]string{"/usr/sbin/iptables": binary("1.8.9 (legacy)")})
+	r := NewInstallReader(0, nil) // the real clock: the file is brand new
+	for i := 1; i <= 3; i++ {
+		if in, err := r.Read(root); err != nil || in.Version != "1.8.9" || r.Reads() != i {
+			t.Fatalf("read %d: %+v, %v, %d files read", i, in, err, r.Reads())
+		}
+	}
+}
+
+// TestInstallReaderBound: at most max files are remembered, the least
+// recently used forgotten first.
+func TestInstallReaderBound(t *testing.T) {
+	roots := map[string]string{}
+	for _, n := range []string{"a", "b", "c"} {
+		roots[n] = fakeRoot(t, map[string]string{"/usr/sbin/iptables": binary("1.8.9 (legacy)")})
+	}
+	r := NewInstallReader(2, settledClock())
+	reads := 0
+	for _, step := range []struct {
+		root string
+		hit  bool
+	}{{"a", false}, {"b", false}, {"a", true}, {"c", false}, {"a", true}, {"b", false}, {"c", false}} {
+		if _, err := r.Read(roots[step.root]); err != nil {
+			t.Fatal(err)
+		}
+		if !step.hit {
+			reads++
+		}
+		if r.Reads() != reads || len(r.memo) > 2 {
+			t.Fatalf("after %s: %d files read (want %d), %d remembered", step.root, r.Reads(), reads, len(r.memo))
+		}
+	}
+}
+
+// TestReadInstallRemembersNothing: the plain function reads every time.
+func TestReadInstallRemembersNothing(t *testing.T) {
+	var r *InstallReader
+	root := fakeRoot(t, map[string]string{"/usr/sbin/iptables": binary("1.8.9 (legacy)")})
+	for i := 0; i < 2; i++ {
+		if in, err := r.Read(root); err != nil || in.Version != "1.8.9" {
+			t.Fatalf("%+v %v", in, err)
+		}
+	}
+	if r.Reads() != 0 {
+		t.Fatal("the nil reader counts nothing")
 	}
 }
