@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -77,44 +78,13 @@ func TestE2EServicePathProbe(t *testing.T) {
 
 	run := func(t *testing.T, d detect.Detector) map[string]detect.Finding {
 		t.Helper()
-		dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
-		defer dcancel()
-		start := time.Now()
-		fs, err := d.Detect(dctx)
-		if err != nil {
-			t.Fatalf("Detect: %v", err)
-		}
-		out := map[string]detect.Finding{}
-		for _, f := range fs {
-			out[f.Target] = f
-		}
-		t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(detect.Judged).Judged())
-		return out
+		return runServicePath(ctx, t, d, 15*time.Second)
 	}
 	// waitPaths waits until both Service paths answer (kube-proxy
 	// programmed them), straight through the prober.
 	waitPaths := func(t *testing.T) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for _, s := range []string{"default/kubernetes", testNS + "/canary"} {
-			ns, name, _ := strings.Cut(s, "/")
-			var vip netip.AddrPort
-			for _, svc := range view.Services() {
-				if svc.Namespace == ns && svc.Name == name {
-					vip = netip.AddrPortFrom(netip.MustParseAddr(svc.ClusterIPs[0]), uint16(svc.Ports[0].Port))
-				}
-			}
-			for {
-				r := prober.Connect(ctx, vip, time.Second)
-				if r.OK() {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s %s never answered: %s", s, vip, r)
-				}
-				time.Sleep(300 * time.Millisecond)
-			}
-		}
+		waitServicePaths(ctx, t, view, prober, "default/kubernetes", testNS+"/canary")
 	}
 
 	// once runs the real binary's --once inside the namespace (the
@@ -298,6 +268,55 @@ type servicePathReport struct {
 	} `json:"ok"`
 }
 
+// runServicePath runs d once within timeout and returns its findings by
+// target, logging how long it took and its judged line.
+func runServicePath(ctx context.Context, t *testing.T, d detect.Detector, timeout time.Duration) map[string]detect.Finding {
+	t.Helper()
+	dctx, dcancel := context.WithTimeout(ctx, timeout)
+	defer dcancel()
+	start := time.Now()
+	fs, err := d.Detect(dctx)
+	if err != nil {
+		t.Fatalf("Detect: %v", err)
+	}
+	out := map[string]detect.Finding{}
+	for _, f := range fs {
+		out[f.Target] = f
+	}
+	t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(detect.Judged).Judged())
+	return out
+}
+
+// waitServicePaths waits (at most 30 s) until each "namespace/name"
+// Service's first ClusterIP and port answer through the prober, that is
+// until kube-proxy has programmed them.
+func waitServicePaths(ctx context.Context, t *testing.T, view cluster.View, prober probe.Interface, services ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range services {
+		ns, name, _ := strings.Cut(s, "/")
+		var vip netip.AddrPort
+		for _, svc := range view.Services() {
+			if svc.Namespace == ns && svc.Name == name && len(svc.ClusterIPs) > 0 && len(svc.Ports) > 0 {
+				vip = netip.AddrPortFrom(netip.MustParseAddr(svc.ClusterIPs[0]), uint16(svc.Ports[0].Port))
+			}
+		}
+		if !vip.IsValid() {
+			t.Fatalf("%s: not in the cluster view", s)
+		}
+		for {
+			r := prober.Connect(ctx, vip, time.Second)
+			if r.OK() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s %s never answered: %s", s, vip, r)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+}
+
 // servicePathDetector builds a ServicePathProbe as the engine does.
 func servicePathDetector(t *testing.T, n *node.Node, tweak func(any)) detect.Detector {
 	t.Helper()
@@ -334,9 +353,13 @@ func netnsRun(t *testing.T, cp *controlplane.ControlPlane, args ...string) strin
 
 // createCanary creates Service "canary" (TCP 80) whose one ready endpoint
 // is backend (no controller-manager runs: the EndpointSlice is written by
-// hand).
+// hand, of backend's address family; the Service takes the cluster's).
 func createCanary(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns string, backend netip.AddrPort) {
 	t.Helper()
+	addrType := discoveryv1.AddressTypeIPv4
+	if backend.Addr().Is6() {
+		addrType = discoveryv1.AddressTypeIPv6
+	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "canary", Namespace: ns},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
@@ -346,7 +369,7 @@ func createCanary(ctx context.Context, t *testing.T, cp *controlplane.ControlPla
 	}
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "canary-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "canary"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addrType,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(backend.Port())), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{backend.Addr().String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},
