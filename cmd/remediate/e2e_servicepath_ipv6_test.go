@@ -161,11 +161,7 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 			}
 		})
 		t.Run("rule removed", func(t *testing.T) {
-			netnsRun(t, cp, dropOff...)
-			time.Sleep(time.Second)
-			if fs := run(t, d); len(fs) != 0 {
-				t.Fatalf("rule removed: still %v", fs)
-			}
+			ruleRemovedClears(t, cp, dropOff, func() map[string]detect.Finding { return run(t, d) })
 		})
 	}
 
@@ -182,19 +178,10 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 	})
 
 	t.Run("nftables", func(t *testing.T) {
-		// Without nft, StartKubeProxy skips (fails under
-		// REMEDIATE_E2E_REQUIRED).
-		kp.Stop(t)
-		// The iptables-mode rules (both families: kube-proxy runs
-		// dual-stack where the kernel can) would still DNAT: remove them,
-		// so the paths answer through nftables-mode kube-proxy only.
-		for _, cmd := range []string{"iptables-legacy", "ip6tables-legacy"} {
-			for _, table := range []string{"nat", "filter"} {
-				netnsRun(t, cp, cmd, "-t", table, "-F")
-				netnsRun(t, cp, cmd, "-t", table, "-X")
-			}
-		}
-		kp2 := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node2", Mode: "nftables", ClusterCIDR: clusterCIDR})
+		// kube-proxy ran dual-stack (both families where the kernel
+		// can): its legacy rules of both go.
+		kp2 := kubeProxyToNFTables(t, cp, kp, controlplane.KubeProxyOptions{NodeName: "node2", ClusterCIDR: clusterCIDR},
+			"iptables-legacy", "ip6tables-legacy")
 		mode(t, kp2.NodeName,
 			[]string{"nft", "add table ip6 rmdprobe; add chain ip6 rmdprobe out { type filter hook output priority 0; }; add rule ip6 rmdprobe out ct status dnat drop"},
 			[]string{"nft", "delete table ip6 rmdprobe"},

@@ -185,11 +185,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			}
 		})
 		t.Run("rule removed", func(t *testing.T) {
-			netnsRun(t, cp, dropOff...)
-			time.Sleep(time.Second)
-			if fs := run(t, d); len(fs) != 0 {
-				t.Fatalf("rule removed: still %v", fs)
-			}
+			ruleRemovedClears(t, cp, dropOff, func() map[string]detect.Finding { return run(t, d) })
 		})
 		t.Run("backend down", func(t *testing.T) {
 			canary.stop()
@@ -226,14 +222,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 	t.Run("nftables", func(t *testing.T) {
 		// Without nft, StartKubeProxy skips (fails under
 		// REMEDIATE_E2E_REQUIRED).
-		kp.Stop(t)
-		// The iptables-mode rules would still DNAT: remove them, so the
-		// paths answer through nftables-mode kube-proxy only.
-		for _, table := range []string{"nat", "filter"} {
-			netnsRun(t, cp, "iptables-legacy", "-t", table, "-F")
-			netnsRun(t, cp, "iptables-legacy", "-t", table, "-X")
-		}
-		kp2 := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node2", Mode: "nftables"})
+		kp2 := kubeProxyToNFTables(t, cp, kp, controlplane.KubeProxyOptions{NodeName: "node2"}, "iptables-legacy")
 		mode(t, kp2.NodeName,
 			[]string{"nft", "add table inet rmdprobe; add chain inet rmdprobe out { type filter hook output priority 0; }; add rule inet rmdprobe out ct status dnat drop"},
 			[]string{"nft", "delete table inet rmdprobe"},
@@ -314,6 +303,35 @@ func waitServicePaths(ctx context.Context, t *testing.T, view cluster.View, prob
 			}
 			time.Sleep(300 * time.Millisecond)
 		}
+	}
+}
+
+// kubeProxyToNFTables stops kp (iptables mode), flushes and deletes the
+// chains it left in the nat and filter tables of each iptables command
+// (they would still DNAT, so the paths would answer without the new
+// kube-proxy), and starts kube-proxy in nftables mode with opts. Without
+// nft, StartKubeProxy skips (fails under REMEDIATE_E2E_REQUIRED).
+func kubeProxyToNFTables(t *testing.T, cp *controlplane.ControlPlane, kp *controlplane.KubeProxy, opts controlplane.KubeProxyOptions, iptablesCmds ...string) *controlplane.KubeProxy {
+	t.Helper()
+	kp.Stop(t)
+	for _, cmd := range iptablesCmds {
+		for _, table := range []string{"nat", "filter"} {
+			netnsRun(t, cp, cmd, "-t", table, "-F")
+			netnsRun(t, cp, cmd, "-t", table, "-X")
+		}
+	}
+	opts.Mode = "nftables"
+	return cp.StartKubeProxy(opts)
+}
+
+// ruleRemovedClears runs dropOff in the namespace and checks that the
+// next run (a second later) has no finding.
+func ruleRemovedClears(t *testing.T, cp *controlplane.ControlPlane, dropOff []string, run func() map[string]detect.Finding) {
+	t.Helper()
+	netnsRun(t, cp, dropOff...)
+	time.Sleep(time.Second)
+	if fs := run(); len(fs) != 0 {
+		t.Fatalf("rule removed: still %v", fs)
 	}
 }
 
