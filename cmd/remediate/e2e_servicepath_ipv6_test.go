@@ -35,7 +35,9 @@ import (
 //   - a filter rule dropping DNAT'ed IPv6 traffic (ip6tables, or an
 //     `ip6` nft table; kube-proxy's rules unchanged): both paths are
 //     critical in one run, naming the bracketed ClusterIP and the backend
-//     that answers directly; the backends still answer directly;
+//     that answers directly, also from the real binary's --once in its
+//     one run (exit 2; iptables mode only, to save 10 s); the backends
+//     still answer directly;
 //   - the rule removed: the findings clear at the next run.
 func TestE2EServicePathProbeIPv6(t *testing.T) {
 	const testNS = "probe-e2e6"
@@ -95,6 +97,8 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 		return runServicePath(ctx, t, d, 20*time.Second)
 	}
 
+	once := newOnceRunner(ctx, t, cp, e2eServicePathPolicyIPv6).run
+
 	// A policy leaving IPv6 out probes nothing here and says why.
 	d4 := servicePathDetector(t, &node.Node{Name: kp.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), Cluster: view, Probe: prober},
 		func(p any) { params(p); p.(*detect.ServicePathProbeParams).Families = []string{"IPv4"} })
@@ -103,10 +107,11 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 		t.Fatalf("families [IPv4] on the IPv6 cluster: %v", err)
 	}
 
-	// mode runs the cases against the kube-proxy running as nodeName;
+	// mode runs the cases against the kube-proxy running as nodeName
+	// (withOnce: the real binary's --once too, 10 s);
 	// kubeProxyRules returns its IPv6 rules, which must contain each of
 	// programmed (so the paths go through kube-proxy's IPv6 DNAT).
-	mode := func(t *testing.T, nodeName string, dropOn, dropOff []string, kubeProxyRules func() string, programmed ...string) {
+	mode := func(t *testing.T, nodeName string, withOnce bool, dropOn, dropOff []string, kubeProxyRules func() string, programmed ...string) {
 		waitServicePaths(ctx, t, view, prober, "default/kubernetes", testNS+"/canary")
 		rules := kubeProxyRules()
 		for _, want := range programmed {
@@ -149,6 +154,21 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 				}
 				t.Logf("reported %v after the rule was added: %s", time.Since(added).Round(time.Millisecond), f.Message)
 			}
+			// The real binary's --once (its own dialer, in the
+			// namespace) judges both in its one run.
+			if withOnce {
+				code, rep := once(t, nodeName)
+				crit := map[string]string{}
+				for _, f := range rep.Findings {
+					if f.Rule == "service-path-probe" && f.Severity == "critical" {
+						crit[f.Target] = f.Message
+					}
+				}
+				if code != 2 || len(crit) != 2 || !strings.Contains(crit[apiTarget], "(IPv6 ClusterIP "+apiVIP+")") ||
+					!strings.Contains(crit[canaryTarget], backend.String()+" connected") {
+					t.Fatalf("--once: exit %d, %+v", code, rep)
+				}
+			}
 			// The backends still answer directly, and kube-proxy's
 			// rules are what they were.
 			for _, b := range []netip.AddrPort{apiBackend, backend} {
@@ -167,7 +187,7 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 
 	t.Run("iptables", func(t *testing.T) {
 		rule := []string{"OUTPUT", "-m", "conntrack", "--ctstate", "DNAT", "-j", "DROP"}
-		mode(t, kp.NodeName,
+		mode(t, kp.NodeName, true,
 			append([]string{"ip6tables-legacy", "-I"}, rule...),
 			append([]string{"ip6tables-legacy", "-D"}, rule...),
 			func() string {
@@ -182,10 +202,19 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 		// can): its legacy rules of both go.
 		kp2 := kubeProxyToNFTables(t, cp, kp, controlplane.KubeProxyOptions{NodeName: "node2", ClusterCIDR: clusterCIDR},
 			"iptables-legacy", "ip6tables-legacy")
-		mode(t, kp2.NodeName,
+		mode(t, kp2.NodeName, false,
 			[]string{"nft", "add table ip6 rmdprobe; add chain ip6 rmdprobe out { type filter hook output priority 0; }; add rule ip6 rmdprobe out ct status dnat drop"},
 			[]string{"nft", "delete table ip6 rmdprobe"},
 			func() string { return netnsRun(t, cp, "nft", "list", "table", "ip6", "kube-proxy") },
 			"dnat to "+apiBackend.String(), "dnat to "+backend.String(), "ip6 saddr != "+clusterCIDR+" jump mark-for-masquerade")
 	})
 }
+
+const e2eServicePathPolicyIPv6 = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: audit
+detectorTimeout: 20s
+rules:
+- name: service-path-probe
+  detector: {type: ServicePathProbe, canaries: [probe-e2e6/canary], families: [IPv6], maxConnects: 6}
+`

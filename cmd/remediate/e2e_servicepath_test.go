@@ -87,45 +87,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 		waitServicePaths(ctx, t, view, prober, "default/kubernetes", testNS+"/canary")
 	}
 
-	// once runs the real binary's --once inside the namespace (the
-	// daemon's host-namespace dialer is then the namespace's), with the
-	// cluster through the admin kubeconfig, and returns its exit code and
-	// report.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	onceDir := t.TempDir()
-	pol := filepath.Join(onceDir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(e2eServicePathPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	onceRuns := 0
-	once := func(t *testing.T, nodeName string) (int, servicePathReport) {
-		t.Helper()
-		onceRuns++
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", cp.NetNS.Name, self, "--once", "-o", "json", "--policy", pol,
-			"--kubeconfig", cp.AdminKubeconfig, "--state-dir", filepath.Join(onceDir, "state", strconv.Itoa(onceRuns)),
-			"--node-name", nodeName, "--proc-root", "/proc")
-		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		start := time.Now()
-		out, err := cmd.Output()
-		code := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("--once: %v\n%s", err, stderr.String())
-		}
-		var rep servicePathReport
-		if err := json.Unmarshal(out, &rep); err != nil {
-			t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
-		}
-		t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
-		return code, rep
-	}
+	once := newOnceRunner(ctx, t, cp, e2eServicePathPolicy).run
 
 	mode := func(t *testing.T, nodeName string, dropOn, dropOff []string, kubeProxyRules func() string) {
 		waitPaths(t)
@@ -238,6 +200,60 @@ rules:
 - name: service-path-probe
   detector: {type: ServicePathProbe, canaries: [probe-e2e/canary], families: [IPv4]}
 `
+
+// onceRunner runs the real binary's --once inside the control plane's
+// namespace (the daemon's dialer, in the node's namespace, is then the
+// namespace's), with the cluster through the admin kubeconfig and a
+// policy, each run with a fresh state dir.
+type onceRunner struct {
+	ctx         context.Context
+	cp          *controlplane.ControlPlane
+	self        string
+	dir, policy string
+	runs        int
+}
+
+func newOnceRunner(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, policy string) *onceRunner {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &onceRunner{ctx: ctx, cp: cp, self: self, dir: t.TempDir()}
+	o.policy = filepath.Join(o.dir, "policy.yaml")
+	if err := os.WriteFile(o.policy, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// run runs --once -o json as node nodeName and returns its exit code and
+// report.
+func (o *onceRunner) run(t *testing.T, nodeName string) (int, servicePathReport) {
+	t.Helper()
+	o.runs++
+	cmd := exec.CommandContext(o.ctx, "ip", "netns", "exec", o.cp.NetNS.Name, o.self, "--once", "-o", "json", "--policy", o.policy,
+		"--kubeconfig", o.cp.AdminKubeconfig, "--state-dir", filepath.Join(o.dir, "state", strconv.Itoa(o.runs)),
+		"--node-name", nodeName, "--proc-root", "/proc")
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("--once: %v\n%s", err, stderr.String())
+	}
+	var rep servicePathReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+	}
+	t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
+	return code, rep
+}
 
 // servicePathReport is the part of the --once JSON report the test reads.
 type servicePathReport struct {
