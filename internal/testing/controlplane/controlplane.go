@@ -56,7 +56,7 @@ const (
 	// ServiceCIDR is the apiserver's default --service-cluster-ip-range.
 	ServiceCIDR = "10.96.0.0/16"
 	// ServiceCIDR6 is an IPv6 service range for Options.ServiceCIDR (a
-	// ULA /112, as kubeadm's IPv6 examples use); the `kubernetes`
+	// ULA /112, kind's IPv6 default); the `kubernetes`
 	// Service's ClusterIP is then fd00:10:96::1.
 	ServiceCIDR6 = "fd00:10:96::/112"
 )
