@@ -240,9 +240,15 @@ func planServicePaths(v cluster.View, specs []spSpec, families []string, nodeNam
 			continue
 		}
 		eps := v.Endpoints(s.Namespace, s.Name)
+		// ClusterIPs of a family the policy leaves out; said when they
+		// are all the Service has (an IPv6 single-stack cluster with
+		// families [IPv4] would otherwise skip with no reason).
+		var otherFam []string
+		wanted := 0
 		for _, ip := range s.ClusterIPs {
 			a, err := netip.ParseAddr(ip)
 			if err != nil {
+				not = append(not, fmt.Sprintf("%s: ClusterIP %q is not an IP address", spec, ip))
 				continue
 			}
 			a = a.Unmap()
@@ -251,8 +257,10 @@ func planServicePaths(v cluster.View, specs []spSpec, families []string, nodeNam
 				fam = "IPv6"
 			}
 			if !wantFam[fam] {
+				otherFam = append(otherFam, fmt.Sprintf("%s is %s", a, fam))
 				continue
 			}
+			wanted++
 			path := spPath{ref: probe.Ref{Family: fam, Namespace: s.Namespace, Name: s.Name, Port: sp.Port},
 				portName: sp.Name, vip: netip.AddrPortFrom(a, uint16(sp.Port))}
 			path.backends = spBackends(eps, sp.Name, fam, s.InternalPolicyLocal, nodeName)
@@ -265,6 +273,9 @@ func planServicePaths(v cluster.View, specs []spSpec, families []string, nodeNam
 				continue
 			}
 			paths = append(paths, path)
+		}
+		if wanted == 0 && len(otherFam) > 0 {
+			not = append(not, fmt.Sprintf("%s: its ClusterIP %s, not in families %v", spec, strings.Join(otherFam, ", "), families))
 		}
 	}
 	return paths, not

@@ -431,3 +431,47 @@ func TestServicePathParams(t *testing.T) {
 		}
 	}
 }
+
+// An IPv6 single-stack cluster: the `kubernetes` Service's ClusterIP and
+// endpoint are IPv6. It is probed with bracketed addresses, and a policy
+// whose families leave IPv6 out says why nothing is probed instead of
+// skipping with an empty reason.
+func TestServicePathIPv6SingleStack(t *testing.T) {
+	f := newSPFixture()
+	f.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"fd00:10:96::1"},
+		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
+		cluster.Endpoint{Address: "fd00:200::1", Port: 6443, Protocol: "TCP", PortName: "https", Ready: true, Serving: true})
+	f.dial.Set("[fd00:10:96::1]:443", probe.Timeout)
+	d := f.detector(t, nil)
+	fs := f.run(t, d)
+	sameAddrs(t, "IPv6", f.dial.Calls(), "[fd00:10:96::1]:443", "[fd00:10:96::1]:443", "[fd00:200::1]:6443")
+	if len(fs) != 1 || fs[0].Target != "service-path/IPv6/default/kubernetes:443" || fs[0].Severity != Critical ||
+		!strings.Contains(fs[0].Message, "(IPv6 ClusterIP [fd00:10:96::1]:443)") || !strings.Contains(fs[0].Message, "([fd00:200::1]:6443 connected") ||
+		fs[0].Evidence["clusterIP"] != "[fd00:10:96::1]:443" {
+		t.Fatalf("%+v", fs)
+	}
+	if ev := fs[0].Evidence["backendsChecked"].([]spResultEvidence); len(ev) != 1 || ev[0].Addr != "[fd00:200::1]:6443" {
+		t.Fatalf("backendsChecked %+v", ev)
+	}
+
+	// families: [IPv4] on this cluster: nothing to probe, and the skip
+	// says which Service and why.
+	d = f.detector(t, func(p *ServicePathProbeParams) { p.Families = []string{"IPv4"} })
+	_, err := d.Detect(context.Background())
+	r, ok := IsSkip(err)
+	if want := "default/kubernetes: its ClusterIP fd00:10:96::1 is IPv6, not in families [IPv4]"; !ok || !strings.Contains(r, want) {
+		t.Fatalf("families [IPv4] on an IPv6 cluster: %v, want a skip saying %q", err, want)
+	}
+	if calls := f.dial.Calls(); len(calls) != 0 {
+		t.Fatalf("connects %v", calls)
+	}
+	// A ClusterIP that is no address (a hostile or broken view) is named
+	// too, not dropped silently.
+	f.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"[fd00:10:96::1]"},
+		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}})
+	f.clock.Step(time.Minute)
+	_, err = d.Detect(context.Background())
+	if r, ok := IsSkip(err); !ok || !strings.Contains(r, `default/kubernetes: ClusterIP "[fd00:10:96::1]" is not an IP address`) {
+		t.Fatalf("bad ClusterIP: %v", err)
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -77,85 +78,16 @@ func TestE2EServicePathProbe(t *testing.T) {
 
 	run := func(t *testing.T, d detect.Detector) map[string]detect.Finding {
 		t.Helper()
-		dctx, dcancel := context.WithTimeout(ctx, 15*time.Second)
-		defer dcancel()
-		start := time.Now()
-		fs, err := d.Detect(dctx)
-		if err != nil {
-			t.Fatalf("Detect: %v", err)
-		}
-		out := map[string]detect.Finding{}
-		for _, f := range fs {
-			out[f.Target] = f
-		}
-		t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(detect.Judged).Judged())
-		return out
+		return runServicePath(ctx, t, d, 15*time.Second)
 	}
 	// waitPaths waits until both Service paths answer (kube-proxy
 	// programmed them), straight through the prober.
 	waitPaths := func(t *testing.T) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for _, s := range []string{"default/kubernetes", testNS + "/canary"} {
-			ns, name, _ := strings.Cut(s, "/")
-			var vip netip.AddrPort
-			for _, svc := range view.Services() {
-				if svc.Namespace == ns && svc.Name == name {
-					vip = netip.AddrPortFrom(netip.MustParseAddr(svc.ClusterIPs[0]), uint16(svc.Ports[0].Port))
-				}
-			}
-			for {
-				r := prober.Connect(ctx, vip, time.Second)
-				if r.OK() {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%s %s never answered: %s", s, vip, r)
-				}
-				time.Sleep(300 * time.Millisecond)
-			}
-		}
+		waitServicePaths(ctx, t, view, prober, "default/kubernetes", testNS+"/canary")
 	}
 
-	// once runs the real binary's --once inside the namespace (the
-	// daemon's host-namespace dialer is then the namespace's), with the
-	// cluster through the admin kubeconfig, and returns its exit code and
-	// report.
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	onceDir := t.TempDir()
-	pol := filepath.Join(onceDir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(e2eServicePathPolicy), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	onceRuns := 0
-	once := func(t *testing.T, nodeName string) (int, servicePathReport) {
-		t.Helper()
-		onceRuns++
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", cp.NetNS.Name, self, "--once", "-o", "json", "--policy", pol,
-			"--kubeconfig", cp.AdminKubeconfig, "--state-dir", filepath.Join(onceDir, "state", strconv.Itoa(onceRuns)),
-			"--node-name", nodeName, "--proc-root", "/proc")
-		cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		start := time.Now()
-		out, err := cmd.Output()
-		code := 0
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("--once: %v\n%s", err, stderr.String())
-		}
-		var rep servicePathReport
-		if err := json.Unmarshal(out, &rep); err != nil {
-			t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
-		}
-		t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
-		return code, rep
-	}
+	once := newOnceRunner(ctx, t, cp, e2eServicePathPolicy).run
 
 	mode := func(t *testing.T, nodeName string, dropOn, dropOff []string, kubeProxyRules func() string) {
 		waitPaths(t)
@@ -215,11 +147,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			}
 		})
 		t.Run("rule removed", func(t *testing.T) {
-			netnsRun(t, cp, dropOff...)
-			time.Sleep(time.Second)
-			if fs := run(t, d); len(fs) != 0 {
-				t.Fatalf("rule removed: still %v", fs)
-			}
+			ruleRemovedClears(t, cp, dropOff, func() map[string]detect.Finding { return run(t, d) })
 		})
 		t.Run("backend down", func(t *testing.T) {
 			canary.stop()
@@ -256,14 +184,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 	t.Run("nftables", func(t *testing.T) {
 		// Without nft, StartKubeProxy skips (fails under
 		// REMEDIATE_E2E_REQUIRED).
-		kp.Stop(t)
-		// The iptables-mode rules would still DNAT: remove them, so the
-		// paths answer through nftables-mode kube-proxy only.
-		for _, table := range []string{"nat", "filter"} {
-			netnsRun(t, cp, "iptables-legacy", "-t", table, "-F")
-			netnsRun(t, cp, "iptables-legacy", "-t", table, "-X")
-		}
-		kp2 := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node2", Mode: "nftables"})
+		kp2 := kubeProxyToNFTables(t, cp, kp, controlplane.KubeProxyOptions{NodeName: "node2"}, "iptables-legacy")
 		mode(t, kp2.NodeName,
 			[]string{"nft", "add table inet rmdprobe; add chain inet rmdprobe out { type filter hook output priority 0; }; add rule inet rmdprobe out ct status dnat drop"},
 			[]string{"nft", "delete table inet rmdprobe"},
@@ -279,6 +200,60 @@ rules:
 - name: service-path-probe
   detector: {type: ServicePathProbe, canaries: [probe-e2e/canary], families: [IPv4]}
 `
+
+// onceRunner runs the real binary's --once inside the control plane's
+// namespace (the daemon's dialer, in the node's namespace, is then the
+// namespace's), with the cluster through the admin kubeconfig and a
+// policy, each run with a fresh state dir.
+type onceRunner struct {
+	ctx         context.Context
+	cp          *controlplane.ControlPlane
+	self        string
+	dir, policy string
+	runs        int
+}
+
+func newOnceRunner(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, policy string) *onceRunner {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &onceRunner{ctx: ctx, cp: cp, self: self, dir: t.TempDir()}
+	o.policy = filepath.Join(o.dir, "policy.yaml")
+	if err := os.WriteFile(o.policy, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// run runs --once -o json as node nodeName and returns its exit code and
+// report.
+func (o *onceRunner) run(t *testing.T, nodeName string) (int, servicePathReport) {
+	t.Helper()
+	o.runs++
+	cmd := exec.CommandContext(o.ctx, "ip", "netns", "exec", o.cp.NetNS.Name, o.self, "--once", "-o", "json", "--policy", o.policy,
+		"--kubeconfig", o.cp.AdminKubeconfig, "--state-dir", filepath.Join(o.dir, "state", strconv.Itoa(o.runs)),
+		"--node-name", nodeName, "--proc-root", "/proc")
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("--once: %v\n%s", err, stderr.String())
+	}
+	var rep servicePathReport
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+	}
+	t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
+	return code, rep
+}
 
 // servicePathReport is the part of the --once JSON report the test reads.
 type servicePathReport struct {
@@ -296,6 +271,84 @@ type servicePathReport struct {
 		Rule   string `json:"rule"`
 		Judged string `json:"judged"`
 	} `json:"ok"`
+}
+
+// runServicePath runs d once within timeout and returns its findings by
+// target, logging how long it took and its judged line.
+func runServicePath(ctx context.Context, t *testing.T, d detect.Detector, timeout time.Duration) map[string]detect.Finding {
+	t.Helper()
+	dctx, dcancel := context.WithTimeout(ctx, timeout)
+	defer dcancel()
+	start := time.Now()
+	fs, err := d.Detect(dctx)
+	if err != nil {
+		t.Fatalf("Detect: %v", err)
+	}
+	out := map[string]detect.Finding{}
+	for _, f := range fs {
+		out[f.Target] = f
+	}
+	t.Logf("run took %v: %d findings, judged %q", time.Since(start).Round(time.Millisecond), len(fs), d.(detect.Judged).Judged())
+	return out
+}
+
+// waitServicePaths waits (at most 30 s) until each "namespace/name"
+// Service's first ClusterIP and port answer through the prober, that is
+// until kube-proxy has programmed them.
+func waitServicePaths(ctx context.Context, t *testing.T, view cluster.View, prober probe.Interface, services ...string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range services {
+		ns, name, _ := strings.Cut(s, "/")
+		var vip netip.AddrPort
+		for _, svc := range view.Services() {
+			if svc.Namespace == ns && svc.Name == name && len(svc.ClusterIPs) > 0 && len(svc.Ports) > 0 {
+				vip = netip.AddrPortFrom(netip.MustParseAddr(svc.ClusterIPs[0]), uint16(svc.Ports[0].Port))
+			}
+		}
+		if !vip.IsValid() {
+			t.Fatalf("%s: not in the cluster view", s)
+		}
+		for {
+			r := prober.Connect(ctx, vip, time.Second)
+			if r.OK() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s %s never answered: %s", s, vip, r)
+			}
+			time.Sleep(300 * time.Millisecond)
+		}
+	}
+}
+
+// kubeProxyToNFTables stops kp (iptables mode), flushes and deletes the
+// chains it left in the nat and filter tables of each iptables command
+// (they would still DNAT, so the paths would answer without the new
+// kube-proxy), and starts kube-proxy in nftables mode with opts. Without
+// nft, StartKubeProxy skips (fails under REMEDIATE_E2E_REQUIRED).
+func kubeProxyToNFTables(t *testing.T, cp *controlplane.ControlPlane, kp *controlplane.KubeProxy, opts controlplane.KubeProxyOptions, iptablesCmds ...string) *controlplane.KubeProxy {
+	t.Helper()
+	kp.Stop(t)
+	for _, cmd := range iptablesCmds {
+		for _, table := range []string{"nat", "filter"} {
+			netnsRun(t, cp, cmd, "-t", table, "-F")
+			netnsRun(t, cp, cmd, "-t", table, "-X")
+		}
+	}
+	opts.Mode = "nftables"
+	return cp.StartKubeProxy(opts)
+}
+
+// ruleRemovedClears runs dropOff in the namespace and checks that the
+// next run (a second later) has no finding.
+func ruleRemovedClears(t *testing.T, cp *controlplane.ControlPlane, dropOff []string, run func() map[string]detect.Finding) {
+	t.Helper()
+	netnsRun(t, cp, dropOff...)
+	time.Sleep(time.Second)
+	if fs := run(); len(fs) != 0 {
+		t.Fatalf("rule removed: still %v", fs)
+	}
 }
 
 // servicePathDetector builds a ServicePathProbe as the engine does.
@@ -334,9 +387,13 @@ func netnsRun(t *testing.T, cp *controlplane.ControlPlane, args ...string) strin
 
 // createCanary creates Service "canary" (TCP 80) whose one ready endpoint
 // is backend (no controller-manager runs: the EndpointSlice is written by
-// hand).
+// hand, of backend's address family; the Service takes the cluster's).
 func createCanary(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns string, backend netip.AddrPort) {
 	t.Helper()
+	addrType := discoveryv1.AddressTypeIPv4
+	if backend.Addr().Is6() {
+		addrType = discoveryv1.AddressTypeIPv6
+	}
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "canary", Namespace: ns},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}},
@@ -346,7 +403,7 @@ func createCanary(ctx context.Context, t *testing.T, cp *controlplane.ControlPla
 	}
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "canary-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "canary"}},
-		AddressType: discoveryv1.AddressTypeIPv4,
+		AddressType: addrType,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("http"), Port: ptr.To(int32(backend.Port())), Protocol: ptr.To(corev1.ProtocolTCP)}},
 		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{backend.Addr().String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}},

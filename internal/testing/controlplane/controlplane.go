@@ -18,6 +18,10 @@
 // plain HTTP client that is. Processes are stopped by PID and the namespace
 // is deleted in t.Cleanup, also when the test fails; the tail of each
 // process's log is printed on failure.
+//
+// The cluster is IPv4 single-stack by default; Options.ServiceCIDR with an
+// IPv6 range (ServiceCIDR6) makes it IPv6 single-stack (the control
+// connections stay on 127.0.0.1).
 package controlplane
 
 import (
@@ -28,6 +32,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -48,8 +53,12 @@ const (
 	KubeProxyToken = "kubeproxytoken"
 	// APIServerURL is where kube-apiserver listens, inside the namespace.
 	APIServerURL = "https://127.0.0.1:6443"
-	// ServiceCIDR is the apiserver's --service-cluster-ip-range.
+	// ServiceCIDR is the apiserver's default --service-cluster-ip-range.
 	ServiceCIDR = "10.96.0.0/16"
+	// ServiceCIDR6 is an IPv6 service range for Options.ServiceCIDR (a
+	// ULA /112, kind's IPv6 default); the `kubernetes`
+	// Service's ClusterIP is then fd00:10:96::1.
+	ServiceCIDR6 = "fd00:10:96::/112"
 )
 
 // Options configures Start. The zero value is fine.
@@ -62,6 +71,16 @@ type Options struct {
 	ReadyTimeout time.Duration
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// ServiceCIDR is the apiserver's --service-cluster-ip-range (default
+	// ServiceCIDR). An IPv6 range (ServiceCIDR6) makes the cluster IPv6
+	// single-stack: the namespace's veth0 also gets NetNS.Address6 and an
+	// IPv6 default route (NetNS.EnableIPv6), the apiserver advertises
+	// Address6 (so the `kubernetes` Service's ClusterIP and its endpoint
+	// are IPv6), and the Nodes StartKubeProxy creates carry Address6 as
+	// their InternalIP (kube-proxy's primary family is then IPv6). The
+	// apiserver still listens on 127.0.0.1 unless ExtraAPIServerArgs
+	// says otherwise ("--bind-address", "::" for its endpoint to answer).
+	ServiceCIDR string
 }
 
 // ControlPlane is a running etcd + kube-apiserver in a test-owned namespace.
@@ -81,6 +100,12 @@ type ControlPlane struct {
 	// AdminKubeconfig is a kubeconfig file for the admin user, usable by
 	// programs run inside the namespace (NetNS.Command).
 	AdminKubeconfig string
+	// ServiceCIDR is the apiserver's --service-cluster-ip-range.
+	ServiceCIDR string
+	// NodeAddress is the apiserver's advertise address (the `kubernetes`
+	// Service's endpoint) and the InternalIP of the Nodes the harness
+	// creates: NetNS.Address, or NetNS.Address6 with an IPv6 ServiceCIDR.
+	NodeAddress string
 
 	etcd, apiServer *Process
 	apiServerArgs   []string
@@ -99,10 +124,22 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 	if _, err := exec.LookPath("ip"); err != nil {
 		skipOrFail(t, "needs the ip command (Debian package iproute2)")
 	}
+	serviceCIDR := opts.ServiceCIDR
+	if serviceCIDR == "" {
+		serviceCIDR = ServiceCIDR
+	}
+	v6, err := isIPv6CIDR(serviceCIDR)
+	if err != nil {
+		t.Fatalf("controlplane.Options.ServiceCIDR: %v", err)
+	}
 	dir := t.TempDir()
 	ns := NewNetNS(t)
 	cp := &ControlPlane{NetNS: ns, Dir: dir, BinDir: binDir, t: t,
-		readyTimeout: opts.ReadyTimeout}
+		readyTimeout: opts.ReadyTimeout, ServiceCIDR: serviceCIDR, NodeAddress: ns.Address}
+	if v6 {
+		ns.EnableIPv6(t)
+		cp.NodeAddress = ns.Address6
+	}
 	if cp.readyTimeout == 0 {
 		cp.readyTimeout = 120 * time.Second
 	}
@@ -126,14 +163,14 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--secure-port", "6443",
 		"--bind-address", "127.0.0.1",
-		"--advertise-address", ns.Address,
+		"--advertise-address", cp.NodeAddress,
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode", "RBAC",
 		"--service-account-key-file", filepath.Join(dir, "sa.pub"),
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.key"),
 		"--service-account-issuer", "https://kubernetes.default.svc",
-		"--service-cluster-ip-range", ServiceCIDR,
+		"--service-cluster-ip-range", serviceCIDR,
 	}, opts.ExtraAPIServerArgs...)
 
 	cp.RestConfig = &rest.Config{
@@ -155,6 +192,16 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 
 	cp.StartAPIServer()
 	return cp
+}
+
+// isIPv6CIDR reports whether cidr is an IPv6 prefix (an IPv4 one is
+// false; anything else an error).
+func isIPv6CIDR(cidr string) (bool, error) {
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return false, fmt.Errorf("service CIDR %q: %w", cidr, err)
+	}
+	return p.Addr().Is6() && !p.Addr().Is4In6(), nil
 }
 
 // StopAPIServer stops kube-apiserver (by PID; SIGTERM, then SIGKILL after

@@ -37,6 +37,10 @@ type KubeProxyOptions struct {
 	// owns `table ip kube-proxy` and `table ip6 kube-proxy` in the
 	// namespace).
 	Mode string
+	// ClusterCIDR is its clusterCIDR (default none: no local-traffic
+	// detection). Traffic to a ClusterIP from outside it is marked for
+	// masquerade, as on a real node.
+	ClusterCIDR string
 }
 
 // KubeProxy is a running kube-proxy in iptables mode (iptables-legacy, so
@@ -68,8 +72,8 @@ type KubeProxy struct {
 	env  []string
 }
 
-// StartKubeProxy creates the Node object (InternalIP = the namespace's
-// address), writes a kubeconfig (user system:kube-proxy) and a
+// StartKubeProxy creates the Node object (InternalIP = cp.NodeAddress, so
+// IPv6 in an IPv6 cluster), writes a kubeconfig (user system:kube-proxy) and a
 // KubeProxyConfiguration, starts kube-proxy in the namespace and waits until
 // its first sync succeeded (WaitHealthy). It is stopped by PID in
 // t.Cleanup.
@@ -147,7 +151,8 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack: {maxPerCore: 0}
 iptables: {syncPeriod: %s, minSyncPeriod: %s}
 nftables: {syncPeriod: %s, minSyncPeriod: %s}
-`, kubeconfig, opts.NodeName, opts.Mode, opts.SyncPeriod, opts.MinSyncPeriod, opts.SyncPeriod, opts.MinSyncPeriod))
+clusterCIDR: %q
+`, kubeconfig, opts.NodeName, opts.Mode, opts.SyncPeriod, opts.MinSyncPeriod, opts.SyncPeriod, opts.MinSyncPeriod, opts.ClusterCIDR))
 
 	cp.ensureNode(opts.NodeName)
 
@@ -223,8 +228,8 @@ func (kp *KubeProxy) WaitHealthy(timeout time.Duration) {
 	}
 }
 
-// ensureNode creates the Node object kube-proxy needs, with the namespace's
-// address as InternalIP.
+// ensureNode creates the Node object kube-proxy needs, with cp.NodeAddress
+// as InternalIP.
 func (cp *ControlPlane) ensureNode(name string) {
 	cp.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -237,7 +242,7 @@ func (cp *ControlPlane) ensureNode(name string) {
 	if err != nil {
 		cp.t.Fatalf("create node %s: %v", name, err)
 	}
-	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cp.NetNS.Address}}
+	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cp.NodeAddress}}
 	created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
 		LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now(), Reason: "Test", Message: "set by the test harness"}}
 	if _, err := cp.Client.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {

@@ -30,7 +30,14 @@ type NetNS struct {
 	// Address is veth0's IPv4 address (10.200.0.1), also the Node's
 	// InternalIP and the apiserver's advertise address.
 	Address string
+	// Address6 is veth0's IPv6 address (Address6ULA) once EnableIPv6 ran,
+	// else "".
+	Address6 string
 }
+
+// Address6ULA is the IPv6 address EnableIPv6 gives veth0 (a unique local
+// address, inside the namespace only).
+const Address6ULA = "fd00:200::1"
 
 // NewNetNS creates a network namespace and deletes it in t.Cleanup. Cleanups
 // registered after this one (processes started in it) run before it.
@@ -63,6 +70,49 @@ func NewNetNS(t testing.TB) *NetNS {
 		}
 	}
 	return ns
+}
+
+// EnableIPv6 gives veth0 the IPv6 address Address6ULA/64 (without
+// duplicate address detection) and an IPv6 default route through veth0,
+// which IPv6 ClusterIPs need to be routed (and then DNAT'ed) at all, and
+// waits (at most 10 s) until the address is local in the routing table.
+// It sets Address6. Nothing changes outside the namespace.
+//
+// The wait matters: the kernel accepts a bind to the new address at once
+// but inserts its local route from a work queue, later on a busy machine
+// (seen: > 1 s); a connect in between goes out veth0 through the /64
+// prefix route, neighbour discovery fails and it ends in EHOSTUNREACH
+// after 3 s.
+func (ns *NetNS) EnableIPv6(t testing.TB) {
+	t.Helper()
+	ip := func(args ...string) (string, error) {
+		full := append([]string{"-n", ns.Name}, args...)
+		out, err := exec.Command("ip", full...).CombinedOutput()
+		if err != nil {
+			return string(out), fmt.Errorf("ip %s: %w: %s", strings.Join(full, " "), err, out)
+		}
+		return string(out), nil
+	}
+	for _, args := range [][]string{
+		{"-6", "addr", "add", Address6ULA + "/64", "dev", "veth0", "nodad"},
+		{"-6", "route", "add", "default", "dev", "veth0"},
+	} {
+		if _, err := ip(args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := ip("-6", "route", "get", Address6ULA)
+		if err == nil && strings.HasPrefix(out, "local ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not local in namespace %s after 10 s: %v %s", Address6ULA, ns.Name, err, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ns.Address6 = Address6ULA
 }
 
 // Command returns a command that runs name inside the namespace through
