@@ -21,6 +21,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/internal/testing/deploytest"
 	"github.com/remediate-dev/remediate/internal/testing/fakekubelet"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
@@ -65,10 +66,10 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// Calico by the Tigera operator lives in calico-system: its component
 	// grants the pod delete there (RBAC refuses it without; testPermissions).
-	applyEnforceWith(t, cp, "node-agents-calico-system")
+	deploytest.ApplyEnforceWith(t, cp, "node-agents-calico-system")
 	var mu sync.Mutex
 	var urls []string
-	c, err := kube.NewClient(asDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
+	c, err := kube.NewClient(deploytest.AsDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return recordRT{next: rt, mu: &mu, urls: &urls} }})
 	if err != nil {
 		t.Fatal(err)
