@@ -21,7 +21,9 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/internal/testing/deploytest"
 	"github.com/remediate-dev/remediate/internal/testing/fakekubelet"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
@@ -33,13 +35,17 @@ const podsE2ENS = "pods-e2e"
 
 // startPodsControlPlane starts a control plane whose apiserver writes an
 // audit log of pod deletes (with the request body: the DeleteOptions and
-// their preconditions) to the returned path, and creates what pods need
-// without a controller-manager: the namespaces' default ServiceAccounts,
-// and Nodes node1 and node2.
-func startPodsControlPlane(t *testing.T) (*controlplane.ControlPlane, string) {
+// their preconditions) to the returned path, applies the enforce overlay
+// of deploy/ (the ServiceAccount's RBAC and the admission policy the
+// binary then runs under, through the kubeconfig it returns: the
+// ServiceAccount on node1, as a bound pod token authenticates), and
+// creates what pods need without a controller-manager: the namespaces'
+// default ServiceAccounts, and Nodes node1 and node2.
+func startPodsControlPlane(t *testing.T) (cp *controlplane.ControlPlane, auditLog, kubeconfig string) {
 	t.Helper()
 	dir := t.TempDir()
-	auditPolicy, auditLog := filepath.Join(dir, "audit-policy.yaml"), filepath.Join(dir, "audit.log")
+	auditPolicy := filepath.Join(dir, "audit-policy.yaml")
+	auditLog = filepath.Join(dir, "audit.log")
 	if err := os.WriteFile(auditPolicy, []byte(`apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
@@ -51,12 +57,15 @@ rules:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cp := controlplane.Start(t, controlplane.Options{ExtraAPIServerArgs: []string{
+	cp = controlplane.Start(t, controlplane.Options{ExtraAPIServerArgs: []string{
 		"--audit-policy-file", auditPolicy, "--audit-log-path", auditLog, "--audit-log-mode", "blocking"}})
 	ctx := context.Background()
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podsE2ENS}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, ns := range []string{podsE2ENS, deploytest.Namespace} {
+		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	deploytest.ApplyOverlay(t, cp, "enforce", false)
 	for _, ns := range []string{podsE2ENS, "kube-system"} {
 		if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
@@ -67,11 +76,12 @@ rules:
 			t.Fatal(err)
 		}
 	}
-	return cp, auditLog
+	return cp, auditLog, deploytest.DaemonKubeconfig(t, cp, "node1")
 }
 
-// podDeletes are the pod deletes the apiserver's audit log recorded: who,
-// which pod, and the UID precondition the request carried.
+// podDeletes are the pod deletes the apiserver's audit log recorded: who
+// (the impersonated user, when impersonating), which pod, and the UID
+// precondition the request carried.
 type podDelete struct {
 	User, Namespace, Name, UID string
 	Code                       int
@@ -90,10 +100,11 @@ func podDeletes(t *testing.T, auditLog string) []podDelete {
 			continue
 		}
 		var ev struct {
-			Stage     string                    `json:"stage"`
-			Verb      string                    `json:"verb"`
-			User      struct{ Username string } `json:"user"`
-			ObjectRef struct {
+			Stage            string                     `json:"stage"`
+			Verb             string                     `json:"verb"`
+			User             struct{ Username string }  `json:"user"`
+			ImpersonatedUser *struct{ Username string } `json:"impersonatedUser"`
+			ObjectRef        struct {
 				Namespace, Name string
 			} `json:"objectRef"`
 			ResponseStatus struct{ Code int } `json:"responseStatus"`
@@ -106,7 +117,11 @@ func podDeletes(t *testing.T, auditLog string) []podDelete {
 			t.Fatalf("audit log line %q: %v", l, err)
 		}
 		if ev.Stage == "ResponseComplete" && ev.Verb == "delete" {
-			out = append(out, podDelete{User: ev.User.Username, Namespace: ev.ObjectRef.Namespace, Name: ev.ObjectRef.Name,
+			user := ev.User.Username
+			if ev.ImpersonatedUser != nil {
+				user = ev.ImpersonatedUser.Username
+			}
+			out = append(out, podDelete{User: user, Namespace: ev.ObjectRef.Namespace, Name: ev.ObjectRef.Name,
 				UID: ev.RequestObject.Preconditions.UID, Code: ev.ResponseStatus.Code, GracePeriod: ev.RequestObject.GracePeriodSeconds})
 		}
 	}
@@ -142,11 +157,12 @@ rules:
 // whose RestartNodeAgent is a dry run naming the pod's UID (nothing
 // deleted); with the kubelet's status fixed, exit 0 with both checks ok.
 func TestE2EPodFindingsOnce(t *testing.T) {
-	cp, auditLog := startPodsControlPlane(t)
+	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	now := time.Now()
+	t.Setenv("POD_NAMESPACE", deploytest.Namespace) // as in the DaemonSet's pod (kubectl remediate runs --once there)
 
 	var stuck []string
 	for i := 0; i < 11; i++ {
@@ -179,7 +195,7 @@ func TestE2EPodFindingsOnce(t *testing.T) {
 	once := func(t *testing.T) (int, e2eReport) {
 		t.Helper()
 		var rep e2eReport
-		code := onceInNetNS(ctx, t, cp, self, &rep, "--dry-run", "--policy", pol, "--kubeconfig", cp.AdminKubeconfig,
+		code := onceInNetNS(ctx, t, cp, self, &rep, "--dry-run", "--policy", pol, "--kubeconfig", kubeconfig,
 			"--state-dir", filepath.Join(dir, "state"), "--node-name", "node1", "--proc-root", "/proc")
 		return code, rep
 	}
@@ -293,7 +309,6 @@ mode: %MODE%
 interval: 1s
 jitter: 0
 detectorTimeout: 1s
-cluster: {namespace: kube-system}
 rules:
 - name: restart-unready-cni-agent
   detector: {type: CNIAgentUnhealthy, notReadyFor: 2s, restartWindow: 1m}
@@ -309,14 +324,15 @@ rules:
 // kube-apiserver, node1's calico-node pod (a DaemonSet's, grace period
 // 30 s) not Ready. The test plays the DaemonSet controller and the
 // kubelet. In audit mode the daemon journals the plan and deletes nothing.
-// Then in enforce mode, on the same state dir, it journals the intent,
+// Then in enforce mode, on the same state dir, with deploy/'s RBAC, a
+// fleet pause holds the restart; once lifted, it journals the intent,
 // deletes exactly that pod with its UID as precondition (the apiserver's
 // audit log shows the request), waits for the Ready replacement, journals
 // the outcome naming it and verifies the finding cleared. When the
 // replacement is not Ready in turn, the rule's rate limit (1 per hour)
 // blocks a second restart: no delete, no journal intent.
 func TestE2ERestartNodeAgentByEngine(t *testing.T) {
-	cp, auditLog := startPodsControlPlane(t)
+	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -339,8 +355,10 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		if err := os.WriteFile(pol, []byte(strings.Replace(e2eRestartPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		return startLogged(t, mainCmd("ip", "netns", "exec", cp.NetNS.Name, self, "--policy", pol, "--kubeconfig", cp.AdminKubeconfig,
-			"--state-dir", state, "--metrics-addr", metricsAddr, "--node-name", "node1", "--proc-root", "/proc", "--log-level", "debug"))
+		cmd := mainCmd("ip", "netns", "exec", cp.NetNS.Name, self, "--policy", pol, "--kubeconfig", kubeconfig,
+			"--state-dir", state, "--metrics-addr", metricsAddr, "--node-name", "node1", "--proc-root", "/proc", "--log-level", "debug")
+		cmd.Env = append(cmd.Env, "POD_NAMESPACE="+deploytest.Namespace) // as the DaemonSet sets it: its Leases go there
+		return startLogged(t, cmd)
 	}
 	records := func() []journal.Record {
 		rs, err := journal.ReadAll(state)
@@ -358,8 +376,15 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		return nil
 	}
 
+	// Every request the daemon makes is allowed to its ServiceAccount.
+	noForbidden := func(t *testing.T, logs *logBuf) {
+		t.Helper()
+		if logs.has("forbidden") {
+			t.Errorf("the daemon was refused a request:\n%s", logs.String())
+		}
+	}
 	t.Run("audit", func(t *testing.T) {
-		_, stop := daemon("audit")
+		logs, stop := daemon("audit")
 		defer stop()
 		var dry *journal.Record
 		waitUntil(t, 40*time.Second, "the dry-run journal record", func() bool { dry = find(journal.KindDryRun, oldTarget); return dry != nil })
@@ -369,6 +394,7 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second) // more cycles: still nothing done
 		stop()
+		noForbidden(t, logs)
 		p, err := admin.CoreV1().Pods(ns).Get(ctx, oldName, metav1.GetOptions{})
 		if err != nil || p.UID != agent.UID || p.DeletionTimestamp != nil {
 			t.Fatalf("the agent pod after audit mode: %v, deletion %v", err, p.DeletionTimestamp)
@@ -390,8 +416,35 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		// the replacement is Running and Ready.
 		played := make(chan error, 1)
 		go func() { played <- playDaemonSet(ctx, cp, ns, oldName, newName) }()
+		// First with the fleet paused (the ConfigMap the daemon reads by
+		// name, with deploy/'s RBAC): the restart is held.
+		pause := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: kube.FleetConfigMap, Namespace: deploytest.Namespace},
+			Data: map[string]string{kube.PauseKey: "e2e: upgrading"}}
+		if _, err := admin.CoreV1().ConfigMaps(deploytest.Namespace).Create(ctx, pause, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		logs, stop := daemon("enforce")
 		defer stop()
+		hc := cp.NetNS.HTTPClient(5 * time.Second)
+		metricAbove0 := func(series string) bool {
+			resp, err := hc.Get("http://" + metricsAddr + "/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` [1-9]`).Match(b)
+		}
+		waitUntil(t, 40*time.Second, "the restart held by the fleet pause", func() bool {
+			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardFleetPause, rule))
+		})
+		if p, err := admin.CoreV1().Pods(ns).Get(ctx, oldName, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
+			!metricAbove0("remediate_fleet_paused") || find(journal.KindIntent, oldTarget) != nil {
+			t.Fatalf("the fleet pause did not hold the restart: %v, deletion %v, journal %+v", err, p.DeletionTimestamp, records())
+		}
+		if err := admin.CoreV1().ConfigMaps(deploytest.Namespace).Delete(ctx, kube.FleetConfigMap, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		var verified *journal.Record
 		waitUntil(t, 60*time.Second, "the verified journal record", func() bool {
 			verified = find(journal.KindVerified, oldTarget)
@@ -411,10 +464,11 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		}
 		t.Logf("journal: %s | %s | %s", journal.Format(*intent), journal.Format(*outcome), journal.Format(*verified))
 		// Two deletes of that pod, both with its UID as precondition: the
-		// daemon's (graceful: the pod's own grace period), then the
-		// kubelet's confirmation (grace period 0, the test's).
+		// daemon's, as its ServiceAccount (graceful: the pod's own grace
+		// period), then the kubelet's confirmation (grace period 0, the
+		// test's).
 		d := podDeletes(t, auditLog)
-		if len(d) != 2 || d[0].Name != oldName || d[0].UID != string(agent.UID) || d[0].GracePeriod != nil || d[0].Code != 200 ||
+		if len(d) != 2 || d[0].User != deploytest.SAUser || d[0].Name != oldName || d[0].UID != string(agent.UID) || d[0].GracePeriod != nil || d[0].Code != 200 ||
 			d[1].Name != oldName || d[1].GracePeriod == nil || *d[1].GracePeriod != 0 {
 			t.Errorf("pod deletes %+v: want the daemon's of %s with precondition uid %s, then the kubelet's", d, oldName, agent.UID)
 		} else {
@@ -427,16 +481,8 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		// The replacement is not Ready in turn: a finding on a new
 		// target; the rate limit (1 per hour) blocks a second restart.
 		fakekubelet.SetStatus(t, admin, ns, newName, fakekubelet.NotReady(time.Now().Add(-10*time.Second), 0, nil))
-		hc := cp.NetNS.HTTPClient(5 * time.Second)
-		blocked := fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q} `, guardrails.GuardRuleRate, rule)
 		waitUntil(t, 30*time.Second, "a rate limit block", func() bool {
-			resp, err := hc.Get("http://" + metricsAddr + "/metrics")
-			if err != nil {
-				return false
-			}
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return regexp.MustCompile(regexp.QuoteMeta(blocked) + `[1-9]`).Match(b)
+			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardRuleRate, rule))
 		})
 		if !logs.has(`"msg":"finding appeared","rule":"` + rule + `","detector":"CNIAgentUnhealthy","target":"` + newTarget + `"`) {
 			t.Errorf("no finding on the replacement logged")
@@ -448,6 +494,8 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		if find(journal.KindIntent, newTarget) != nil || len(podDeletes(t, auditLog)) != len(d) {
 			t.Errorf("a second restart went ahead: %+v", records())
 		}
+		stop()
+		noForbidden(t, logs)
 	})
 }
 

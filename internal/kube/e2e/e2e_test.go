@@ -221,12 +221,12 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"create", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"},
 		{"impersonate", "", "serviceaccounts", "", "kube-system"},
 	}
-	check := func(a ra) bool {
+	checkNamed := func(a ra, name string) bool {
 		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:   deploytest.SAUser,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
-				Subresource: a.sub, Namespace: a.ns},
+				Subresource: a.sub, Namespace: a.ns, Name: name},
 		}}
 		res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
 		if err != nil {
@@ -234,6 +234,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 		return res.Status.Allowed
 	}
+	check := func(a ra) bool { return checkNamed(a, "") }
 	for _, a := range allowed {
 		if !check(a) {
 			t.Errorf("ServiceAccount refused %+v, which the daemon needs", a)
@@ -243,6 +244,21 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		if check(a) {
 			t.Errorf("ServiceAccount allowed %+v, which the daemon does not need", a)
 		}
+	}
+	// The fleet controls' watches (kube.OneWatch): one object each, by
+	// name (list and watch carry the field selector metadata.name).
+	for _, a := range []ra{{"get", "", "configmaps", "", deploytest.Namespace}, {"list", "", "configmaps", "", deploytest.Namespace}, {"watch", "", "configmaps", "", deploytest.Namespace}} {
+		if !checkNamed(a, kube.FleetConfigMap) || checkNamed(a, "remediate-other") || check(a) {
+			t.Errorf("ConfigMap %s: %+v allowed other than by that name", kube.FleetConfigMap, a)
+		}
+	}
+	for _, a := range []ra{{"get", "apps", "daemonsets", "", "kube-system"}, {"list", "apps", "daemonsets", "", "kube-system"}, {"watch", "apps", "daemonsets", "", "kube-system"}} {
+		if !checkNamed(a, "kube-proxy") || checkNamed(a, "calico-node") || check(a) {
+			t.Errorf("DaemonSet kube-proxy: %+v allowed other than by that name", a)
+		}
+	}
+	if checkNamed(ra{"update", "", "configmaps", "", deploytest.Namespace}, kube.FleetConfigMap) {
+		t.Errorf("ServiceAccount may update the fleet ConfigMap")
 	}
 
 	// The audit overlay's RBAC is read-only: no pod delete, no Node
