@@ -479,7 +479,9 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		}
 
 		// The replacement is not Ready in turn: a finding on a new
-		// target; the rate limit (1 per hour) blocks a second restart.
+		// target (the replacement's own pod name), so the rule's cooldown
+		// and escalation, kept per target, do not apply to it; the rate
+		// limit (1 per hour, per rule) blocks a second restart.
 		fakekubelet.SetStatus(t, admin, ns, newName, fakekubelet.NotReady(time.Now().Add(-10*time.Second), 0, nil))
 		waitUntil(t, 30*time.Second, "a rate limit block", func() bool {
 			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardRuleRate, rule))
