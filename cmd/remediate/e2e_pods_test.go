@@ -3,9 +3,14 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -325,7 +330,8 @@ rules:
 // 30 s) not Ready. The test plays the DaemonSet controller and the
 // kubelet. In audit mode the daemon journals the plan and deletes nothing.
 // Then in enforce mode, on the same state dir, with deploy/'s RBAC, a
-// fleet pause holds the restart; once lifted, it journals the intent,
+// fleet pause holds the restart, from the first cycle although the pause
+// ConfigMap is listed 3 s after the rest; once lifted, it journals the intent,
 // deletes exactly that pod with its UID as precondition (the apiserver's
 // audit log shows the request), waits for the Ready replacement, journals
 // the outcome naming it and verifies the finding cleared. When the
@@ -350,7 +356,7 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 	dir := t.TempDir()
 	state := filepath.Join(dir, "state")
 	const metricsAddr = "127.0.0.1:19808" // inside the control plane's namespace
-	daemon := func(mode string) (*logBuf, func()) {
+	daemon := func(mode, kubeconfig string) (*logBuf, func()) {
 		pol := filepath.Join(dir, mode+".yaml")
 		if err := os.WriteFile(pol, []byte(strings.Replace(e2eRestartPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
 			t.Fatal(err)
@@ -384,7 +390,7 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		}
 	}
 	t.Run("audit", func(t *testing.T) {
-		logs, stop := daemon("audit")
+		logs, stop := daemon("audit", kubeconfig)
 		defer stop()
 		var dry *journal.Record
 		waitUntil(t, 40*time.Second, "the dry-run journal record", func() bool { dry = find(journal.KindDryRun, oldTarget); return dry != nil })
@@ -423,7 +429,10 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		if _, err := admin.CoreV1().ConfigMaps(deploytest.Namespace).Create(ctx, pause, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		logs, stop := daemon("enforce")
+		// Its API connection goes through a proxy that holds ConfigMap
+		// requests for 3 s: the pause is listed after the rest of the
+		// cluster, and must still hold the first cycle's restart.
+		logs, stop := daemon("enforce", slowConfigMaps(t, cp, "127.0.0.1:16443", 3*time.Second, kubeconfig))
 		defer stop()
 		hc := cp.NetNS.HTTPClient(5 * time.Second)
 		metricAbove0 := func(series string) bool {
@@ -499,6 +508,50 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		stop()
 		noForbidden(t, logs)
 	})
+}
+
+// slowConfigMaps starts an HTTPS reverse proxy to the apiserver at addr
+// inside the control plane's namespace that holds every request for
+// ConfigMaps for delay (the rest passes at once), and returns a copy of
+// kubeconfig that points at it.
+func slowConfigMaps(t *testing.T, cp *controlplane.ControlPlane, addr string, delay time.Duration, kubeconfig string) string {
+	t.Helper()
+	target, err := url.Parse(controlplane.APIServerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.FlushInterval = -1 // watches stream
+	rp.Transport = &http.Transport{DialContext: cp.NetNS.DialContext, ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // the apiserver's self-signed certificate
+	l, err := cp.NetNS.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/configmaps") {
+			select {
+			case <-time.After(delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	srv.Listener.Close()
+	srv.Listener = l
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	b, err := os.ReadFile(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "slow-configmaps.kubeconfig")
+	if err := os.WriteFile(out, []byte(strings.Replace(string(b), controlplane.APIServerURL, "https://"+addr, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // playDaemonSet plays the DaemonSet controller and the kubelet for one
