@@ -129,15 +129,9 @@ func KustomizeObjects(m resmap.ResMap) ([]*unstructured.Unstructured, error) {
 const ChartNamespace = "remediate"
 
 // ChartOnly lists the installed chart objects deploy/base does not have
-// yet (rendered into ChartNamespace): the fleet controls' RBAC. When the
-// base gains them (deploy/base/rbac.yaml), delete the entries and the
-// comparison covers them too.
-var ChartOnly = map[string]bool{
-	"Role remediate/remediate-fleet":                       true,
-	"RoleBinding remediate/remediate-fleet":                true,
-	"Role kube-system/remediate-kube-proxy-rollout":        true,
-	"RoleBinding kube-system/remediate-kube-proxy-rollout": true,
-}
+// (rendered into ChartNamespace). None now: the fleet controls' RBAC is in
+// both, and compared.
+var ChartOnly = map[string]bool{}
 
 // KustomizeOnly lists the objects of the overlays the chart does not
 // render: the Namespace. Helm's convention is that the release namespace

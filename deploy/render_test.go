@@ -47,10 +47,10 @@ func TestRenderOverlays(t *testing.T) {
 				clusterScoped := map[string]bool{"ClusterRole": true, "ClusterRoleBinding": true, "Namespace": true,
 					"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}[r.GetKind()]
 				// Everything in remediate's own namespace except what it
-				// needs in kube-system (Node Events; enforce: delete of the
-				// node agents' pods).
+				// needs in kube-system (Node Events, kube-proxy's
+				// DaemonSet; enforce: delete of the node agents' pods).
 				want := "remediate"
-				if r.GetName() == "remediate-kube-system" || r.GetName() == "remediate-node-agents" {
+				if r.GetName() == "remediate-kube-system" || r.GetName() == "remediate-node-agents" || r.GetName() == "remediate-kube-proxy-rollout" {
 					want = "kube-system"
 				}
 				if ns := r.GetNamespace(); clusterScoped && ns != "" || !clusterScoped && ns != want {
@@ -61,9 +61,10 @@ func TestRenderOverlays(t *testing.T) {
 				"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 				want := 1
 				if k == "Role" || k == "RoleBinding" {
-					// Leases in remediate, events and (enforce; empty in
+					// Leases and the fleet pause ConfigMap in remediate,
+					// events, kube-proxy's DaemonSet and (enforce; empty in
 					// audit) pod delete in kube-system.
-					want = 3
+					want = 5
 				}
 				if kinds[k] != want {
 					t.Errorf("%d %s, want %d (%v)", kinds[k], k, want, kinds)

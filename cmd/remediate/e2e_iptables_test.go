@@ -36,6 +36,7 @@ type e2eReport struct {
 		Rule     string         `json:"rule"`
 		Detector string         `json:"detector"`
 		Target   string         `json:"target"`
+		Severity string         `json:"severity"`
 		Message  string         `json:"message"`
 		Evidence map[string]any `json:"evidence"`
 	} `json:"findings"`
@@ -46,6 +47,10 @@ type e2eReport struct {
 		Outcome string `json:"outcome"`
 		Reason  string `json:"reason"`
 	} `json:"decisions"`
+	OK []struct {
+		Rule   string `json:"rule"`
+		Judged string `json:"judged"`
+	} `json:"ok"`
 }
 
 // TestOnceEndToEndIPTablesAndXtablesLock runs the binary (this test binary

@@ -232,26 +232,9 @@ func newOnceRunner(ctx context.Context, t *testing.T, cp *controlplane.ControlPl
 func (o *onceRunner) run(t *testing.T, nodeName string) (int, servicePathReport) {
 	t.Helper()
 	o.runs++
-	cmd := exec.CommandContext(o.ctx, "ip", "netns", "exec", o.cp.NetNS.Name, o.self, "--once", "-o", "json", "--policy", o.policy,
-		"--kubeconfig", o.cp.AdminKubeconfig, "--state-dir", filepath.Join(o.dir, "state", strconv.Itoa(o.runs)),
-		"--node-name", nodeName, "--proc-root", "/proc")
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	start := time.Now()
-	out, err := cmd.Output()
-	code := 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("--once: %v\n%s", err, stderr.String())
-	}
 	var rep servicePathReport
-	if err := json.Unmarshal(out, &rep); err != nil {
-		t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
-	}
-	t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
+	code := onceInNetNS(o.ctx, t, o.cp, o.self, &rep, "--policy", o.policy, "--kubeconfig", o.cp.AdminKubeconfig,
+		"--state-dir", filepath.Join(o.dir, "state", strconv.Itoa(o.runs)), "--node-name", nodeName, "--proc-root", "/proc")
 	return code, rep
 }
 
@@ -383,6 +366,32 @@ func netnsRun(t *testing.T, cp *controlplane.ControlPlane, args ...string) strin
 		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// onceInNetNS runs bin (this test binary as main) with `--once -o json`
+// and args inside the control plane's namespace, where the apiserver
+// answers on the loopback, decodes its report into rep and returns its
+// exit code.
+func onceInNetNS(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, bin string, rep any, args ...string) int {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", cp.NetNS.Name, bin, "--once", "-o", "json"}, args...)...)
+	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	out, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("--once: %v\n%s", err, stderr.String())
+	}
+	if err := json.Unmarshal(out, rep); err != nil {
+		t.Fatalf("--once output (exit %d): %v\n%s\n%s", code, err, out, stderr.String())
+	}
+	t.Logf("--once took %v, exit %d", time.Since(start).Round(time.Millisecond), code)
+	return code
 }
 
 // createCanary creates Service "canary" (TCP 80) whose one ready endpoint

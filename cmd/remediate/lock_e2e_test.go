@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -117,36 +116,8 @@ rules:
 	addr := freeAddr(t)
 	daemon := mainCmd(self, "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr,
 		"--proc-root", "/proc", "--xtables-lock", lock, "--node-name", "node1")
-	stderr, err := daemon.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &logBuf{}
-	if err := daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
+	logs, _ := startLogged(t, daemon)
 	started := time.Now()
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-		for sc.Scan() {
-			logs.add(sc.Text())
-		}
-	}()
-	t.Cleanup(func() {
-		_ = daemon.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = daemon.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = daemon.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", logs.String())
-		}
-	})
 	scrape := func() string {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {

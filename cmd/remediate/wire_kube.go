@@ -98,6 +98,14 @@ func (w *wiring) kube() *kubeWiring {
 			k.pods = pw
 			pw.Start(ctx)
 		}
+		// The fleet controls: not yet listed means unknown, and unknown
+		// allows (a node without the API keeps healing), so they are
+		// waited for with the rest: a daemon (re)started during a fleet
+		// pause, as in an upgrade, must not act in its first cycles.
+		pw := kube.NewFleetPauseWatch(c.Interface, ns)
+		pw.Start(ctx)
+		dw := kube.NewDaemonSetWatch(c.Interface, kubeProxyNamespace, kubeProxyDaemonSet)
+		dw.Start(ctx)
 		if err := probeAPIServer(ctx, c); err != nil {
 			w.log.Warn("kubernetes API server not answering: API-dependent checks skip and API actions stay blocked until it does (retrying in the background)", zap.Error(err))
 		} else {
@@ -108,12 +116,13 @@ func (w *wiring) kube() *kubeWiring {
 			if k.pods != nil && !k.pods.WaitForSync(sctx) {
 				w.log.Warn("the watch of this node's pods has not synced yet; the pod checks skip until it does", zap.Error(k.pods.Freshness().LastError))
 			}
+			if !pw.WaitForSync(sctx) || !dw.WaitForSync(sctx) {
+				w.log.Warn("the fleet controls are not known yet (ConfigMap "+ns+"/"+kube.FleetConfigMap+", DaemonSet "+kubeProxyNamespace+"/"+kubeProxyDaemonSet+
+					"): until they are, a fleet pause and a kube-proxy rollout do not hold actions (RBAC: the Roles remediate-fleet and remediate-kube-proxy-rollout)",
+					zap.Duration("waited", syncWait))
+			}
 			scancel()
 		}
-		pw := kube.NewFleetPauseWatch(c.Interface, ns)
-		pw.Start(ctx)
-		dw := kube.NewDaemonSetWatch(c.Interface, kubeProxyNamespace, kubeProxyDaemonSet)
-		dw.Start(ctx)
 		k.pause.Store(guardrails.NewFleetPause(pw, ns))
 		k.rollout = guardrails.NewKubeProxyRollout(dw)
 		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})

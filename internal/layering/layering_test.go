@@ -31,6 +31,7 @@ var floors = map[string]int{
 	"remediate/exporters":              5,
 	"cmd":                              6,
 	"internal/testing":                 6, // test harnesses may use anything
+	"internal/testing/deploytest":      7, // installs deploy/ (floor 6) on a test control plane
 	"internal/kube/e2e":                6,
 	"tools":                            6,
 	"deploy":                           6,

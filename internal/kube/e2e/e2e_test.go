@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,12 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/deploy"
@@ -35,6 +30,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/internal/testing/deploytest"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/action"
@@ -43,28 +39,9 @@ import (
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
-const (
-	saUser = "system:serviceaccount:remediate:remediate"
-	// guardNS holds the guardrail Leases (the daemon's own namespace).
-	guardNS = "remediate"
-	nodeKey = "authentication.kubernetes.io/node-name"
-)
-
-// asDaemon returns a config that impersonates the DaemonSet's
-// ServiceAccount on node, the way a bound pod token authenticates.
-func asDaemon(cp *controlplane.ControlPlane, node string) *rest.Config {
-	cfg := rest.CopyConfig(cp.RestConfig)
-	cfg.Impersonate = rest.ImpersonationConfig{
-		UserName: saUser,
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
-		Extra:    map[string][]string{nodeKey: {node}},
-	}
-	return cfg
-}
-
 func daemonClient(t *testing.T, cp *controlplane.ControlPlane, node string) *kube.Client {
 	t.Helper()
-	c, err := kube.NewClient(asDaemon(cp, node), kube.Options{QPS: 50, Burst: 100})
+	c, err := kube.NewClient(deploytest.AsDaemon(cp, node), kube.Options{QPS: 50, Burst: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,11 +90,11 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	// A server-side dry run cannot create the namespace its objects go
 	// into; kubectl apply creates the Namespace first, for real, as here.
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: guardNS}}, metav1.CreateOptions{}); err != nil {
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: deploytest.Namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kAudit := applyOverlay(t, cp, "audit", true)
-	kEnforce := applyOverlay(t, cp, "enforce", true)
+	kAudit := deploytest.ApplyOverlay(t, cp, "audit", true)
+	kEnforce := deploytest.ApplyOverlay(t, cp, "enforce", true)
 
 	t.Run("helm", func(t *testing.T) {
 		helm, err := deploy.HelmBin()
@@ -132,7 +109,7 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 			set  []string
 			want []*unstructured.Unstructured
 		}{{"audit", nil, kAudit}, {"enforce", []string{"--set", "enforce=true"}, kEnforce}} {
-			objs, err := deploy.RenderChart(ctx, helm, guardNS, tc.set...)
+			objs, err := deploy.RenderChart(ctx, helm, deploytest.Namespace, tc.set...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,8 +119,8 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 					installed = append(installed, o)
 				}
 			}
-			applyObjects(t, cp, "chart "+tc.name+" (hooks)", objs, true)
-			got := applyObjects(t, cp, "chart "+tc.name, installed, true)
+			deploytest.ApplyObjects(t, cp, "chart "+tc.name+" (hooks)", objs, true)
+			got := deploytest.ApplyObjects(t, cp, "chart "+tc.name, installed, true)
 			if len(got) != len(installed) {
 				continue
 			}
@@ -174,102 +151,14 @@ func testManifests(t *testing.T, cp *controlplane.ControlPlane) {
 
 	// Enforce for real: the action tests need its RBAC (the audit
 	// overlay's is read-only; testPermissions checks it too).
-	applyOverlay(t, cp, "enforce", false)
+	deploytest.ApplyOverlay(t, cp, "enforce", false)
 	// Nothing was created by the dry run of the audit overlay.
-	cms, _ := cp.Client.CoreV1().ConfigMaps(guardNS).List(ctx, metav1.ListOptions{})
+	cms, _ := cp.Client.CoreV1().ConfigMaps(deploytest.Namespace).List(ctx, metav1.ListOptions{})
 	for _, cm := range cms.Items {
 		if strings.HasPrefix(cm.Name, "remediate-policy-audit") {
 			t.Errorf("dry run created %s", cm.Name)
 		}
 	}
-}
-
-// applyOverlay server-side applies every object of an overlay and returns
-// what the apiserver stored (or, with dryRun, would store).
-func applyOverlay(t *testing.T, cp *controlplane.ControlPlane, overlay string, dryRun bool) []*unstructured.Unstructured {
-	t.Helper()
-	m, err := deploy.Render(overlay)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.KustomizeObjects(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return applyObjects(t, cp, overlay, objs, dryRun)
-}
-
-// applyEnforceWith applies, for real, the enforce overlay with the given
-// components of deploy/components (as a user's own overlay would).
-func applyEnforceWith(t *testing.T, cp *controlplane.ControlPlane, components ...string) {
-	t.Helper()
-	dir := t.TempDir()
-	rel := func(p ...string) string {
-		r, err := filepath.Rel(dir, filepath.Join(append([]string{deploy.Dir()}, p...)...))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
-	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel("overlays", "enforce") + "\ncomponents:\n"
-	for _, c := range components {
-		k += "- " + rel("components", c) + "\n"
-	}
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	m, err := deploy.RenderDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := deploy.KustomizeObjects(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyObjects(t, cp, "enforce+"+strings.Join(components, "+"), objs, false)
-}
-
-// applyObjects server-side applies objs and returns what the apiserver
-// answered.
-func applyObjects(t *testing.T, cp *controlplane.ControlPlane, what string, objs []*unstructured.Unstructured, dryRun bool) []*unstructured.Unstructured {
-	t.Helper()
-	ctx := context.Background()
-	dc, err := discovery.NewDiscoveryClientForConfig(cp.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	dyn, err := dynamic.NewForConfig(cp.RestConfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []*unstructured.Unstructured
-	for _, o := range objs {
-		js, err := o.MarshalJSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		gvk := o.GroupVersionKind()
-		mapping, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatalf("%s %s: %v", what, deploy.ObjectKey(o), err)
-		}
-		var ri dynamic.ResourceInterface = dyn.Resource(mapping.Resource)
-		if mapping.Scope.Name() == "namespace" {
-			ri = dyn.Resource(mapping.Resource).Namespace(o.GetNamespace())
-		}
-		opts := metav1.PatchOptions{FieldManager: "remediate-e2e", Force: ptr.To(true)}
-		if dryRun {
-			opts.DryRun = []string{metav1.DryRunAll}
-		}
-		got, err := ri.Patch(ctx, o.GetName(), types.ApplyPatchType, js, opts)
-		if err != nil {
-			t.Errorf("%s: server-side apply (dryRun=%v) of %s: %v", what, dryRun, deploy.ObjectKey(o), err)
-			continue
-		}
-		out = append(out, got)
-	}
-	return out
 }
 
 // stripServerFields removes what the apiserver adds to every object
@@ -297,8 +186,8 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"list", "discovery.k8s.io", "endpointslices", "", ""}, {"watch", "discovery.k8s.io", "endpointslices", "", ""},
 		{"get", "", "nodes", "", ""}, {"list", "", "nodes", "", ""}, {"watch", "", "nodes", "", ""}, {"update", "", "nodes", "", ""},
 		{"patch", "", "nodes", "status", ""},
-		{"get", "coordination.k8s.io", "leases", "", guardNS}, {"list", "coordination.k8s.io", "leases", "", guardNS},
-		{"create", "coordination.k8s.io", "leases", "", guardNS}, {"update", "coordination.k8s.io", "leases", "", guardNS},
+		{"get", "coordination.k8s.io", "leases", "", deploytest.Namespace}, {"list", "coordination.k8s.io", "leases", "", deploytest.Namespace},
+		{"create", "coordination.k8s.io", "leases", "", deploytest.Namespace}, {"update", "coordination.k8s.io", "leases", "", deploytest.Namespace},
 		// Pod delete in the node agents' namespace (Role
 		// remediate-node-agents in kube-system; the admission policy
 		// narrows it further).
@@ -312,7 +201,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		// Pod delete outside the node agents' namespaces, refused by RBAC
 		// alone (whether or not the admission policy is installed):
 		// calico-system only with its component (testNodePods adds it).
-		{"delete", "", "pods", "", "default"}, {"delete", "", "pods", "", "calico-system"}, {"delete", "", "pods", "", guardNS},
+		{"delete", "", "pods", "", "default"}, {"delete", "", "pods", "", "calico-system"}, {"delete", "", "pods", "", deploytest.Namespace},
 		{"delete", "", "pods", "", ""},
 		{"get", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", "kube-system"}, {"list", "", "secrets", "", ""},
 		{"watch", "", "secrets", "", "default"}, {"get", "", "secrets", "", "default"},
@@ -320,24 +209,24 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		{"update", "", "pods", "status", ""}, {"deletecollection", "", "pods", "", "kube-system"}, {"get", "", "pods", "", "kube-system"}, {"create", "", "pods", "eviction", "kube-system"},
 		{"delete", "", "nodes", "", ""}, {"patch", "", "nodes", "", ""}, {"create", "", "nodes", "", ""},
 		{"update", "", "nodes", "status", ""},
-		{"delete", "coordination.k8s.io", "leases", "", guardNS}, {"create", "coordination.k8s.io", "leases", "", "default"},
+		{"delete", "coordination.k8s.io", "leases", "", deploytest.Namespace}, {"create", "coordination.k8s.io", "leases", "", "default"},
 		// No Lease outside its own namespace: not the controller-manager's
 		// or scheduler's leader Leases in kube-system.
 		{"get", "coordination.k8s.io", "leases", "", "kube-system"}, {"list", "coordination.k8s.io", "leases", "", "kube-system"},
 		{"create", "coordination.k8s.io", "leases", "", "kube-system"}, {"update", "coordination.k8s.io", "leases", "", "kube-system"},
-		{"create", "events.k8s.io", "events", "", guardNS},
+		{"create", "events.k8s.io", "events", "", deploytest.Namespace},
 		{"create", "events.k8s.io", "events", "", "default"}, {"create", "", "events", "", "kube-system"},
 		{"update", "", "services", "", "default"}, {"delete", "discovery.k8s.io", "endpointslices", "", "default"},
 		{"get", "", "configmaps", "", "kube-system"}, {"update", "apps", "daemonsets", "", "kube-system"},
 		{"create", "rbac.authorization.k8s.io", "rolebindings", "", "kube-system"},
 		{"impersonate", "", "serviceaccounts", "", "kube-system"},
 	}
-	check := func(a ra) bool {
+	checkNamed := func(a ra, name string) bool {
 		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User:   saUser,
+			User:   deploytest.SAUser,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:remediate", "system:authenticated"},
 			ResourceAttributes: &authzv1.ResourceAttributes{Verb: a.verb, Group: a.group, Resource: a.resource,
-				Subresource: a.sub, Namespace: a.ns},
+				Subresource: a.sub, Namespace: a.ns, Name: name},
 		}}
 		res, err := cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
 		if err != nil {
@@ -345,6 +234,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 		return res.Status.Allowed
 	}
+	check := func(a ra) bool { return checkNamed(a, "") }
 	for _, a := range allowed {
 		if !check(a) {
 			t.Errorf("ServiceAccount refused %+v, which the daemon needs", a)
@@ -355,10 +245,25 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Errorf("ServiceAccount allowed %+v, which the daemon does not need", a)
 		}
 	}
+	// The fleet controls' watches (kube.OneWatch): one object each, by
+	// name (list and watch carry the field selector metadata.name).
+	for _, a := range []ra{{"get", "", "configmaps", "", deploytest.Namespace}, {"list", "", "configmaps", "", deploytest.Namespace}, {"watch", "", "configmaps", "", deploytest.Namespace}} {
+		if !checkNamed(a, kube.FleetConfigMap) || checkNamed(a, "remediate-other") || check(a) {
+			t.Errorf("ConfigMap %s: %+v allowed other than by that name", kube.FleetConfigMap, a)
+		}
+	}
+	for _, a := range []ra{{"get", "apps", "daemonsets", "", "kube-system"}, {"list", "apps", "daemonsets", "", "kube-system"}, {"watch", "apps", "daemonsets", "", "kube-system"}} {
+		if !checkNamed(a, "kube-proxy") || checkNamed(a, "calico-node") || check(a) {
+			t.Errorf("DaemonSet kube-proxy: %+v allowed other than by that name", a)
+		}
+	}
+	if checkNamed(ra{"update", "", "configmaps", "", deploytest.Namespace}, kube.FleetConfigMap) {
+		t.Errorf("ServiceAccount may update the fleet ConfigMap")
+	}
 
 	// The audit overlay's RBAC is read-only: no pod delete, no Node
 	// update, while reporting keeps working.
-	applyOverlay(t, cp, "audit", false)
+	deploytest.ApplyOverlay(t, cp, "audit", false)
 	waitFor(t, 30*time.Second, "audit RBAC", func() (bool, string) {
 		return !check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still allowed"
 	})
@@ -368,12 +273,12 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 	}
 	for _, a := range []ra{{"patch", "", "nodes", "status", ""}, {"list", "", "pods", "", "kube-system"}, {"watch", "", "pods", "", ""}, {"create", "events.k8s.io", "events", "", "kube-system"},
-		{"update", "coordination.k8s.io", "leases", "", guardNS}, {"watch", "", "nodes", "", ""}} {
+		{"update", "coordination.k8s.io", "leases", "", deploytest.Namespace}, {"watch", "", "nodes", "", ""}} {
 		if !check(a) {
 			t.Errorf("audit overlay refuses %+v, which reporting needs", a)
 		}
 	}
-	applyOverlay(t, cp, "enforce", false)
+	deploytest.ApplyOverlay(t, cp, "enforce", false)
 	waitFor(t, 30*time.Second, "enforce RBAC back", func() (bool, string) {
 		return check(ra{"delete", "", "pods", "", "kube-system"}), "pods delete still refused"
 	})
@@ -385,7 +290,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 			t.Fatal(err)
 		}
 	}
-	n1 := kubernetes.NewForConfigOrDie(asDaemon(cp, "n1"))
+	n1 := kubernetes.NewForConfigOrDie(deploytest.AsDaemon(cp, "n1"))
 	waitFor(t, 30*time.Second, "admission policy active", func() (bool, string) {
 		err := n1.CoreV1().Pods("kube-system").Delete(ctx, "kp-n2", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 		return err != nil && strings.Contains(err.Error(), "only delete the pod of a node agent"), fmt.Sprint(err)
@@ -475,7 +380,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	errs := make(chan error, 100)
 	for i, n := range []string{"n1", "n2", "n3"} {
 		b := guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: guardNS, Slots: slots, TTL: 30 * time.Second, Node: n})
+			guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: slots, TTL: 30 * time.Second, Node: n})
 		wg.Add(1)
 		go func(i int, n string, b *guardrails.Budget) {
 			defer wg.Done()
@@ -524,7 +429,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	go func() {
 		defer close(done)
 		for time.Now().Before(stop) {
-			l, err := cp.Client.CoordinationV1().Leases(guardNS).List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
+			l, err := cp.Client.CoordinationV1().Leases(deploytest.Namespace).List(ctx, metav1.ListOptions{LabelSelector: guardrails.LabelLease + "=" + guardrails.LeaseBudget})
 			if err == nil {
 				held := 0
 				for i := range l.Items {
@@ -554,7 +459,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	// A crashed holder's slot expires after its TTL.
 	short := func(n string) *guardrails.Budget {
 		return guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: guardNS, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+			guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
 	}
 	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
 		t.Fatal(err)
@@ -575,7 +480,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
-	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1", MinNodes: 2, MaxShare: 0.3})
+	storm := guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n1", MinNodes: 2, MaxShare: 0.3})
 	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", Firing: storm.Publish,
 		Hysteresis: kubeexporter.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
 	sick := &remediate.Report{
@@ -628,7 +533,7 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
 	// firing it, 2 of 2 live nodes is a storm.
-	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n2", MinNodes: 2, MaxShare: 0.3})
 	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
 		t.Fatal(err)
 	}
@@ -824,8 +729,8 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	guards := guardrails.Cluster{
 		OptOut:    guardrails.NewOptOut(nw),
 		Freshness: guardrails.NewFreshness(view, "", nil),
-		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: guardNS, Node: "n1"}),
-		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: guardNS, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n1"}),
+		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
 	}
 	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
 	if err != nil {
@@ -968,7 +873,7 @@ func testSubjectInAnotherNamespace(t *testing.T, cp *controlplane.ControlPlane) 
 	cfg := rest.CopyConfig(cp.RestConfig)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:ops:remediate",
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:ops", "system:authenticated"},
-		Extra:  map[string][]string{nodeKey: {"n1"}}}
+		Extra:  map[string][]string{deploytest.NodeKey: {"n1"}}}
 	ops := kubernetes.NewForConfigOrDie(cfg)
 	waitFor(t, 30*time.Second, "ops:remediate confined to n1", func() (bool, string) {
 		_, err := kube.Cordon(ctx, ops, "n2", kube.CordonRecord{Detector: "x"})

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
@@ -22,6 +21,8 @@ import (
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/internal/testing/deploytest"
+	"github.com/remediate-dev/remediate/internal/testing/fakekubelet"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
 )
@@ -65,10 +66,10 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// Calico by the Tigera operator lives in calico-system: its component
 	// grants the pod delete there (RBAC refuses it without; testPermissions).
-	applyEnforceWith(t, cp, "node-agents-calico-system")
+	deploytest.ApplyEnforceWith(t, cp, "node-agents-calico-system")
 	var mu sync.Mutex
 	var urls []string
-	c, err := kube.NewClient(asDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
+	c, err := kube.NewClient(deploytest.AsDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100,
 		WrapTransport: func(rt http.RoundTripper) http.RoundTripper { return recordRT{next: rt, mu: &mu, urls: &urls} }})
 	if err != nil {
 		t.Fatal(err)
@@ -117,8 +118,8 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	none := func(fs []detect.Finding) bool { return len(fs) == 0 }
 
 	// A workload pod on n1 stuck without sandbox, and one on n2.
-	mkPod(t, admin, workload(podsNS, "stuck-1", "n1"), sandboxNotReady(time.Now()))
-	mkPod(t, admin, workload(podsNS, "other-node", "n2"), sandboxNotReady(time.Now().Add(-time.Hour)))
+	fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, "stuck-1", "n1"), fakekubelet.SandboxNotReady(time.Now()))
+	fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, "other-node", "n2"), fakekubelet.SandboxNotReady(time.Now().Add(-time.Hour)))
 	detectUntil(podsDet, "the pod watch seeing stuck-1", func(fs []detect.Finding) bool {
 		return len(pw.NodePods()) == 1 && len(fs) == 0 // young: under minAge
 	})
@@ -128,12 +129,12 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Fatalf("finding %+v", fs[0])
 	}
 	// Fixed as the kubelet would write it: sandbox ready, Running.
-	setStatus(t, admin, podsNS, "stuck-1", runningStatus(0, nil))
+	fakekubelet.SetStatus(t, admin, podsNS, "stuck-1", fakekubelet.Running(0, nil))
 	detectUntil(podsDet, "stuck-1 fixed", none)
 
 	// Many stuck pods: one finding counting them, ten named.
 	for i := 0; i < 12; i++ {
-		mkPod(t, admin, workload(podsNS, fmt.Sprintf("batch-%02d", i), "n1"), sandboxNotReady(time.Now().Add(-time.Minute)))
+		fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, fmt.Sprintf("batch-%02d", i), "n1"), fakekubelet.SandboxNotReady(time.Now().Add(-time.Minute)))
 	}
 	fs = detectUntil(podsDet, "12 stuck pods", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["stuckPods"] == 12 })
 	if l := fs[0].Evidence["pods"].([]map[string]any); len(l) != 10 || !strings.Contains(fs[0].Message, "and 2 more") {
@@ -141,31 +142,31 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 
 	// The CNI agent, Ready: no finding; the pods finding names it.
-	mkPod(t, admin, calicoNode("calico-node-n1", "n1"), runningStatus(0, nil))
-	mkPod(t, admin, calicoNode("calico-node-n2", "n2"), runningStatus(0, nil))
+	fakekubelet.Create(t, admin, fakekubelet.CalicoNode("calico-system", "calico-node-n1", "n1"), fakekubelet.Running(0, nil))
+	fakekubelet.Create(t, admin, fakekubelet.CalicoNode("calico-system", "calico-node-n2", "n2"), fakekubelet.Running(0, nil))
 	detectUntil(agentDet, "agent Ready", func(fs []detect.Finding) bool { return len(fs) == 0 && len(pw.NodePods()) == 14 })
 	detectUntil(podsDet, "pods finding with the agent", func(fs []detect.Finding) bool {
 		return len(fs) == 1 && strings.Contains(fs[0].Message, "CNI agent calico-system/calico-node-n1 Ready")
 	})
 	// Not Ready.
-	nr := runningStatus(0, nil)
+	nr := fakekubelet.Running(0, nil)
 	nr.Conditions[1] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}
-	setStatus(t, admin, "calico-system", "calico-node-n1", nr)
+	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", nr)
 	fs = detectUntil(agentDet, "agent not Ready", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Severity == detect.Critical })
 	if fs[0].Target != "pod/calico-system/calico-node-n1" || fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" {
 		t.Errorf("not ready finding %+v", fs[0])
 	}
-	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(0, nil))
+	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(0, nil))
 	detectUntil(agentDet, "agent Ready again", none)
 	// Restart count rising (no last state): found, clears after the window.
-	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(2, nil))
+	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(2, nil))
 	fs = detectUntil(agentDet, "restarts rising", func(fs []detect.Finding) bool { return len(fs) == 1 })
 	if !strings.Contains(fs[0].Message, "restarting (2 restarts") || fs[0].Evidence["restartCount"] != int32(2) {
 		t.Errorf("restarting finding %+v", fs[0])
 	}
 	detectUntil(agentDet, "restart window over", none)
 	// OOM-killed just now.
-	setStatus(t, admin, "calico-system", "calico-node-n1", runningStatus(3, &corev1.ContainerStateTerminated{
+	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(3, &corev1.ContainerStateTerminated{
 		Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(time.Now())}))
 	fs = detectUntil(agentDet, "OOM-killed", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["oomKilled"] == true })
 	if fs[0].Evidence["lastTerminatedReason"] != "OOMKilled" || !strings.Contains(fs[0].Message, "OOM-killed") {
@@ -192,7 +193,11 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	// The admission policy refuses the same delete server-side in the
 	// agents' namespace; RBAC already refuses it outside the agents'
 	// namespaces, a pod labelled like an agent included.
-	mkPod(t, admin, func() *corev1.Pod { p := calicoNode("impostor", "n1"); p.Namespace = podsNS; return p }(), runningStatus(0, nil))
+	fakekubelet.Create(t, admin, func() *corev1.Pod {
+		p := fakekubelet.CalicoNode("calico-system", "impostor", "n1")
+		p.Namespace = podsNS
+		return p
+	}(), fakekubelet.Running(0, nil))
 	for _, p := range [][3]string{{"calico-system", "calico-node-n2", "only delete the pod of a node agent"},
 		{podsNS, "batch-00", `cannot delete resource "pods"`}, {podsNS, "impostor", `cannot delete resource "pods"`}} {
 		err := c.Interface.CoreV1().Pods(p[0]).Delete(ctx, p[1], metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
@@ -208,9 +213,9 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		p, err := admin.CoreV1().Pods("calico-system").Create(ctx, calicoNode("calico-node-n1-new", "n1"), metav1.CreateOptions{})
+		p, err := admin.CoreV1().Pods("calico-system").Create(ctx, fakekubelet.CalicoNode("calico-system", "calico-node-n1-new", "n1"), metav1.CreateOptions{})
 		if err == nil {
-			p.Status = runningStatus(0, nil)
+			p.Status = fakekubelet.Running(0, nil)
 			_, _ = admin.CoreV1().Pods("calico-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
 		}
 	}()
@@ -243,75 +248,5 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	for _, ns := range []string{podsNS, "calico-system"} {
 		_ = admin.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{})
-	}
-}
-
-func workload(ns, name, nodeName string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{NodeName: nodeName, Containers: []corev1.Container{{Name: "web", Image: "registry.k8s.io/pause:3.10"}},
-			TerminationGracePeriodSeconds: ptr.To[int64](0)},
-	}
-}
-
-func calicoNode(name, nodeName string) *corev1.Pod {
-	p := workload("calico-system", name, nodeName)
-	p.Labels = map[string]string{"k8s-app": "calico-node"}
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "calico-node", UID: "calico-ds", Controller: ptr.To(true)}}
-	p.Spec.Containers[0].Name = "calico-node"
-	return p
-}
-
-// sandboxNotReady is what a kubelet writes while the CNI plugin fails to
-// set up the pod's network.
-func sandboxNotReady(since time.Time) corev1.PodStatus {
-	t := metav1.NewTime(since)
-	return corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{
-		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse, LastTransitionTime: t},
-		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: t},
-		{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: t, Reason: "ContainersNotReady"},
-	}, ContainerStatuses: []corev1.ContainerStatus{{Name: "web", Image: "registry.k8s.io/pause:3.10",
-		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ContainerCreating",
-			Message: `Failed to create pod sandbox: plugin type="calico" failed (add): timeout`}}}}}
-}
-
-// runningStatus is a Running, Ready pod with restarts and a last state.
-func runningStatus(restarts int32, last *corev1.ContainerStateTerminated) corev1.PodStatus {
-	t := metav1.NewTime(time.Now().Add(-time.Hour))
-	st := corev1.ContainerStatus{Name: "c", Image: "registry.k8s.io/pause:3.10", Ready: true, RestartCount: restarts,
-		State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: t}}}
-	if last != nil {
-		st.LastTerminationState.Terminated = last
-	}
-	return corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{
-		{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: t},
-		{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: t},
-	}, ContainerStatuses: []corev1.ContainerStatus{st}}
-}
-
-func mkPod(t *testing.T, cs kubernetes.Interface, p *corev1.Pod, st corev1.PodStatus) {
-	t.Helper()
-	created, err := cs.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	setStatus(t, cs, created.Namespace, created.Name, st)
-}
-
-// setStatus writes a pod's status through the status subresource, as the
-// kubelet does.
-func setStatus(t *testing.T, cs kubernetes.Interface, ns, name string, st corev1.PodStatus) {
-	t.Helper()
-	ctx := context.Background()
-	p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range st.ContainerStatuses {
-		st.ContainerStatuses[i].Name = p.Spec.Containers[0].Name
-	}
-	p.Status = st
-	if _, err := cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
 	}
 }
