@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"testing"
 )
 
@@ -38,18 +39,6 @@ func ids(flows []Flow) []uint32 {
 		out = append(out, f.ID)
 	}
 	return out
-}
-
-func sameIDs(a, b []uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestFakeCountUDPByReplySource(t *testing.T) {
@@ -88,14 +77,14 @@ func TestFakeDeleteUDPByReplySource(t *testing.T) {
 	if err != nil || res != (DeleteResult{Scanned: 5, Matched: 3, Deleted: 3, Truncated: true, KernelFiltered: true}) {
 		t.Fatalf("limit 3: %+v, %v", res, err)
 	}
-	if got, want := ids(f.Flows), []uint32{2, 4, 6, 7, 8, 9}; !sameIDs(got, want) {
+	if got, want := ids(f.Flows), []uint32{2, 4, 6, 7, 8, 9}; !slices.Equal(got, want) {
 		t.Fatalf("after deleting 3 of A: %v, want %v", got, want)
 	}
 	res, err = f.DeleteUDPByReplySource(ctx, b, 10)
 	if err != nil || res != (DeleteResult{Scanned: 2, Matched: 2, Deleted: 2, KernelFiltered: true}) {
 		t.Fatalf("B: %+v, %v", res, err)
 	}
-	if got, want := ids(f.Flows), []uint32{4, 7, 8, 9}; !sameIDs(got, want) {
+	if got, want := ids(f.Flows), []uint32{4, 7, 8, 9}; !slices.Equal(got, want) {
 		t.Fatalf("after deleting B: %v, want %v", got, want)
 	}
 	if _, err := f.DeleteUDPByReplySource(ctx, a, 0); err == nil {
@@ -123,7 +112,7 @@ func TestFakeScans(t *testing.T) {
 		return f.ScanProtocol(ctx, false, ProtoUDP, limit, fn)
 	}
 	got, res, err := collect(100, udp4)
-	if err != nil || !sameIDs(got, []uint32{1, 2, 3, 5, 6, 7, 8}) || res != (ScanResult{Scanned: 7, KernelFiltered: true}) {
+	if err != nil || !slices.Equal(got, []uint32{1, 2, 3, 5, 6, 7, 8}) || res != (ScanResult{Scanned: 7, KernelFiltered: true}) {
 		t.Errorf("UDP/IPv4: %v %+v %v", got, res, err)
 	}
 	got, res, err = collect(7, udp4)
@@ -131,20 +120,20 @@ func TestFakeScans(t *testing.T) {
 		t.Errorf("UDP/IPv4 at exactly the limit: %v %+v %v", got, res, err)
 	}
 	got, res, err = collect(3, udp4)
-	if err != nil || !sameIDs(got, []uint32{1, 2, 3}) || res != (ScanResult{Scanned: 3, Truncated: true, KernelFiltered: true}) {
+	if err != nil || !slices.Equal(got, []uint32{1, 2, 3}) || res != (ScanResult{Scanned: 3, Truncated: true, KernelFiltered: true}) {
 		t.Errorf("UDP/IPv4 limit 3: %v %+v %v", got, res, err)
 	}
 	got, res, err = collect(100, func(ctx context.Context, limit int, fn func(*Flow) error) (ScanResult, error) {
 		return f.ScanProtocol(ctx, true, ProtoUDP, limit, fn)
 	})
-	if err != nil || !sameIDs(got, []uint32{9}) || res.Scanned != 1 {
+	if err != nil || !slices.Equal(got, []uint32{9}) || res.Scanned != 1 {
 		t.Errorf("UDP/IPv6: %v %+v %v", got, res, err)
 	}
 	got, res, err = collect(100, f.ScanTable)
-	if err != nil || !sameIDs(got, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}) || res != (ScanResult{Scanned: 9}) {
+	if err != nil || !slices.Equal(got, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}) || res != (ScanResult{Scanned: 9}) {
 		t.Errorf("table: %v %+v %v", got, res, err)
 	}
-	if !sameIDs(ids(f.Flows), []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+	if !slices.Equal(ids(f.Flows), []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}) {
 		t.Errorf("scans changed the table: %v", ids(f.Flows))
 	}
 	if _, _, err := collect(0, f.ScanTable); err == nil {
