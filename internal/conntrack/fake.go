@@ -253,27 +253,26 @@ func (f *Fake) scan(ctx context.Context, method string, limit int, keep func(*Fl
 // table is written only when something is deleted, so a visit that
 // deletes nothing may release f.mu (the scan hook). f.mu held.
 func (f *Fake) each(match func(*Flow) bool, visit func(fl *Flow) (del, stop bool)) {
-	n, kept, i := len(f.Flows), 0, 0
-	for i < n {
+	kept, i := 0, 0
+	for ; i < len(f.Flows); i++ {
 		fl := f.Flows[i]
-		i++
 		del, stop := false, false
 		if match(&fl) {
 			del, stop = visit(&fl)
 		}
 		if !del {
-			if kept != i-1 {
-				f.Flows[kept] = f.Flows[i-1]
+			if kept != i {
+				f.Flows[kept] = f.Flows[i]
 			}
 			kept++
 		}
 		if stop {
+			i++
 			break
 		}
 	}
-	if kept != i {
-		kept += copy(f.Flows[kept:], f.Flows[i:n])
-		f.Flows = f.Flows[:kept]
+	if kept != i { // something was deleted: close the gaps
+		f.Flows = append(f.Flows[:kept], f.Flows[i:]...)
 	}
 }
 
