@@ -247,7 +247,15 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		}
 		stopDaemon := func() {
 			if daemon.ProcessState == nil {
-				interruptAndWait(daemon, 10*time.Second)
+				_ = daemon.Process.Signal(os.Interrupt)
+				done := make(chan struct{})
+				go func() { _ = daemon.Wait(); close(done) }()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Second):
+					_ = daemon.Process.Kill()
+					<-done
+				}
 			}
 		}
 		t.Cleanup(func() {

@@ -134,7 +134,15 @@ rules:
 		}
 	}()
 	t.Cleanup(func() {
-		interruptAndWait(daemon, 10*time.Second)
+		_ = daemon.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = daemon.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = daemon.Process.Kill()
+			<-done
+		}
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", logs.String())
 		}
