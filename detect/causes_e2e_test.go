@@ -3,7 +3,6 @@ package detect
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,15 +46,8 @@ func TestE2EThrottledKubeProxyUnderChurn(t *testing.T) {
 	cg := newQuotaCgroup(t, 2000, 100000)
 	cg.add(t, kp.Pid())
 
-	client, err := kubeproxy.New(kubeproxy.Options{
-		MetricsURL: kp.MetricsURL, HealthzURL: kp.HealthzURL, ProxyModeURL: kp.ProxyModeURL,
-		// A throttled kube-proxy answers slowly: a generous timeout.
-		SyncPeriod: syncPeriod, Timeout: 5 * time.Second, CacheTTL: time.Second,
-		Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A throttled kube-proxy answers slowly: a generous timeout.
+	client := kp.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 5 * time.Second, CacheTTL: time.Second})
 	n := &node.Node{Name: kp.NodeName, ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zap.NewNop(),
 		KubeProxy: client, Kube: cp.Client, XtablesLock: kp.XtablesLock,
 		// Real /proc, scoped to this test's kube-proxy: other tests on the

@@ -3,7 +3,6 @@ package detect
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/conntrack/conntracktest"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -111,12 +111,8 @@ func TestJudgeConntrack(t *testing.T) {
 func newCTDetector(t *testing.T, f *conntrack.Fake, clk *clocktesting.FakePassiveClock) Detector {
 	t.Helper()
 	typ, _ := Lookup(ConntrackExhaustionName)
-	n := &node.Node{Clock: clk}
-	if f != nil {
-		n.Conntrack = f
-	} else {
-		n.Unavailable = map[string]string{"conntrack": "nf_conntrack is not loaded"}
-	}
+	n := conntracktest.Node(f)
+	n.Clock = clk
 	d, err := typ.New(typ.NewParams(), n)
 	if err != nil {
 		t.Fatal(err)
@@ -200,19 +196,16 @@ func TestConntrackExhaustionBreakdown(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	f := conntrack.NewFake(100, 25)
 	d := newCTDetector(t, f, clk)
-	add := func(n int, proto uint8, dst string, status uint32, state uint8) {
-		for i := 0; i < n; i++ {
-			src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(len(f.Flows))}), 40000)
-			f.Flows = append(f.Flows, conntrack.Flow{Proto: proto, OrigSrc: src, OrigDst: netip.MustParseAddrPort(dst),
-				ReplySrc: netip.MustParseAddrPort(dst), ReplyDst: src, Status: status, TCPState: state})
-		}
+	add := func(n int, proto uint8, client, dst string, state uint8) {
+		f.Flows = append(f.Flows, conntracktest.Flows(n, conntracktest.Spec{Proto: proto, Client: client, Dst: dst,
+			Status: conntrack.StatusSeenReply, TCPState: state})...)
 	}
-	add(30, conntrack.ProtoUDP, "10.96.0.10:53", conntrack.StatusSeenReply, 0)
-	add(10, conntrack.ProtoTCP, "10.96.0.1:443", conntrack.StatusSeenReply, conntrack.TCPStateTimeWait)
+	add(30, conntrack.ProtoUDP, "10.1.0.1:40000", "10.96.0.10:53", 0)
+	add(10, conntrack.ProtoTCP, "10.1.0.2:40000", "10.96.0.1:443", conntrack.TCPStateTimeWait)
 	if got, err := d.Detect(ctx); err != nil || len(got) != 0 || f.Calls["ScanTable"] != 0 {
 		t.Fatalf("40%% full: %v, %v; %d dumps (want none)", got, err, f.Calls["ScanTable"])
 	}
-	add(50, conntrack.ProtoUDP, "10.96.0.10:53", conntrack.StatusSeenReply, 0)
+	add(50, conntrack.ProtoUDP, "10.1.0.3:40000", "10.96.0.10:53", 0)
 	got, err := d.Detect(ctx)
 	if err != nil || len(got) != 1 || f.Calls["ScanTable"] != 1 {
 		t.Fatalf("90%% full: %v, %v; %d dumps", got, err, f.Calls["ScanTable"])
@@ -254,10 +247,7 @@ func TestConntrackExhaustionBreakdown(t *testing.T) {
 func TestConntrackExhaustionBreakdownDeadline(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Unix(1_800_000_000, 0))
 	f := conntrack.NewFake(100, 25)
-	for i := 0; i < 95; i++ {
-		src := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, 0, byte(i)}), 40000)
-		f.Flows = append(f.Flows, conntrack.Flow{Proto: conntrack.ProtoUDP, OrigSrc: src, OrigDst: netip.MustParseAddrPort("10.96.0.10:53"), Status: conntrack.StatusSeenReply})
-	}
+	f.Flows = conntracktest.Flows(95, conntracktest.Spec{Proto: conntrack.ProtoUDP, Client: "10.1.0.1:40000", Dst: "10.96.0.10:53", Status: conntrack.StatusSeenReply})
 	f.ScanHook = func(n int) {
 		if n == 10 {
 			time.Sleep(300 * time.Millisecond) // past half of the 400 ms below

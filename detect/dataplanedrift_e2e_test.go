@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os/exec"
 	"sort"
 	"strings"
@@ -162,15 +161,10 @@ func TestE2EDataplaneDrift(t *testing.T) {
 	if !view.WaitForSync(ctx) {
 		t.Fatal("view not synced")
 	}
-	kpc, err := kubeproxy.New(kubeproxy.Options{
-		MetricsURL: kp.MetricsURL, HealthzURL: kp.HealthzURL, ProxyModeURL: kp.ProxyModeURL,
+	kpc := kp.Client(kubeproxy.Options{
 		SyncPeriod: 30 * time.Second, // the policy's, wrong on purpose: /configz says 10 s
 		Timeout:    2 * time.Second, CacheTTL: 500 * time.Millisecond,
-		Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ipt := iptables.NewShared(iptables.New(iptables.Config{Prefix: []string{"ip", "netns", "exec", cp.NetNS.Name}}), time.Second)
 	n := &node.Node{Name: kp.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: kpc, Cluster: view, IPTables: ipt}
 	params := func(p any) {
@@ -392,14 +386,7 @@ func TestE2EDataplaneDrift(t *testing.T) {
 		kp.Stop(t)
 		proxy2 := startAPIProxy(t, cp, "127.0.0.1:16444")
 		kp2 := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node2", Mode: "nftables", SyncPeriod: syncPeriod, APIServerURL: "https://127.0.0.1:16444"})
-		kpc2, err := kubeproxy.New(kubeproxy.Options{
-			MetricsURL: kp2.MetricsURL, HealthzURL: kp2.HealthzURL, ProxyModeURL: kp2.ProxyModeURL,
-			SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: 500 * time.Millisecond,
-			Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		kpc2 := kp2.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: 500 * time.Millisecond})
 		nft := nftables.New(nftables.Config{Prefix: []string{"ip", "netns", "exec", cp.NetNS.Name}, CacheTTL: 500 * time.Millisecond})
 		n2 := &node.Node{Name: kp2.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: kpc2, Cluster: view, NFTables: nft}
 		list := func() string {

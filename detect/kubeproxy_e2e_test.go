@@ -2,7 +2,6 @@ package detect
 
 import (
 	"context"
-	"net/http"
 	"sort"
 	"strings"
 	"testing"
@@ -38,16 +37,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	createWebService(ctx, t, cp)
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod})
 
-	client, err := kubeproxy.New(kubeproxy.Options{
-		MetricsURL: kp.MetricsURL, HealthzURL: kp.HealthzURL, ProxyModeURL: kp.ProxyModeURL,
-		SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second,
-		// The test process is in the host's namespace; kube-proxy listens on
-		// the test namespace's loopback.
-		Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := kp.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second})
 	n := &node.Node{Name: kp.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: client}
 	dets := map[string]Detector{}
 	for _, name := range []string{"KubeProxySyncStale", "KubeProxySyncSlow", "KubeProxyEndpointChangesPending",

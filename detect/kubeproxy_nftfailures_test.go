@@ -42,6 +42,9 @@ func TestKubeProxyNFTablesFailures(t *testing.T) {
 	wantTargets(t, "first scrape", fs, err)
 	fs, err = step(healthy)
 	wantTargets(t, "healthy", fs, err)
+	if j := d.(Judged).Judged(); j != "no nftables sync or cleanup failure increase over the last 40s" {
+		t.Errorf("judged %q", j)
+	}
 	// The real capture after the table was deleted and a sync failed.
 	fs, err = step(failed)
 	wantTargets(t, "sync failure", fs, err, "kube-proxy/IPv4")

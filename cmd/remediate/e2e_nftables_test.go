@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,14 +89,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		return strings.Contains(string(out), "nft-e2e/web/tcp/http")
 	})
 
-	kpc, err := kubeproxy.New(kubeproxy.Options{
-		MetricsURL: kp.MetricsURL, HealthzURL: kp.HealthzURL, ProxyModeURL: kp.ProxyModeURL,
-		SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second,
-		Transport: &http.Transport{DialContext: cp.NetNS.DialContext, DisableKeepAlives: true},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kpc := kp.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second})
 	n := &node.Node{Name: kp.NodeName, Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: kpc,
 		NFTables: nftables.New(nftables.Config{Prefix: prefix, CacheTTL: time.Second}),
 		IPTables: iptables.New(iptables.Config{Prefix: prefix}),

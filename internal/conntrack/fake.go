@@ -164,14 +164,10 @@ func (f *Fake) CountUDPByReplySource(ctx context.Context, b Backend, limit int) 
 		return 0, err
 	}
 	n := 0
-	for i := range f.Flows {
-		if b.Matches(&f.Flows[i]) {
-			n++
-			if limit > 0 && n > limit {
-				break
-			}
-		}
-	}
+	f.each(b.Matches, func(*Flow) (del, stop bool) {
+		n++
+		return false, limit > 0 && n > limit
+	})
 	return n, nil
 }
 
@@ -190,20 +186,16 @@ func (f *Fake) DeleteUDPByReplySource(ctx context.Context, b Backend, limit int)
 		return res, errors.New("delete needs a positive limit")
 	}
 	res.KernelFiltered = true
-	kept := f.Flows[:0]
-	for _, fl := range f.Flows {
-		if b.Matches(&fl) {
-			res.Scanned++
-			if res.Matched < limit {
-				res.Matched++
-				res.Deleted++
-				continue
-			}
-			res.Truncated = true
+	f.each(b.Matches, func(*Flow) (del, stop bool) {
+		res.Scanned++
+		if res.Matched < limit {
+			res.Matched++
+			res.Deleted++
+			return true, false
 		}
-		kept = append(kept, fl)
-	}
-	f.Flows = kept
+		res.Truncated = true
+		return false, false
+	})
 	return res, nil
 }
 
@@ -234,29 +226,54 @@ func (f *Fake) scan(ctx context.Context, method string, limit int, keep func(*Fl
 	if limit <= 0 {
 		return res, errors.New("scan needs a positive limit")
 	}
-	for i := range f.Flows {
-		fl := f.Flows[i]
-		if !keep(&fl) {
-			continue
-		}
+	var err error
+	f.each(keep, func(fl *Flow) (del, stop bool) {
 		if res.Scanned == limit {
 			res.Truncated = true
-			break
+			return false, true
 		}
 		if f.ScanHook != nil {
 			f.mu.Unlock()
 			f.ScanHook(res.Scanned)
 			f.mu.Lock()
 		}
-		if err := ctx.Err(); err != nil {
-			return res, err
+		if err = ctx.Err(); err != nil {
+			return false, true
 		}
 		res.Scanned++
-		if err := fn(&fl); err != nil {
-			return res, err
+		err = fn(fl)
+		return false, err != nil
+	})
+	return res, err
+}
+
+// each is the fake's one pass over the table: it calls visit with a copy
+// of each flow match accepts, in table order, until visit says stop, and
+// removes the flows visit says to delete (the rest keep their order). The
+// table is written only when something is deleted, so a visit that
+// deletes nothing may release f.mu (the scan hook). f.mu held.
+func (f *Fake) each(match func(*Flow) bool, visit func(fl *Flow) (del, stop bool)) {
+	kept, i := 0, 0
+	for ; i < len(f.Flows); i++ {
+		fl := f.Flows[i]
+		del, stop := false, false
+		if match(&fl) {
+			del, stop = visit(&fl)
+		}
+		if !del {
+			if kept != i {
+				f.Flows[kept] = f.Flows[i]
+			}
+			kept++
+		}
+		if stop {
+			i++
+			break
 		}
 	}
-	return res, nil
+	if kept != i { // something was deleted: close the gaps
+		f.Flows = append(f.Flows[:kept], f.Flows[i:]...)
+	}
 }
 
 var _ TimeoutTuner = (*Fake)(nil)

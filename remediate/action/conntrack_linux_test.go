@@ -32,13 +32,8 @@ func flowKeys(flows []conntrack.Flow) []string {
 }
 
 func nflows(n int, proto uint8, clientNet string, base uint16, vip, backend string) []conntrack.Flow {
-	var out []conntrack.Flow
-	for i := 0; i < n; i++ {
-		c := netip.AddrPortFrom(netip.MustParseAddr(clientNet), base+uint16(i))
-		out = append(out, conntrack.Flow{Proto: proto, OrigSrc: c, OrigDst: netip.MustParseAddrPort(vip),
-			ReplySrc: netip.MustParseAddrPort(backend), ReplyDst: c})
-	}
-	return out
+	client := netip.AddrPortFrom(netip.MustParseAddr(clientNet), base).String()
+	return conntracktest.Flows(n, conntracktest.Spec{Proto: proto, Client: client, Dst: vip, Reply: backend})
 }
 
 // End to end on the real kernel, in a namespace the test owns: the detector

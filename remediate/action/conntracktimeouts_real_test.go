@@ -5,7 +5,6 @@ package action_test
 import (
 	"context"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -92,19 +91,13 @@ func TestRealConntrackTimeoutsFromBreakdown(t *testing.T) {
 		t.Fatal("the namespace starts at 60 s: the test could not tell a change")
 	}
 
-	dns := netip.MustParseAddrPort("10.96.0.10:53")
-	var flows []conntrack.Flow
-	add := func(n int, proto uint8, net byte, dst, backend netip.AddrPort, status uint32, state uint8) {
-		for i := 0; i < n; i++ {
-			c := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, net, byte(i >> 8), byte(i)}), 40000)
-			flows = append(flows, conntrack.Flow{Proto: proto, OrigSrc: c, OrigDst: dst, ReplySrc: backend, ReplyDst: c, Status: status, TCPState: state})
-		}
-	}
-	add(2000, conntrack.ProtoUDP, 1, dns, netip.MustParseAddrPort("10.244.1.5:53"), conntrack.StatusSeenReply, 0)
-	add(150, conntrack.ProtoTCP, 2, netip.MustParseAddrPort("10.96.0.1:443"), netip.MustParseAddrPort("10.244.1.6:6443"),
-		conntrack.StatusSeenReply|conntrack.StatusAssured, conntrack.TCPStateEstablished)
-	add(100, conntrack.ProtoUDP, 3, netip.MustParseAddrPort("10.96.0.20:514"), netip.MustParseAddrPort("10.244.1.7:514"), 0, 0)
-	conntracktest.Create(t, fd, flows...)
+	type S = conntracktest.Spec
+	conntracktest.Create(t, fd, conntracktest.Flows(2000, S{Proto: conntrack.ProtoUDP, Client: "10.1.0.1:20000", Dst: "10.96.0.10:53",
+		Reply: "10.244.1.5:53", Status: conntrack.StatusSeenReply})...)
+	conntracktest.Create(t, fd, conntracktest.Flows(150, S{Proto: conntrack.ProtoTCP, Client: "10.2.0.1:20000", Dst: "10.96.0.1:443",
+		Reply: "10.244.1.6:6443", Status: conntrack.StatusSeenReply | conntrack.StatusAssured, TCPState: conntrack.TCPStateEstablished})...)
+	conntracktest.Create(t, fd, conntracktest.Flows(100, S{Proto: conntrack.ProtoUDP, Client: "10.3.0.1:20000", Dst: "10.96.0.20:514",
+		Reply: "10.244.1.7:514"})...)
 
 	ct := injectedMax{Real: conntrack.New(conntrack.Config{NetNS: fd}), max: 2400} // 2250/2400 = 94%
 	n := &node.Node{Name: "test", ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Conntrack: ct}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/conntrack/conntracktest"
 	"github.com/remediate-dev/remediate/internal/finding"
-	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -132,13 +132,7 @@ func TestConntrackTimeoutChange(t *testing.T) {
 func newCTTimeouts(t *testing.T, f *conntrack.Fake) Action {
 	t.Helper()
 	ty, _ := Lookup(SetConntrackTimeoutsName)
-	n := &node.Node{}
-	if f != nil {
-		n.Conntrack = f
-	} else {
-		n.Unavailable = map[string]string{"conntrack": "nf_conntrack is not loaded"}
-	}
-	a, err := ty.New(ty.NewParams(), n)
+	a, err := ty.New(ty.NewParams(), conntracktest.Node(f))
 	if err != nil {
 		t.Fatal(err)
 	}

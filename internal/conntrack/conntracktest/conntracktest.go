@@ -3,7 +3,8 @@
 // Package conntracktest helps other packages test against the real kernel
 // conntrack table: a network namespace owned by the test and entries created
 // in it over netlink (with github.com/ti-mo/conntrack, an implementation
-// independent of the adapter under test).
+// independent of the adapter under test). On any OS (flows.go): flows and a
+// node for tests with the fake (conntrack.Fake).
 package conntracktest
 
 import (
