@@ -22,6 +22,12 @@
 // The cluster is IPv4 single-stack by default; Options.ServiceCIDR with an
 // IPv6 range (ServiceCIDR6) makes it IPv6 single-stack (the control
 // connections stay on 127.0.0.1).
+//
+// Start gives a test a control plane of its own. Shared gives it a view of
+// one etcd + kube-apiserver shared by the package's tests (started on first
+// use, stopped by SharedMain from TestMain), with a network namespace of
+// its own; such tests run one at a time and keep their objects in a
+// namespace of their own (ControlPlane.Namespace). See Shared.
 package controlplane
 
 import (
@@ -112,6 +118,9 @@ type ControlPlane struct {
 	apiServerStarts int
 	readyTimeout    time.Duration
 	t               testing.TB
+	// shared: a view of the shared control plane (Shared); its processes
+	// are not this test's to stop.
+	shared bool
 }
 
 // Start creates a namespace, starts etcd and kube-apiserver in it, waits
@@ -121,9 +130,7 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 	t.Helper()
 	requireRoot(t)
 	binDir := findBinDir(t, opts.BinDir, "etcd", "kube-apiserver")
-	if _, err := exec.LookPath("ip"); err != nil {
-		skipOrFail(t, "needs the ip command (Debian package iproute2)")
-	}
+	checkIP(t)
 	serviceCIDR := opts.ServiceCIDR
 	if serviceCIDR == "" {
 		serviceCIDR = ServiceCIDR
@@ -209,6 +216,7 @@ func isIPv6CIDR(cidr string) (bool, error) {
 // with the same flags and data.
 func (cp *ControlPlane) StopAPIServer() {
 	cp.t.Helper()
+	cp.refuseShared("StopAPIServer")
 	if cp.apiServer != nil {
 		cp.apiServer.Stop(cp.t)
 	}
@@ -217,6 +225,7 @@ func (cp *ControlPlane) StopAPIServer() {
 // StartAPIServer (re)starts kube-apiserver and waits until /readyz is ok.
 func (cp *ControlPlane) StartAPIServer() {
 	cp.t.Helper()
+	cp.refuseShared("StartAPIServer")
 	if cp.apiServer != nil && !cp.apiServer.Exited() {
 		cp.t.Fatalf("kube-apiserver (pid %d) is already running", cp.apiServer.Pid())
 	}
@@ -231,6 +240,24 @@ func (cp *ControlPlane) StartAPIServer() {
 	// watches) well past 15 s; tests gain nothing from waiting that long.
 	cp.apiServer.Grace = 3 * time.Second
 	cp.WaitReady(cp.readyTimeout)
+}
+
+// refuseShared fails the test when cp is a view of the shared control
+// plane: other tests depend on its processes.
+func (cp *ControlPlane) refuseShared(what string) {
+	cp.t.Helper()
+	if cp.shared {
+		cp.t.Fatalf("%s: the control plane is shared by the package's tests (controlplane.Shared); "+
+			"a test that stops or restarts the apiserver needs its own (controlplane.Start)", what)
+	}
+}
+
+// checkIP skips (or fails, see skipOrFail) without the ip command.
+func checkIP(t testing.TB) {
+	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		skipOrFail(t, "needs the ip command (Debian package iproute2)")
+	}
 }
 
 // APIServer is the running (or last) kube-apiserver process.

@@ -229,7 +229,8 @@ func (kp *KubeProxy) WaitHealthy(timeout time.Duration) {
 }
 
 // ensureNode creates the Node object kube-proxy needs, with cp.NodeAddress
-// as InternalIP.
+// as InternalIP. On a view of the shared control plane, a Node it created
+// is deleted when the test ends.
 func (cp *ControlPlane) ensureNode(name string) {
 	cp.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -241,6 +242,18 @@ func (cp *ControlPlane) ensureNode(name string) {
 	}
 	if err != nil {
 		cp.t.Fatalf("create node %s: %v", name, err)
+	}
+	if cp.shared {
+		// Later tests on the shared control plane must not see it. This
+		// cleanup runs after kube-proxy's (registered later) stopped it.
+		t := cp.t
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := cp.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("delete node %s: %v", name, err)
+			}
+		})
 	}
 	created.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: cp.NodeAddress}}
 	created.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
