@@ -25,7 +25,7 @@ import (
 )
 
 // TestE2EThrottledKubeProxyUnderChurn: the real kube-proxy v1.34.4
-// (iptables-legacy mode, real kube-apiserver) is moved into a cgroup the
+// (iptables-legacy mode, the package's shared kube-apiserver) is moved into a cgroup the
 // test makes with a CPU quota of 2% of one CPU (cgroup v2 cpu.max where
 // the cpu controller is on the unified hierarchy, else v1
 // cpu.cfs_quota_us), and an EndpointSlice changes every 200 ms. The
@@ -38,10 +38,11 @@ func TestE2EThrottledKubeProxyUnderChurn(t *testing.T) {
 		syncPeriod = 10 * time.Second
 		interval   = 2 * time.Second
 	)
-	cp := controlplane.Start(t, controlplane.Options{})
+	cp := controlplane.Shared(t)
+	ns := cp.Namespace("causes-e2e")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	createWebService(ctx, t, cp)
+	createWebService(ctx, t, cp, ns)
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod})
 	cg := newQuotaCgroup(t, 2000, 100000)
 	cg.add(t, kp.Pid())
@@ -97,13 +98,13 @@ func TestE2EThrottledKubeProxyUnderChurn(t *testing.T) {
 				return
 			case <-tk.C:
 			}
-			es, err := cp.Client.DiscoveryV1().EndpointSlices("default").Get(churnCtx, "web-1", metav1.GetOptions{})
+			es, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Get(churnCtx, "web-1", metav1.GetOptions{})
 			if err != nil {
 				continue
 			}
 			addr := fmt.Sprintf("10.244.1.%d", 10+i%200)
 			es.Endpoints = append(es.Endpoints[:2], discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
-			if _, err := cp.Client.DiscoveryV1().EndpointSlices("default").Update(churnCtx, es, metav1.UpdateOptions{}); err == nil {
+			if _, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Update(churnCtx, es, metav1.UpdateOptions{}); err == nil {
 				changes++
 			}
 		}

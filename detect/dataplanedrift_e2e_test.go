@@ -126,7 +126,8 @@ func (p *apiProxy) pipe(dst io.Writer, src io.Reader) {
 
 // TestE2EDataplaneDrift runs DataplaneDrift and KubeProxyNotHearingAPI
 // against the real kube-proxy v1.34.4 in iptables mode (iptables-legacy in
-// a test-made namespace) on the real apiserver, with kube-proxy's API
+// a test-made namespace) on the real apiserver (the package's shared one;
+// the test's Services in a namespace of its own), with kube-proxy's API
 // connection going through apiProxy. One control plane for every phase:
 //
 //   - healthy: no finding;
@@ -142,16 +143,13 @@ func TestE2EDataplaneDrift(t *testing.T) {
 		syncPeriod = 10 * time.Second
 		interval   = 2 * time.Second
 		grace      = 3 * syncPeriod
-		testNS     = "drift-e2e"
 	)
-	cp := controlplane.Start(t, controlplane.Options{})
+	cp := controlplane.Shared(t)
+	testNS := cp.Namespace("drift-e2e")
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	proxy := startAPIProxy(t, cp, "127.0.0.1:16443")
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod, APIServerURL: "https://127.0.0.1:16443"})
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 
 	view, err := kube.NewView(cp.Client, nil, clock.RealClock{}, zap.NewNop())
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 )
 
 // TestE2EIPTablesKubeProxyChains runs the real kube-proxy v1.34.4 in
-// iptables mode on the real apiserver with Services of every shape its
+// iptables mode on the real apiserver (the package's shared one) with Services of every shape its
 // rules take (several endpoints, session affinity, external IPs, a
 // LoadBalancer with source ranges and Local traffic policy, a NodePort
 // without endpoints, internalTrafficPolicy Local without local endpoints):
@@ -29,14 +29,11 @@ import (
 // cleared by kube-proxy's next sync, which rewrites KUBE-POSTROUTING), and
 // the POSTROUTING jump deleted (found, and cleared by restarting it).
 func TestE2EIPTablesKubeProxyChains(t *testing.T) {
-	const ns = "chains-e2e"
-	cp := controlplane.Start(t, controlplane.Options{})
+	cp := controlplane.Shared(t)
+	ns := cp.Namespace("chains-e2e")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: 10 * time.Second})
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	local := func(n int) []discoveryv1.Endpoint {
 		eps := endpointsFor(n)
 		eps[0].NodeName = ptr.To(kp.NodeName)

@@ -20,7 +20,8 @@ import (
 )
 
 // TestE2EKubeProxyLockStall runs the kube-proxy detectors against the real
-// kube-proxy v1.34.4 (iptables-legacy mode) in a test-owned namespace:
+// kube-proxy v1.34.4 (iptables-legacy mode) in a test-owned namespace, on
+// the package's shared control plane (its Service in a namespace of its own):
 // healthy → no finding; the xtables lock held by another process and an
 // EndpointSlice changed → stale-sync and restore-failure findings for IPv4
 // within 2 x syncPeriod + one interval, then /healthz unhealthy; lock
@@ -31,10 +32,11 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 		syncPeriod = 10 * time.Second
 		interval   = 2 * time.Second
 	)
-	cp := controlplane.Start(t, controlplane.Options{})
+	cp := controlplane.Shared(t)
+	ns := cp.Namespace("lockstall-e2e")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	createWebService(ctx, t, cp)
+	createWebService(ctx, t, cp, ns)
 	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod})
 
 	client := kp.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second})
@@ -101,7 +103,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	// Stall: hold the lock, then change the EndpointSlice.
 	holder := controlplane.HoldLock(t, kp.XtablesLock)
 	stallStart := time.Now()
-	addEndpoint(ctx, t, cp, "10.244.0.7")
+	addEndpoint(ctx, t, cp, ns, "10.244.0.7")
 	tick.Reset(interval)
 	want := []string{"KubeProxySyncStale kube-proxy/IPv4", "KubeProxyRestoreFailures kube-proxy/IPv4"}
 	deadline := stallStart.Add(2*syncPeriod + interval)
@@ -171,10 +173,12 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	}
 }
 
-func createWebService(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane) {
+// createWebService creates Service "web" (http/80, dns/53) and its
+// EndpointSlice "web-1" with two ready endpoints in namespace ns.
+func createWebService(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns string) {
 	t.Helper()
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default"},
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app": "web"},
 			Ports: []corev1.ServicePort{
@@ -183,11 +187,11 @@ func createWebService(ctx context.Context, t *testing.T, cp *controlplane.Contro
 			},
 		},
 	}
-	if _, err := cp.Client.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+	if _, err := cp.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create service: %v", err)
 	}
 	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: "default", Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports: []discoveryv1.EndpointPort{
 			{Name: ptr.To("http"), Port: ptr.To[int32](8080), Protocol: ptr.To(corev1.ProtocolTCP)},
@@ -198,19 +202,19 @@ func createWebService(ctx context.Context, t *testing.T, cp *controlplane.Contro
 			{Addresses: []string{"10.244.0.6"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}},
 		},
 	}
-	if _, err := cp.Client.DiscoveryV1().EndpointSlices("default").Create(ctx, es, metav1.CreateOptions{}); err != nil {
+	if _, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create endpointslice: %v", err)
 	}
 }
 
-func addEndpoint(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, addr string) {
+func addEndpoint(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, ns, addr string) {
 	t.Helper()
-	es, err := cp.Client.DiscoveryV1().EndpointSlices("default").Get(ctx, "web-1", metav1.GetOptions{})
+	es, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Get(ctx, "web-1", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{addr}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}})
-	if _, err := cp.Client.DiscoveryV1().EndpointSlices("default").Update(ctx, es, metav1.UpdateOptions{}); err != nil {
+	if _, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Update(ctx, es, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("update endpointslice: %v", err)
 	}
 }
