@@ -29,8 +29,10 @@ import (
 // 100 by the kernel ABI on every architecture Kubernetes nodes run on.
 const userHZ = 100
 
-// Real reads a procfs mount. Listing PIDs and argv goes through gopsutil
-// (with the proc root as the per-call HostProc value); the rest reads
+// Real reads a procfs mount. The process scans of Find and CommRunning
+// list PIDs with getdents64 (scanComms); the lock holders' PIDs and whole
+// argv go through gopsutil (with the proc root as the per-call HostProc
+// value); the rest reads
 // /proc/<pid>/stat directly, once per process: gopsutil would read stat
 // three times (ppid, create time, status), re-detect virtualization for the
 // boot time on every CreateTime unless a process-global cache is enabled,
@@ -378,20 +380,31 @@ const commScanTTL = time.Second
 
 // commRefresh bounds how long a scan reuses a remembered comm: a process
 // is identified across scans by its PID and the inode number of its
-// /proc/<pid> directory (procfs numbers each instantiated inode afresh,
-// so a reused PID shows another inode), and its comm is read when it is
+// /proc/<pid> directory (procfs numbers each instantiated inode afresh
+// from get_next_ino, a 32-bit counter shared with pipes and sockets, so a
+// reused PID shows another inode unless 2^32 inodes were made in between;
+// an evicted and re-instantiated dentry of the same process only costs a
+// re-read; TestListProcInodes checks this kernel), and its comm is read when it is
 // new, again at the next scan (a process caught between fork and exec,
 // like kube-proxy's vfork of iptables-restore or systemd's "(kubelet)",
 // shows its own comm a cycle later), and then every commRefresh (each
 // PID between commRefresh/2 and commRefresh, so the re-reads spread over
 // the cycles). Only a comm changed later in a process's life (an exec in
-// place long after the fork, a prctl(PR_SET_NAME)) goes unseen, for at
-// most commRefresh: the hung-process detectors' thresholds are 30 s and
-// 1 min over a 30 s interval, a match is re-read whole before it is
-// returned, and KillProcess re-reads and re-checks the process (create
-// time, argv, executable, capabilities, parent) before any signal, which
-// goes through a pidfd. A minute, not less: at the 30 s interval a
-// shorter bound would re-read every comm every cycle.
+// place long after the fork, such as a container's runc init that waits
+// for its start; a prctl(PR_SET_NAME)) goes unseen, for at most
+// commRefresh, and what that costs is a late answer, never a wrong
+// target: HungIPTablesRestore and HungNFT report a process older than
+// 1 min and 30 s at a 30 s interval (its age counts from the fork, so it
+// is reported at most commRefresh late); Find re-reads a match whole
+// before returning it, and KillProcess re-reads and re-checks the
+// process (create time, argv name, executable, capabilities, parent)
+// before every signal, sent through a pidfd; CNIConfig's kubelet evidence
+// only matters without cluster access (a missing CNI configuration
+// reported up to commRefresh late); the kube-proxy absence check may take
+// a just-exec'd kube-proxy for absent (a skip, no action) or a kube-proxy
+// that exec'd another program for present (its findings stay) for as
+// long. A minute, not less: at the 30 s interval a shorter bound would
+// re-read every comm every cycle.
 const commRefresh = time.Minute
 
 // maxProcs bounds the processes one scan reads.
