@@ -2,6 +2,7 @@ package procs
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -303,6 +304,47 @@ func TestRealFindAfterExecInPlace(t *testing.T) {
 	for _, p := range s.procs {
 		if p.pid == pid {
 			t.Fatalf("exited pid %d still in the scan: %+v", pid, p)
+		}
+	}
+}
+
+// TestScanConcurrent: Finds, CommRunning and new cycles from several
+// goroutines share scans safely (run with -race) and agree.
+func TestScanConcurrent(t *testing.T) {
+	root := t.TempDir()
+	for pid, comm := range map[string]string{"1": "init", "7": "kube-proxy", "9": "iptables-restor"} {
+		os.MkdirAll(filepath.Join(root, pid), 0o755)
+		os.WriteFile(filepath.Join(root, pid, "comm"), []byte(comm+"\n"), 0o644)
+		os.WriteFile(filepath.Join(root, pid, "cmdline"), []byte(comm+"\x00"), 0o644)
+		os.WriteFile(filepath.Join(root, pid, "stat"), []byte(pid+" ("+comm+") S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0"), 0o644)
+	}
+	os.WriteFile(filepath.Join(root, "stat"), []byte("btime 1000\n"), 0o644)
+	r := New(root)
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i := range 50 {
+				if i%10 == g {
+					ExpireCommScans()
+				}
+				ps, err := r.Find(context.Background(), []string{"kube-proxy"})
+				if err == nil && (len(ps) != 1 || ps[0].Pid != 7) {
+					err = fmt.Errorf("found %+v", ps)
+				}
+				if ok, cerr := CommRunning(root, "iptables-restor"); err == nil && (!ok || cerr != nil) {
+					err = fmt.Errorf("CommRunning = %v %v", ok, cerr)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }
