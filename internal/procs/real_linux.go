@@ -32,11 +32,11 @@ const userHZ = 100
 // Real reads a procfs mount. The process scans of Find and CommRunning
 // list PIDs with getdents64 (scanComms); the lock holders' PIDs and whole
 // argv go through gopsutil (with the proc root as the per-call HostProc
-// value); the rest reads
-// /proc/<pid>/stat directly, once per process: gopsutil would read stat
-// three times (ppid, create time, status), re-detect virtualization for the
-// boot time on every CreateTime unless a process-global cache is enabled,
-// and truncates the create time to whole seconds.
+// value); the rest reads /proc/<pid>/stat directly, once per process:
+// gopsutil would read stat three times (ppid, create time, status),
+// re-detect virtualization for the boot time on every CreateTime unless a
+// process-global cache is enabled, and truncates the create time to whole
+// seconds.
 type Real struct {
 	root string
 	ctx  func(context.Context) context.Context
@@ -384,12 +384,12 @@ const commScanTTL = time.Second
 // from get_next_ino, a 32-bit counter shared with pipes and sockets, so a
 // reused PID shows another inode unless 2^32 inodes were made in between;
 // an evicted and re-instantiated dentry of the same process only costs a
-// re-read; TestListProcInodes checks this kernel), and its comm is read when it is
-// new, again at the next scan (a process caught between fork and exec,
-// like kube-proxy's vfork of iptables-restore or systemd's "(kubelet)",
-// shows its own comm a cycle later), and then every commRefresh (each
-// PID between commRefresh/2 and commRefresh, so the re-reads spread over
-// the cycles). Only a comm changed later in a process's life (an exec in
+// re-read; TestListProcInodes checks this kernel), and its comm is read
+// when it is new, again at the next scan (a process caught between fork
+// and exec, like kube-proxy's vfork of iptables-restore or systemd's
+// "(kubelet)", shows its own comm a cycle later), and then every
+// commRefresh (each PID between commRefresh/2 and commRefresh, so the
+// re-reads spread over the cycles). Only a comm changed later in a process's life (an exec in
 // place long after the fork, such as a container's runc init that waits
 // for its start; a prctl(PR_SET_NAME)) goes unseen, for at most
 // commRefresh, and what that costs is a late answer, never a wrong
