@@ -403,7 +403,9 @@ const commScanTTL = time.Second
 // reported up to commRefresh late); the kube-proxy absence check may take
 // a just-exec'd kube-proxy for absent (a skip, no action) or a kube-proxy
 // that exec'd another program for present (its findings stay) for as
-// long. A minute, not less: at the 30 s interval a shorter bound would
+// long; the look-ups of kube-proxy and the CNI agents by name find a
+// container's process whose runc init waited longer than a cycle for its
+// start as late. A minute, not less: at the 30 s interval a shorter bound would
 // re-read every comm every cycle.
 const commRefresh = time.Minute
 
