@@ -3,13 +3,16 @@ package procs
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,12 +29,14 @@ import (
 // 100 by the kernel ABI on every architecture Kubernetes nodes run on.
 const userHZ = 100
 
-// Real reads a procfs mount. Listing PIDs and argv goes through gopsutil
-// (with the proc root as the per-call HostProc value); the rest reads
-// /proc/<pid>/stat directly, once per process: gopsutil would read stat
-// three times (ppid, create time, status), re-detect virtualization for the
-// boot time on every CreateTime unless a process-global cache is enabled,
-// and truncates the create time to whole seconds.
+// Real reads a procfs mount. The process scans of Find and CommRunning
+// list PIDs with getdents64 (scanComms); the lock holders' PIDs and whole
+// argv go through gopsutil (with the proc root as the per-call HostProc
+// value); the rest reads /proc/<pid>/stat directly, once per process:
+// gopsutil would read stat three times (ppid, create time, status),
+// re-detect virtualization for the boot time on every CreateTime unless a
+// process-global cache is enabled, and truncates the create time to whole
+// seconds.
 type Real struct {
 	root string
 	ctx  func(context.Context) context.Context
@@ -260,26 +265,30 @@ func (r *Real) Get(ctx context.Context, pid int32) (Process, error) {
 // refreshScans is how often Find reads every process's argv again even
 // when its comm is unchanged (every refreshScans-th comm scan, the first
 // included; the Finds of a cycle share one comm scan and read each argv
-// at most once for it): it bounds how long an argv rewritten in place (setproctitle)
-// or a reused PID with the same comm goes unseen.
+// at most once for it): it bounds how long an argv rewritten in place
+// (setproctitle) goes unseen.
 const refreshScans = 10
 
-// argvEntry is what a scan remembers of a process: its comm when argv[0]
-// was read and argv[0]'s basename.
+// argvEntry is what a scan remembers of a process: its /proc/<pid> inode
+// and comm when argv[0] was read, and argv[0]'s basename.
 type argvEntry struct {
+	ino        uint64
 	comm, name string
 	scan       uint64 // the last scan that saw the PID
 	read       uint64 // the scan in which argv[0] was read
 }
 
-// Find implements Interface. For every process it reads only the comm (a
-// small file that needs no lock on the process's memory, unlike cmdline),
-// once per cycle for all scans (scanComms);
-// argv[0] is read when the process is new to the scan or its comm changed
-// since argv[0] was read (exec sets the comm: an iptables-restore started
-// by kube-proxy's fork is a new comm, and a process that calls itself
+// Find implements Interface. For every process it uses only the comm of
+// the cycle's shared scan (scanComms: a small file that needs no lock on
+// the process's memory, unlike cmdline, and read again only for a process
+// new to the scan, once more at the next scan, and every commRefresh);
+// argv[0] is read when the process is new (a PID not seen, or seen with
+// another /proc/<pid> inode: another process) or its comm changed since
+// argv[0] was read (exec sets the comm: an iptables-restore started by
+// kube-proxy's fork is a new comm, and a process that calls itself
 // iptables-restore with exec -a is new), and for every process on each
-// refreshScans-th scan. The rest is read only for matches.
+// refreshScans-th scan. The rest is read only for matches, whole and
+// fresh: what is remembered can delay a match, never make one.
 func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	if len(names) == 0 {
 		pids, err := r.pids()
@@ -319,13 +328,13 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	full := r.scans%refreshScans == 1
 	buf := make([]byte, 4096)
 	var out []Process
-	for i, pid := range scan.pids {
+	for i := range scan.procs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		comm := scan.comms[i]
+		pid, ino, comm := scan.procs[i].pid, scan.procs[i].ino, scan.procs[i].comm
 		e, seen := r.argv[pid]
-		if !seen || e.comm != comm || (full && e.read != r.scans) {
+		if !seen || e.ino != ino || ino <= 1 || e.comm != comm || (full && e.read != r.scans) {
 			// argv[0] ends at the first NUL; a longer one is clipped
 			// by ArgvName anyway.
 			argv0, ok := readSmall(r.path(strconv.Itoa(int(pid)), "cmdline"), buf)
@@ -336,7 +345,7 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 			if i := strings.IndexByte(argv0, 0); i >= 0 {
 				argv0 = argv0[:i]
 			}
-			e = argvEntry{comm: comm, name: ArgvName([]string{argv0}), read: r.scans}
+			e = argvEntry{ino: ino, comm: comm, name: ArgvName([]string{argv0}), read: r.scans}
 		}
 		e.scan = r.scans
 		r.argv[pid] = e
@@ -364,52 +373,137 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 	return out, nil
 }
 
-// commScanTTL is how long one read of every process's comm is shared: the
+// commScanTTL is how long one scan of every process's comm is shared: the
 // process scans of one cycle (HungIPTablesRestore, HungNFT, kube-proxy's
-// absence) start together and read it once. Well under any interval.
+// absence) start together and scan once. Well under any interval.
 const commScanTTL = time.Second
+
+// commRefresh bounds how long a scan reuses a remembered comm: a process
+// is identified across scans by its PID and the inode number of its
+// /proc/<pid> directory (procfs numbers each instantiated inode afresh
+// from get_next_ino, a 32-bit counter shared with pipes and sockets, so a
+// reused PID shows another inode unless 2^32 inodes were made in between;
+// an evicted and re-instantiated dentry of the same process only costs a
+// re-read; TestListProcInodes checks this kernel), and its comm is read
+// when it is new, again at the next scan (a process caught between fork
+// and exec, like kube-proxy's vfork of iptables-restore or systemd's
+// "(kubelet)", shows its own comm a cycle later), and then every
+// commRefresh (each PID between commRefresh/2 and commRefresh, so the
+// re-reads spread over the cycles). Only a comm changed later in a process's life (an exec in
+// place long after the fork, such as a container's runc init that waits
+// for its start; a prctl(PR_SET_NAME)) goes unseen, for at most
+// commRefresh, and what that costs is a late answer, never a wrong
+// target: HungIPTablesRestore and HungNFT report a process older than
+// 1 min and 30 s at a 30 s interval (its age counts from the fork, so it
+// is reported at most commRefresh late); Find re-reads a match whole
+// before returning it, and KillProcess re-reads and re-checks the
+// process (create time, argv name, executable, capabilities, parent)
+// before every signal, sent through a pidfd; CNIConfig's kubelet evidence
+// only matters without cluster access (a missing CNI configuration
+// reported up to commRefresh late); the kube-proxy absence check may take
+// a just-exec'd kube-proxy for absent (a skip, no action) or a kube-proxy
+// that exec'd another program for present (its findings stay) for as
+// long; the look-ups of kube-proxy and the CNI agents by name find a
+// container's process whose runc init waited longer than a cycle for its
+// start as late. A minute, not less: at the 30 s interval a shorter bound would
+// re-read every comm every cycle.
+const commRefresh = time.Minute
 
 // maxProcs bounds the processes one scan reads.
 const maxProcs = 100000
 
-// commScan is the PIDs of a proc root and their comms at one moment.
+// procDirent is a PID entry of a proc root: the PID and the inode number
+// of /proc/<pid> (0 or 1 when unknown: such a process's comm is read at
+// every scan).
+type procDirent struct {
+	pid int32
+	ino uint64
+}
+
+// procEntry is one process of a comm scan.
+type procEntry struct {
+	procDirent
+	// confirmed is false until comm was read again by a later scan than
+	// the one that first saw the process.
+	confirmed bool
+	comm      string
+	// read is when comm was read (commScans.now, Unix nanoseconds).
+	read int64
+}
+
+// commScan is the processes of a proc root and their comms at one moment.
 type commScan struct {
 	at    time.Time
-	pids  []int32
-	comms []string
+	procs []procEntry // by PID
+	reads int         // comm files this scan read (the others were reused)
 }
 
 // commScans holds the last scan of each proc root; mu serialises scans so
-// that concurrent callers share one.
+// that concurrent callers share one, and each scan reuses the comms of the
+// last. now and refresh stand for time.Now and commRefresh (tests).
 var commScans = struct {
-	mu sync.Mutex
-	m  map[string]*commScan
-}{m: map[string]*commScan{}}
+	mu      sync.Mutex
+	m       map[string]*commScan
+	buf     []byte // getdents64 buffer
+	now     func() time.Time
+	refresh time.Duration
+}{m: map[string]*commScan{}, now: time.Now, refresh: commRefresh}
+
+// refreshAfter is how long pid's comm is reused: between refresh/2 and
+// refresh, by PID, so that the processes first read together are not all
+// read again in the same cycle.
+func refreshAfter(pid int32, refresh time.Duration) time.Duration {
+	return refresh - refresh*time.Duration(pid%16)/32
+}
 
 // scanComms returns every process of the proc root with its comm, from a
-// scan at most commScanTTL old. A process that exits during the scan is
+// scan at most commScanTTL old (see commRefresh for which comms a scan
+// reads and which it reuses). A process that exits during the scan is
 // left out.
 func scanComms(root string) (*commScan, error) {
 	commScans.mu.Lock()
 	defer commScans.mu.Unlock()
-	now := time.Now()
-	if s := commScans.m[root]; s != nil && now.Sub(s.at) >= 0 && now.Sub(s.at) < commScanTTL {
-		return s, nil
+	now := commScans.now()
+	prev := commScans.m[root]
+	if prev != nil && !prev.at.IsZero() && now.Sub(prev.at) >= 0 && now.Sub(prev.at) < commScanTTL {
+		return prev, nil
 	}
-	pids, err := listPIDs(root)
+	if commScans.buf == nil {
+		commScans.buf = make([]byte, 32<<10)
+	}
+	var old []procEntry
+	if prev != nil {
+		old = prev.procs
+	}
+	ents, err := listProc(root, commScans.buf, len(old)+64)
 	if err != nil {
 		return nil, err
 	}
-	s := &commScan{at: now, pids: make([]int32, 0, len(pids)), comms: make([]string, 0, len(pids))}
+	nowNs := now.UnixNano()
+	s := &commScan{at: now, procs: make([]procEntry, 0, len(ents))}
 	buf := make([]byte, 64)
 	prefix := filepath.Clean(root) + "/"
-	for _, pid := range pids {
-		comm, ok := readSmall(prefix+strconv.Itoa(int(pid))+"/comm", buf)
+	j := 0
+	for _, e := range ents {
+		for j < len(old) && old[j].pid < e.pid {
+			j++
+		}
+		p := procEntry{procDirent: e}
+		if j < len(old) && old[j].pid == e.pid && e.ino > 1 && old[j].ino == e.ino {
+			o := old[j]
+			if age := time.Duration(nowNs - o.read); o.confirmed && age >= 0 && age < refreshAfter(o.pid, commScans.refresh) {
+				s.procs = append(s.procs, o)
+				continue
+			}
+			p.confirmed = true // the same process, read again
+		}
+		comm, ok := readSmall(prefix+strconv.Itoa(int(e.pid))+"/comm", buf)
 		if !ok {
 			continue // exited
 		}
-		s.pids = append(s.pids, pid)
-		s.comms = append(s.comms, strings.TrimSuffix(comm, "\n"))
+		s.reads++
+		p.comm, p.read = strings.TrimSuffix(comm, "\n"), nowNs
+		s.procs = append(s.procs, p)
 	}
 	if len(commScans.m) > 8 {
 		commScans.m = map[string]*commScan{}
@@ -418,11 +512,14 @@ func scanComms(root string) (*commScan, error) {
 	return s, nil
 }
 
-// ExpireCommScans drops the shared scans: the next scan reads every comm
-// again (a test standing for a later cycle).
+// ExpireCommScans ends the sharing of the last scans: the next scan lists
+// the processes again (a test standing for a later cycle). The comms they
+// remember are reused as in any later cycle.
 func ExpireCommScans() {
 	commScans.mu.Lock()
-	commScans.m = map[string]*commScan{}
+	for _, s := range commScans.m {
+		s.at = time.Time{}
+	}
 	commScans.mu.Unlock()
 }
 
@@ -433,38 +530,82 @@ func CommRunning(root, name string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	for _, c := range s.comms {
-		if c == name {
+	for i := range s.procs {
+		if s.procs[i].comm == name {
 			return true, nil
 		}
 	}
 	return false, nil
 }
 
-func (r *Real) pids() ([]int32, error) { return listPIDs(r.root) }
+func (r *Real) pids() ([]int32, error) {
+	ents, err := listProc(r.root, make([]byte, 32<<10), 0)
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]int32, len(ents))
+	for i, e := range ents {
+		pids[i] = e.pid
+	}
+	return pids, nil
+}
 
-// listPIDs lists the numeric entries of a proc root (at most maxProcs).
-func listPIDs(root string) ([]int32, error) {
-	d, err := os.Open(root)
+// listProc lists the PID entries of a proc root (at most maxProcs, from
+// at most maxProcs+100 entries) with their inode numbers, by PID, reading
+// the directory with getdents64 into buf (which must hold one entry);
+// about is the number of entries expected. Any directory will do: a
+// test's fake proc root gives its own inode numbers.
+func listProc(root string, buf []byte, about int) ([]procDirent, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("listing processes in %s: %w", root, err)
 	}
-	defer d.Close()
-	ents, err := d.Readdirnames(maxProcs + 100)
-	if err != nil {
-		return nil, fmt.Errorf("listing processes in %s: %w", root, err)
-	}
-	pids := make([]int32, 0, len(ents))
-	for _, e := range ents {
-		if e[0] < '0' || e[0] > '9' {
+	defer unix.Close(fd)
+	out := make([]procDirent, 0, min(about, maxProcs))
+	entries := 0
+	for entries <= maxProcs+100 && len(out) < maxProcs {
+		n, err := unix.Getdents(fd, buf)
+		if errors.Is(err, unix.EINTR) {
 			continue
 		}
-		if n, err := strconv.ParseInt(e, 10, 32); err == nil && n > 0 {
-			pids = append(pids, int32(n))
+		if err != nil {
+			return nil, fmt.Errorf("listing processes in %s: %w", root, err)
+		}
+		if n <= 0 {
+			break
+		}
+		err = parseDirents(buf[:n], func(ino uint64, name []byte) bool {
+			entries++
+			if pid, ok := parsePID(name); ok {
+				out = append(out, procDirent{pid: pid, ino: ino})
+			}
+			return entries <= maxProcs+100 && len(out) < maxProcs
+		})
+		if err != nil {
+			return nil, fmt.Errorf("listing processes in %s: %w", root, err)
 		}
 	}
-	sort.Slice(pids, func(i, j int) bool { return pids[i] < pids[j] })
-	return pids, nil
+	slices.SortFunc(out, func(a, b procDirent) int { return cmp.Compare(a.pid, b.pid) })
+	return slices.CompactFunc(out, func(a, b procDirent) bool { return a.pid == b.pid }), nil
+}
+
+// parsePID returns the PID a /proc entry name spells in canonical decimal
+// (no sign, no leading zero), within int32 and above 0.
+func parsePID(name []byte) (int32, bool) {
+	if len(name) == 0 || len(name) > 10 || name[0] == '0' {
+		return 0, false
+	}
+	var n int64
+	for _, c := range name {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if n > math.MaxInt32 {
+		return 0, false
+	}
+	return int32(n), true
 }
 
 // readSmall reads at most len(buf) bytes of a proc file into buf and

@@ -424,7 +424,14 @@ func TestScanCommsShared(t *testing.T) {
 
 // BenchmarkFindOnABusyNode: one cycle's process scans (HungIPTablesRestore's
 // and HungNFT's Find, kube-proxy's absence check) with 1,000 extra
-// processes running: one shared comm scan, argv read only for new PIDs.
+// processes running: one shared comm scan, argv read only for new PIDs
+// (and for all on every refreshScans-th scan). "comms-reused" is the
+// steady state between comm refreshes (each comm is read again every
+// commRefresh/2 to commRefresh, so at a 30 s interval about half the
+// cycles read it, at 2 s one in ~22); "comms-read" reads every comm every
+// cycle, as all scans did before the /proc/<pid> inodes were compared.
+// cpu-ns/op is this process's user+system CPU per cycle (getrusage), the
+// kernel's work on /proc included.
 func BenchmarkFindOnABusyNode(b *testing.B) {
 	if _, err := exec.LookPath("sleep"); err != nil {
 		b.Skip("needs sleep")
@@ -432,19 +439,45 @@ func BenchmarkFindOnABusyNode(b *testing.B) {
 	for range 1000 {
 		netnstest.StartGroup(b, exec.Command("sleep", "600"))
 	}
-	r := New("/proc")
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		ExpireCommScans() // a new cycle
-		if _, err := r.Find(ctx, []string{"iptables-restore", "iptables-legacy-restore", "ip6tables-restore"}); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := r.Find(ctx, []string{"nft"}); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := CommRunning("/proc", "kube-proxy"); err != nil {
-			b.Fatal(err)
-		}
+	for _, bc := range []struct {
+		name    string
+		refresh time.Duration
+	}{{"comms-reused", commRefresh}, {"comms-read", 0}} {
+		b.Run(bc.name, func(b *testing.B) {
+			commScans.mu.Lock()
+			commScans.refresh = bc.refresh
+			commScans.mu.Unlock()
+			defer func() {
+				commScans.mu.Lock()
+				commScans.refresh = commRefresh
+				commScans.mu.Unlock()
+			}()
+			r := New("/proc")
+			ctx := context.Background()
+			b.ReportAllocs()
+			cpu0 := cpuTime(b)
+			for b.Loop() {
+				ExpireCommScans() // a new cycle
+				if _, err := r.Find(ctx, []string{"iptables-restore", "iptables-legacy-restore", "ip6tables-restore"}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := r.Find(ctx, []string{"nft"}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := CommRunning("/proc", "kube-proxy"); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(cpuTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+		})
 	}
+}
+
+// cpuTime is this process's user+system CPU so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
