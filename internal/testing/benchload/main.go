@@ -43,9 +43,14 @@ func main() {
 	cycles := flag.Int("cycles", 20, "cycles measured per phase (after 3 warm-up cycles)")
 	scrape := flag.String("scrape", "", "internal: print this URL's body (run inside the namespace)")
 	idlePhase := flag.Bool("idle", true, "measure the idle phase too")
+	printRules := flag.Bool("print-rules", false, "print the generated save text (for iptables-legacy-restore) and exit")
 	flag.Parse()
 	if *scrape != "" {
 		os.Exit(get(*scrape))
+	}
+	if *printRules {
+		fmt.Print(natTable(*services))
+		return
 	}
 	if os.Geteuid() != 0 {
 		fatalf("needs root (network namespaces, iptables-legacy-restore)")
@@ -234,6 +239,11 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 		prevOwn, prevKids, prevC = own, kids, c
 	}
 	n := float64(prevC - c0)
+	if dir := os.Getenv("BENCHLOAD_SMAPS_DIR"); dir != "" { // where the RSS is, per mapping
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid)); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, strings.Fields(phase)[0]+".smaps"), b, 0o644)
+		}
+	}
 	ownMs := float64(prevOwn-own0) * 1000 / clkTck / n
 	kidsMs := float64(prevKids-kids0) * 1000 / clkTck / n
 	sort.Float64s(perCycle)
