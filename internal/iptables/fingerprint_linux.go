@@ -148,10 +148,10 @@ func (r *Real) fingerprint(f Family, b Backend, withEntries bool) (fingerprint, 
 		var err error
 		if b == Legacy {
 			r.addRead(f, b, readInfo)
-			if withEntries {
+			fp, err = legacyFingerprint(f, withEntries)
+			if withEntries && !fp.empty && err == nil {
 				r.addRead(f, b, readEntries)
 			}
-			fp, err = legacyFingerprint(f, withEntries)
 		} else {
 			r.addRead(f, b, readInfo)
 			fp, err = nftFingerprint(f)
