@@ -78,8 +78,12 @@ bench:
 # in iptables-legacy in a namespace of its own, 1,000 extra processes, no
 # kube-proxy, no cluster access; prints CPU per cycle (own + children) and
 # RSS, idle and loaded (internal/testing/benchload).
-bench-load: build
-	$(GO) run ./internal/testing/benchload -bin $(BIN) $(BENCHLOAD_ARGS)
+# The binary measured is built as released (static, stripped: the file-backed
+# part of its RSS depends on it), not the development build.
+BENCH_BIN := _output/bench/remediate
+bench-load:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
+	$(GO) run ./internal/testing/benchload -bin $(BENCH_BIN) $(BENCHLOAD_ARGS)
 
 # Short fuzz run of every fuzz target (FUZZTIME each).
 FUZZTIME ?= 30s

@@ -47,7 +47,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	// debug level; what an operator needs is said once (wire_kube.go).
 	klog.SetLogger(zapr.NewLogger(demote(log.Named("klog"), zapcore.DebugLevel)))
 	// Without GOMEMLIMIT the Go heap gets a soft limit at 80% of the
-	// container's cgroup memory limit; without GOGC, GOGC=50.
+	// container's cgroup memory limit; without GOGC, GOGC=25 (memlimit.GCPercent).
 	if ml := memlimit.Set(""); ml.Limit > 0 {
 		log.Info("Go memory limit from the cgroup", zap.Int64("limitBytes", ml.Limit), zap.Int64("cgroupLimitBytes", ml.CgroupLimit), zap.Int("gogc", ml.GCPercent))
 	} else {

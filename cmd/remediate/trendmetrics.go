@@ -17,6 +17,7 @@ var trendTables = []string{"filter", "nat", "mangle", "raw"}
 // before its first observation (the gauges then say 0).
 type trendSources struct {
 	saves     func() []*iptables.Snapshot
+	reads     func() []iptables.Reads
 	conntrack func() (conntrack.Usage, bool)
 	ipvs      func() (ipvs.Counts, bool)
 	kubeProxy func() *kubeproxy.Scrape
@@ -31,7 +32,7 @@ type trendSources struct {
 // yet, or the subsystem is absent), with a fixed label set.
 type trendCollector struct {
 	src                                   trendSources
-	rules, save, kpRules                  *prometheus.Desc
+	rules, save, reads, kpRules           *prometheus.Desc
 	ctEntries, ctMax, ipvsVirtual, ipvsRS *prometheus.Desc
 }
 
@@ -43,6 +44,9 @@ func newTrendCollector(src trendSources) *trendCollector {
 		save: prometheus.NewDesc("remediate_iptables_save_duration_seconds",
 			"Duration of the detectors' last *-save per IP family and backend (field guide 2: > 0.1 s a problem, > 0.5 s bad; 0: not saved yet).",
 			[]string{"ip_family", "backend"}, nil),
+		reads: prometheus.NewDesc("remediate_iptables_reads_total",
+			"What the detectors' iptables reads cost, per IP family and backend: read=\"info\" the cheap change checks (legacy table sizes, the nf_tables generation), read=\"entries\" the legacy entry copies (the save's own costly read, skipped while the xtables lock file is untouched and the sizes unchanged, at most 1m), read=\"save\" the *-save commands run.",
+			[]string{"ip_family", "backend", "read"}, nil),
 		kpRules: prometheus.NewDesc("remediate_kube_proxy_rules",
 			"kube-proxy's own count of its iptables rules per IP family and table (sync_proxy_rules_iptables_total, last scrape; 0: not seen).",
 			[]string{"ip_family", "table"}, nil),
@@ -59,7 +63,7 @@ func newTrendCollector(src trendSources) *trendCollector {
 
 // Describe implements prometheus.Collector.
 func (c *trendCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rules, c.save, c.kpRules, c.ctEntries, c.ctMax, c.ipvsVirtual, c.ipvsRS} {
+	for _, d := range []*prometheus.Desc{c.rules, c.save, c.reads, c.kpRules, c.ctEntries, c.ctMax, c.ipvsVirtual, c.ipvsRS} {
 		ch <- d
 	}
 }
@@ -87,6 +91,23 @@ func (c *trendCollector) Collect(ch chan<- prometheus.Metric) {
 				d = s.Duration.Seconds()
 			}
 			ch <- prometheus.MustNewConstMetric(c.save, prometheus.GaugeValue, d, string(f), string(b))
+		}
+	}
+	counts := map[fb]iptables.Reads{}
+	if c.src.reads != nil {
+		for _, r := range c.src.reads() {
+			counts[fb{r.Family, r.Backend}] = r
+		}
+	}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		for _, b := range []iptables.Backend{iptables.Legacy, iptables.NFT} {
+			r := counts[fb{f, b}]
+			for _, x := range []struct {
+				read string
+				n    uint64
+			}{{"info", r.Info}, {"entries", r.Entries}, {"save", r.Saves}} {
+				ch <- prometheus.MustNewConstMetric(c.reads, prometheus.CounterValue, float64(x.n), string(f), string(b), x.read)
+			}
 		}
 	}
 	var sc *kubeproxy.Scrape
@@ -124,6 +145,12 @@ func (w *wiring) trendSources() trendSources {
 		saves: func() []*iptables.Snapshot {
 			if s := w.ipt.Load(); s != nil {
 				return s.LastSnapshots()
+			}
+			return nil
+		},
+		reads: func() []iptables.Reads {
+			if s := w.ipt.Load(); s != nil {
+				return s.Reads()
 			}
 			return nil
 		},

@@ -15,10 +15,11 @@ import (
 )
 
 // Every trend series is exported from the start at 0 with a fixed label
-// set (28 series whatever is observed), then the last observations.
+// set (40 series whatever is observed), then the last observations.
 func TestTrendCollector(t *testing.T) {
 	var (
 		saves []*iptables.Snapshot
+		reads []iptables.Reads
 		ct    conntrack.Usage
 		ctOK  bool
 		vs    ipvs.Counts
@@ -27,6 +28,7 @@ func TestTrendCollector(t *testing.T) {
 	)
 	c := newTrendCollector(trendSources{
 		saves:     func() []*iptables.Snapshot { return saves },
+		reads:     func() []iptables.Reads { return reads },
 		conntrack: func() (conntrack.Usage, bool) { return ct, ctOK },
 		ipvs:      func() (ipvs.Counts, bool) { return vs, vsOK },
 		kubeProxy: func() *kubeproxy.Scrape { return sc },
@@ -34,7 +36,7 @@ func TestTrendCollector(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	start := gatherText(t, reg)
-	if n := strings.Count(start, "\n"); n != 2*2*4+4+4+2+2 {
+	if n := strings.Count(start, "\n"); n != 2*2*4+2*2*3+4+4+2+2 {
 		t.Fatalf("%d series at start:\n%s", n, start)
 	}
 	for _, l := range []string{"remediate_conntrack_entries 0\n", `remediate_iptables_rules{backend="nft",ip_family="IPv6",table="raw"} 0` + "\n"} {
@@ -48,11 +50,16 @@ func TestTrendCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	saves = []*iptables.Snapshot{{Family: iptables.IPv4, Backend: iptables.Legacy, Rules: rs, Duration: 640 * time.Millisecond}}
+	reads = []iptables.Reads{{Family: iptables.IPv4, Backend: iptables.Legacy, Info: 20, Entries: 2, Saves: 1}}
 	ct, ctOK = conntrack.Usage{Count: 900, Max: 1000}, true
 	vs, vsOK = ipvs.Counts{Virtual: 3, Real: 7}, true
 	nat := map[string]float64{"nat": 29, "filter": 4}
 	sc = &kubeproxy.Scrape{Metrics: &kubeproxy.Metrics{Families: map[kubeproxy.Family]*kubeproxy.FamilyMetrics{"IPv4": {RulesTotal: nat}}}}
 	for name, want := range map[string]string{
+		"remediate_iptables_reads_total": `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="info"} 20
+remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="entries"} 2
+remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="save"} 1
+remediate_iptables_reads_total{backend="nft",ip_family="IPv6",read="save"} 0`,
 		"remediate_iptables_rules": `remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="nat"} 2
 remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="filter"} 1
 remediate_iptables_rules{backend="nft",ip_family="IPv4",table="nat"} 0`,
@@ -71,8 +78,8 @@ remediate_iptables_save_duration_seconds{backend="legacy",ip_family="IPv6"} 0`,
 			}
 		}
 	}
-	if n := strings.Count(gatherText(t, reg), "\n"); n != 28 {
-		t.Errorf("%d series after observations, want the same 28", n)
+	if n := strings.Count(gatherText(t, reg), "\n"); n != 40 {
+		t.Errorf("%d series after observations, want the same 40", n)
 	}
 }
 
@@ -96,7 +103,7 @@ func gatherText(t *testing.T, reg *prometheus.Registry) string {
 				}
 				b.WriteString("}")
 			}
-			b.WriteString(" " + strings.TrimSuffix(strings.TrimSuffix(formatFloat(m.GetGauge().GetValue()), ".0"), ".") + "\n")
+			b.WriteString(" " + strings.TrimSuffix(strings.TrimSuffix(formatFloat(m.GetGauge().GetValue()+m.GetCounter().GetValue()), ".0"), ".") + "\n")
 		}
 	}
 	return b.String()

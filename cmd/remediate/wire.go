@@ -103,9 +103,13 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// lock. A missing save command makes the detector skip that backend.
 	// Shared: the detectors of one cycle (IPTablesRules, DataplaneDrift)
 	// get one save per family and backend, not one each.
-	ipt := iptables.NewShared(iptables.New(iptables.Config{}), 2*time.Second)
-	n.IPTables = ipt
-	w.ipt.Store(ipt)
+	// Created once: the kept saves and their change checks survive policy
+	// reloads. The xtables lock file is watched (never taken) to tell when
+	// a legacy table's entries need reading again (iptables.Config.LockFile).
+	if w.ipt.Load() == nil {
+		w.ipt.Store(iptables.NewShared(iptables.New(iptables.Config{LockFile: w.o.xtablesLock}), 2*time.Second))
+	}
+	n.IPTables = w.ipt.Load()
 	// nftables: the ruleset listed read-only with `nft -j list ruleset`
 	// in this network namespace, bounded in time and size, one listing
 	// shared by the nftables detectors of a cycle. Without nft they skip

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -62,39 +63,69 @@ func BenchmarkSaveNFT100kNat(b *testing.B) { benchSave(b, NFT) }
 
 // BenchmarkSaveUnchanged20kNat: what a cycle pays for the legacy rules of a
 // loaded node (20k kube-proxy-shaped nat rules in a namespace) when they
-// did not change since the last cycle: the kernel's fingerprint
-// (IPT_SO_GET_INFO + GET_ENTRIES, hashed) and the kept snapshot, no
-// iptables-legacy-save run and no parse. full-ms is one full save + parse
-// of the same table for comparison. Root only.
+// did not change since the last cycle, no iptables-legacy-save run and no
+// parse in either case:
+//   - lock-untouched: nobody opened the xtables lock file since the last
+//     cycle, so only the table names and IPT_SO_GET_INFO are read;
+//   - lock-touched: something opened and closed it (kube-proxy's periodic
+//     sync does), so the entries are read and hashed too (GET_ENTRIES, the
+//     copy iptables-legacy-save makes).
+//
+// full-ms is one full save + parse of the same table for comparison. Root
+// only.
 func BenchmarkSaveUnchanged20kNat(b *testing.B) {
 	ns := netnstest.New(b)
 	netnstest.NeedCommands(b, "iptables-legacy-restore", SaveCommand(IPv4, Legacy))
-	b.Setenv("XTABLES_LOCKFILE", b.TempDir()+"/xtables.lock")
+	lock := b.TempDir() + "/xtables.lock"
+	b.Setenv("XTABLES_LOCKFILE", lock)
 	netnstest.Run(b, ns, natTable(20000), "iptables-legacy-restore", "-w", "5")
-	r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: "/var/run/netns/" + ns, Timeout: time.Minute})
-	ctx := context.Background()
-	start := time.Now()
-	first, err := r.Save(ctx, IPv4, Legacy)
-	if err != nil {
-		b.Fatal(err)
-	}
-	full := time.Since(start)
-	b.ReportAllocs()
-	b.ResetTimer()
-	cpu0 := cpuTime()
-	for b.Loop() {
-		s, err := r.Save(ctx, IPv4, Legacy)
-		if err != nil {
-			b.Fatal(err)
+	for _, touched := range []bool{false, true} {
+		name := "lock-untouched"
+		if touched {
+			name = "lock-touched"
 		}
-		if !s.Reused || s.Rules != first.Rules {
-			b.Fatal("saved again although nothing changed")
-		}
+		b.Run(name, func(b *testing.B) {
+			r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: "/var/run/netns/" + ns, Timeout: time.Minute,
+				LockFile: lock, EntriesMaxAge: time.Hour})
+			ctx := context.Background()
+			start := time.Now()
+			first, err := r.Save(ctx, IPv4, Legacy)
+			if err != nil {
+				b.Fatal(err)
+			}
+			full := time.Since(start)
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			for b.Loop() {
+				if touched {
+					f, err := os.Open(lock)
+					if err != nil {
+						b.Fatal(err)
+					}
+					f.Close()
+				}
+				s, err := r.Save(ctx, IPv4, Legacy)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !s.Reused || s.Rules != first.Rules {
+					b.Fatal("saved again although nothing changed")
+				}
+			}
+			b.StopTimer()
+			var reads Reads
+			for _, x := range r.Reads() {
+				if x.Family == IPv4 && x.Backend == Legacy {
+					reads = x
+				}
+			}
+			b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64(full.Milliseconds()), "full-ms")
+			b.ReportMetric(float64(first.Rules.RuleCount()), "rules")
+			b.ReportMetric(float64(reads.Entries-1)/float64(b.N), "entry-reads/op")
+		})
 	}
-	b.StopTimer()
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
-	b.ReportMetric(float64(full.Milliseconds()), "full-ms")
-	b.ReportMetric(float64(first.Rules.RuleCount()), "rules")
 }
 
 // cpuTime is this process's user+system CPU time (the kernel's copy of the

@@ -43,8 +43,19 @@ import (
 //
 // Two equal fingerprints mean the save would print the same rules
 // (counters aside); anything unreadable is an error and the caller saves.
+//
+// For legacy the first part alone (names, GET_INFO: microseconds, while
+// the entries' copy is most of a loaded cycle's CPU) is the info; Save
+// reads only that while nobody touched the xtables lock (lockActivity)
+// and the entries were checked less than EntriesMaxAge ago.
 type fingerprint struct {
+	// info covers the table names and each table's IPT_SO_GET_INFO
+	// (legacy) or everything (nft: the generation and tables).
+	info uint64
+	// sum covers info and the entries with their counters zeroed (legacy;
+	// nft: equal to info); valid when full.
 	sum   uint64
+	full  bool
 	empty bool // the backend has no table in this family: the save prints nothing
 }
 
@@ -129,14 +140,20 @@ func legacyTableNames(f Family) ([]string, error) {
 }
 
 // fingerprint computes the fingerprint of a family and backend in the
-// configured network namespace.
-func (r *Real) fingerprint(f Family, b Backend) (fingerprint, error) {
+// configured network namespace; for legacy, withEntries reads and hashes
+// the entries too (otherwise only info is set).
+func (r *Real) fingerprint(f Family, b Backend, withEntries bool) (fingerprint, error) {
 	var fp fingerprint
 	err := inNetNS(r.cfg.NetNS, func() error {
 		var err error
 		if b == Legacy {
-			fp, err = legacyFingerprint(f)
+			r.addRead(f, b, readInfo)
+			fp, err = legacyFingerprint(f, withEntries)
+			if withEntries && !fp.empty && err == nil {
+				r.addRead(f, b, readEntries)
+			}
 		} else {
+			r.addRead(f, b, readInfo)
 			fp, err = nftFingerprint(f)
 		}
 		return err
@@ -144,13 +161,13 @@ func (r *Real) fingerprint(f Family, b Backend) (fingerprint, error) {
 	return fp, err
 }
 
-func legacyFingerprint(f Family) (fingerprint, error) {
+func legacyFingerprint(f Family, withEntries bool) (fingerprint, error) {
 	names, err := legacyTableNames(f)
 	if err != nil {
 		return fingerprint{}, err
 	}
 	if len(names) == 0 {
-		return fingerprint{empty: true}, nil
+		return fingerprint{empty: true, full: true}, nil
 	}
 	af, level, layout := unix.AF_INET, unix.SOL_IP, ip4Entry
 	if f == IPv6 {
@@ -161,17 +178,26 @@ func legacyFingerprint(f Family) (fingerprint, error) {
 		return fingerprint{}, fmt.Errorf("raw socket: %w", err)
 	}
 	defer unix.Close(fd)
-	var h maphash.Hash
-	h.SetSeed(fpSeed)
+	var hi, hs maphash.Hash
+	hi.SetSeed(fpSeed)
+	hs.SetSeed(fpSeed)
 	for _, name := range names {
 		if len(name) >= 32 {
 			return fingerprint{}, fmt.Errorf("table name %q too long", name)
 		}
-		if err := hashLegacyTable(&h, fd, level, name, layout); err != nil {
+		var entries *maphash.Hash
+		if withEntries {
+			entries = &hs
+		}
+		if err := hashLegacyTable(&hi, entries, fd, level, name, layout); err != nil {
 			return fingerprint{}, fmt.Errorf("table %s: %w", name, err)
 		}
 	}
-	return fingerprint{sum: h.Sum64()}, nil
+	fp := fingerprint{info: hi.Sum64(), full: withEntries}
+	if withEntries {
+		fp.sum = hs.Sum64()
+	}
+	return fp, nil
 }
 
 func getsockopt(fd, level, opt int, buf []byte) error {
@@ -187,7 +213,10 @@ func getsockopt(fd, level, opt int, buf []byte) error {
 	return nil
 }
 
-func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayout) error {
+// hashLegacyTable writes the table's name and GET_INFO into hi and, when
+// hs is not nil, the same followed by its entries (counters zeroed) into
+// hs.
+func hashLegacyTable(hi, hs *maphash.Hash, fd, level int, name string, lay entryLayout) error {
 	info := make([]byte, getInfoSize)
 	copy(info, name)
 	if err := getsockopt(fd, level, soGetInfo, info); err != nil {
@@ -197,9 +226,15 @@ func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayou
 	if size > maxBlob {
 		return fmt.Errorf("entries of %d bytes: larger than %d", size, maxBlob)
 	}
-	_, _ = h.WriteString(name)
-	_ = h.WriteByte(0)
-	_, _ = h.Write(info[32:]) // valid_hooks, hook_entry, underflow, num_entries, size
+	_, _ = hi.WriteString(name)
+	_ = hi.WriteByte(0)
+	_, _ = hi.Write(info[32:]) // valid_hooks, hook_entry, underflow, num_entries, size
+	if hs == nil {
+		return nil
+	}
+	_, _ = hs.WriteString(name)
+	_ = hs.WriteByte(0)
+	_, _ = hs.Write(info[32:])
 	// The blob is read into memory outside the Go heap and unmapped at
 	// once: a large table must not grow the heap for a hash.
 	buf, unmap, err := blobBuffer(entriesHdr + int(size))
@@ -225,7 +260,7 @@ func hashLegacyTable(h *maphash.Hash, fd, level int, name string, lay entryLayou
 		clear(blob[off+lay.counters : off+lay.counters+16])
 		off += next
 	}
-	_, _ = h.Write(blob)
+	_, _ = hs.Write(blob)
 	return nil
 }
 
@@ -329,7 +364,8 @@ func nftFingerprint(f Family) (fingerprint, error) {
 	_, _ = h.WriteString(strings.Join(tables, ",") + "|" + strings.Join(legacy, ","))
 	// Without an iptables table in the family the save prints nothing but
 	// perhaps the legacy warning: keep saving then, it is cheap.
-	return fingerprint{sum: h.Sum64(), empty: len(tables) == 0 && len(legacy) == 0}, nil
+	sum := h.Sum64()
+	return fingerprint{info: sum, sum: sum, full: true, empty: len(tables) == 0 && len(legacy) == 0}, nil
 }
 
 func nftGen(c *netlink.Conn) (uint32, error) {

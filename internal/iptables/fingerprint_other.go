@@ -5,10 +5,10 @@ package iptables
 import "errors"
 
 type fingerprint struct {
-	sum   uint64
-	empty bool
+	info, sum   uint64
+	full, empty bool
 }
 
-func (r *Real) fingerprint(Family, Backend) (fingerprint, error) {
+func (r *Real) fingerprint(Family, Backend, bool) (fingerprint, error) {
 	return fingerprint{}, errors.New("fingerprints need Linux")
 }

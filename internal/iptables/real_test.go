@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -187,5 +188,111 @@ func TestRealSaveReusedUntilTheKernelChanges(t *testing.T) {
 		if s, _ := r.Save(ctx, IPv4, b); s.Reused {
 			t.Errorf("%s: reused beyond ReuseFor", b)
 		}
+	}
+}
+
+// TestRealSaveEntriesReadOnLockActivity: with the lock file watched, a
+// legacy backend's entries are read only when something opened the lock
+// file, when the table's size, count or offsets changed, or EntriesMaxAge
+// after the last read. An equal-size edit through iptables-legacy-restore
+// (which opens the lock file, with or without -w) is seen at the next
+// Save; one made by a writer that does not open this lock file is seen
+// EntriesMaxAge later (the documented bound), one that changes the size
+// at once; a replaced or missing lock file makes every Save read the
+// entries.
+func TestRealSaveEntriesReadOnLockActivity(t *testing.T) {
+	ns := netnstest.New(t)
+	netnstest.NeedCommands(t, "iptables-legacy-restore", "iptables-legacy-save")
+	dir := t.TempDir()
+	lock := filepath.Join(dir, "xtables.lock")
+	if err := os.WriteFile(lock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("XTABLES_LOCKFILE", lock)
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: netnsPath(ns), Timeout: 20 * time.Second,
+		LockFile: lock, EntriesMaxAge: time.Minute, Now: func() time.Time { return now }})
+	table := func(ep string, extra string) string {
+		return "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n:KUBE-SEP-AAAAAAAAAAAAAAAA - [0:0]\n" +
+			"-A PREROUTING -j KUBE-SERVICES\n-A OUTPUT -j KUBE-SERVICES\n" + extra +
+			"-A KUBE-SEP-AAAAAAAAAAAAAAAA -p tcp -m comment --comment ns/svc:http -m tcp -j DNAT --to-destination " + ep + ":8080\nCOMMIT\n"
+	}
+	reads := func() Reads {
+		for _, x := range r.Reads() {
+			if x.Family == IPv4 && x.Backend == Legacy {
+				return x
+			}
+		}
+		return Reads{}
+	}
+	save := func(step string, wantReused bool, wantEntries uint64, want string) {
+		t.Helper()
+		before := reads()
+		s, err := r.Save(ctx, IPv4, Legacy)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		after := reads()
+		if s.Reused != wantReused || after.Entries-before.Entries != wantEntries || !strings.Contains(s.Rules.String(), want) {
+			t.Errorf("%s: reused %v (want %v), entries read %d (want %d), %q in the rules: %v", step,
+				s.Reused, wantReused, after.Entries-before.Entries, wantEntries, want, strings.Contains(s.Rules.String(), want))
+		}
+	}
+	restore := func(text string, env ...string) {
+		t.Helper()
+		netnstest.Run(t, ns, text, append(append([]string{"env"}, env...), "iptables-legacy-restore")...)
+	}
+
+	restore(table("10.244.1.5", ""))
+	save("first", false, 1, "10.244.1.5:8080")
+	save("nothing touched", true, 0, "10.244.1.5:8080")
+	save("nothing touched again", true, 0, "10.244.1.5:8080")
+
+	// Same size (the DNAT destination only), through the lock file.
+	restore(table("10.244.1.7", ""))
+	save("equal-size edit through the lock", false, 1, "10.244.1.7:8080")
+	save("after it", true, 0, "10.244.1.7:8080")
+
+	// Same size, by a writer that does not open this lock file: not seen
+	// until EntriesMaxAge has passed since the last entries read.
+	restore(table("10.244.1.9", ""), "XTABLES_LOCKFILE="+filepath.Join(dir, "elsewhere.lock"))
+	now = now.Add(30 * time.Second)
+	save("equal-size edit bypassing the lock, within EntriesMaxAge", true, 0, "10.244.1.7:8080")
+	now = now.Add(31 * time.Second)
+	save("equal-size edit bypassing the lock, EntriesMaxAge later", false, 1, "10.244.1.9:8080")
+
+	// A size change by the same writer is seen at once.
+	restore(table("10.244.1.9", "-A KUBE-SERVICES -j RETURN\n"), "XTABLES_LOCKFILE="+filepath.Join(dir, "elsewhere.lock"))
+	save("size change bypassing the lock", false, 1, "-A KUBE-SERVICES -j RETURN")
+	save("after it", true, 0, "-A KUBE-SERVICES -j RETURN")
+
+	// A reader of the lock file that is not a writer still counts (the
+	// watch cannot tell): the entries are read, the save reused.
+	f, err := os.Open(lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	save("lock file opened and closed", true, 1, "-A KUBE-SERVICES -j RETURN")
+
+	// The lock file replaced: the new one is watched, the entries read.
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	save("lock file replaced", true, 1, "-A KUBE-SERVICES -j RETURN")
+	save("after it", true, 0, "-A KUBE-SERVICES -j RETURN")
+
+	// No lock file: nothing can be said; the entries are read every time.
+	if err := os.Remove(lock); err != nil {
+		t.Fatal(err)
+	}
+	save("no lock file", true, 1, "-A KUBE-SERVICES -j RETURN")
+	save("no lock file again", true, 1, "-A KUBE-SERVICES -j RETURN")
+	if got := reads(); got.Saves != 4 {
+		t.Errorf("saves run: %d, want 4 (%+v)", got.Saves, got)
 	}
 }

@@ -139,3 +139,12 @@ func (s *Snapshot) RuleCount(table string) int {
 	}
 	return n
 }
+
+// Reads returns the inner adapter's read counts (see Real.Reads), or nil
+// when it does not count them.
+func (s *Shared) Reads() []Reads {
+	if r, ok := s.inner.(interface{ Reads() []Reads }); ok {
+		return r.Reads()
+	}
+	return nil
+}

@@ -6,7 +6,10 @@
 // cluster access (no kube-proxy either), and prints its CPU per cycle (its
 // own plus its waited-for children: the *-save runs) and its RSS. A first
 // phase measures the same daemon idle: an empty namespace and no extra
-// processes.
+// processes. A third phase adds a writer that rewrites an unchanged nat
+// chain through iptables-legacy-restore every interval, taking the xtables
+// lock as kube-proxy's periodic sync does: every cycle then reads the
+// table's entries (the save itself is still reused).
 //
 // It deletes the namespace and stops the processes it started (by PID) at
 // the end. The numbers go into the README's performance section.
@@ -40,9 +43,14 @@ func main() {
 	cycles := flag.Int("cycles", 20, "cycles measured per phase (after 3 warm-up cycles)")
 	scrape := flag.String("scrape", "", "internal: print this URL's body (run inside the namespace)")
 	idlePhase := flag.Bool("idle", true, "measure the idle phase too")
+	printRules := flag.Bool("print-rules", false, "print the generated save text (for iptables-legacy-restore) and exit")
 	flag.Parse()
 	if *scrape != "" {
 		os.Exit(get(*scrape))
+	}
+	if *printRules {
+		fmt.Print(natTable(*services))
+		return
 	}
 	if os.Geteuid() != 0 {
 		fatalf("needs root (network namespaces, iptables-legacy-restore)")
@@ -107,18 +115,42 @@ func main() {
 	}()
 	fmt.Printf("started %d extra processes (sleep); processes on the host now: %d\n", *procs, countProcs())
 	results = append(results, measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles))
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the writer: an unchanged KUBE-MARK-MASQ, as a sync that changes nothing
+		defer close(done)
+		t := time.NewTicker(*interval)
+		defer t.Stop()
+		for {
+			w := exec.Command("ip", "netns", "exec", ns, "iptables-legacy-restore", "-w", "5", "--noflush")
+			w.Env = append(os.Environ(), "XTABLES_LOCKFILE="+filepath.Join(tmp, "xtables.lock"))
+			w.Stdin = strings.NewReader("*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n")
+			if out, err := w.CombinedOutput(); err != nil {
+				fatalf("writer: %v: %s", err, out)
+			}
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	results = append(results, measure(absBin, ns, polFile, tmp, "loaded, a lock-taking writer every interval", *interval, *cycles))
+	close(stop)
+	<-done
 
 	fmt.Println()
-	fmt.Println("| phase | CPU per cycle (mean) | RSS median / max | anonymous + file at the end |")
-	fmt.Println("|---|---|---|---|")
+	fmt.Println("| phase | CPU per cycle (mean) | legacy reads per cycle | RSS median / max | anonymous + file at the end |")
+	fmt.Println("|---|---|---|---|---|")
 	for _, r := range results {
-		fmt.Printf("| %s | %s | %.1f / %.1f MiB | %.1f + %.1f MiB |\n", r.phase, r.cpu, r.rssMed, r.rssMax, r.anon, r.file)
+		fmt.Printf("| %s | %s | %s | %.1f / %.1f MiB | %.1f + %.1f MiB |\n", r.phase, r.cpu, r.reads, r.rssMed, r.rssMax, r.anon, r.file)
 	}
 }
 
 type result struct {
 	phase          string
 	cpu            string
+	reads          string // legacy IPv4 entry reads and saves per cycle
 	rssMed, rssMax float64
 	anon, file     float64 // at the end: anonymous (heap, stacks) and file-backed (the binary)
 }
@@ -154,18 +186,29 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 	}()
 	pid := cmd.Process.Pid // nsenter execs the binary: same PID
 	self, _ := os.Executable()
+	var entries, saves float64 // of the last scrape
 	count := func() int {
 		out, err := exec.Command("nsenter", "--net=/var/run/netns/"+ns, self, "-scrape", "http://"+addr+"/metrics").Output()
 		if err != nil {
 			return -1
 		}
+		n := -1
 		for _, l := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(l, "remediate_cycle_duration_seconds_count ") {
-				n, _ := strconv.Atoi(strings.Fields(l)[1])
-				return n
+			f := strings.Fields(l)
+			if len(f) != 2 {
+				continue
+			}
+			v, _ := strconv.ParseFloat(f[1], 64)
+			switch f[0] {
+			case "remediate_cycle_duration_seconds_count":
+				n = int(v)
+			case `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="entries"}`:
+				entries = v
+			case `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="save"}`:
+				saves = v
 			}
 		}
-		return -1
+		return n
 	}
 	wait := func(n int) int {
 		deadline := time.Now().Add(time.Duration(n+5) * (interval + 2*time.Second))
@@ -181,6 +224,7 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 	const warm = 3
 	c0 := wait(warm)
 	own0, kids0 := cpuTicks(pid)
+	entries0, saves0 := entries, saves
 	// Windows of 5 cycles: the poll for the cycle count is a scrape of
 	// the daemon's /metrics, work we should not charge to its cycles.
 	const window = 5
@@ -195,6 +239,11 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 		prevOwn, prevKids, prevC = own, kids, c
 	}
 	n := float64(prevC - c0)
+	if dir := os.Getenv("BENCHLOAD_SMAPS_DIR"); dir != "" { // where the RSS is, per mapping
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid)); err == nil {
+			_ = os.WriteFile(filepath.Join(dir, strings.Fields(phase)[0]+".smaps"), b, 0o644)
+		}
+	}
 	ownMs := float64(prevOwn-own0) * 1000 / clkTck / n
 	kidsMs := float64(prevKids-kids0) * 1000 / clkTck / n
 	sort.Float64s(perCycle)
@@ -203,10 +252,11 @@ func measure(bin, ns, pol, tmp, phase string, interval time.Duration, cycles int
 		phase: phase,
 		cpu: fmt.Sprintf("%.0f ms (%.0f own + %.0f children, over %d cycles; %d-cycle windows %.0f–%.0f)", ownMs+kidsMs, ownMs, kidsMs, prevC-c0,
 			window, perCycle[0], perCycle[len(perCycle)-1]),
+		reads:  fmt.Sprintf("%.2f entries, %.2f saves", (entries-entries0)/n, (saves-saves0)/n),
 		rssMed: rss[len(rss)/2], rssMax: rss[len(rss)-1],
 		anon: statusMiB(pid, "RssAnon:"), file: statusMiB(pid, "RssFile:"),
 	}
-	fmt.Printf("%s: CPU per cycle %s; RSS %.1f MiB median, %.1f max (at the end %.1f anonymous + %.1f file); load average %s\n", phase, r.cpu, r.rssMed, r.rssMax, r.anon, r.file, loadavg())
+	fmt.Printf("%s: CPU per cycle %s; legacy reads per cycle %s; RSS %.1f MiB median, %.1f max (at the end %.1f anonymous + %.1f file); load average %s\n", phase, r.cpu, r.reads, r.rssMed, r.rssMax, r.anon, r.file, loadavg())
 	return r
 }
 
