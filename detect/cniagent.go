@@ -54,8 +54,8 @@ func (p *CNIAgentUnhealthyParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("CNIAgentUnhealthy",
-		"this node's CNI agent pod (found by label selectors) not Ready for notReadyFor, restarting, or OOM-killed within restartWindow; one finding per pod",
-		newCNIAgentUnhealthy, Targets(finding.KindPod))
+		"this node's CNI agent pod (found by label selectors) not Ready for notReadyFor, restarting, or OOM-killed within restartWindow; one finding per agent (its DaemonSet), whichever pod runs it now",
+		newCNIAgentUnhealthy, Targets(finding.KindNodeAgent))
 }
 
 type cniAgent struct {
@@ -199,9 +199,13 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 	if oom {
 		ev["oomKilled"] = true
 	}
+	// The target is the agent (its DaemonSet on this node), not the pod: a
+	// restart replaces the pod, and the engine's cooldown, escalation and
+	// verification, kept per target, must follow the agent to the
+	// replacement. The pod's name and UID are evidence.
 	return Finding{
 		Detector: "CNIAgentUnhealthy",
-		Target:   cluster.PodRef{Namespace: p.Namespace, Name: p.Name}.String(),
+		Target:   a.Ref().String(),
 		Severity: sev,
 		Message:  fmt.Sprintf("CNI agent %s pod %s on node %s: %s", a.Agent, p.Key(), d.n.Name, strings.Join(problems, "; ")),
 		Evidence: ev,

@@ -37,7 +37,7 @@ func calicoPod(ready bool, restarts int32, lastReason string, lastAt time.Time) 
 		st = "False"
 	}
 	return cluster.Pod{Namespace: "kube-system", Name: "calico-node-abcde", UID: "uid-calico", Labels: map[string]string{"k8s-app": "calico-node"},
-		ControllerKind: "DaemonSet", Created: podsT0.Add(-24 * time.Hour), Phase: "Running",
+		ControllerKind: "DaemonSet", ControllerName: "calico-node", Created: podsT0.Add(-24 * time.Hour), Phase: "Running",
 		Ready:      cluster.Condition{Status: st, Since: podsT0.Add(-10 * time.Minute)},
 		Containers: []cluster.ContainerStatus{{Name: "calico-node", Ready: ready, RestartCount: restarts, LastTerminatedReason: lastReason, LastTerminatedAt: lastAt, LastTerminatedExitCode: 137}}}
 }
@@ -157,11 +157,34 @@ func TestCNIAgentUnhealthy(t *testing.T) {
 	// Not Ready for 10m: critical.
 	view.Set(calicoPod(false, 3, "Error", podsT0.Add(-time.Hour)))
 	fs, _ := d.Detect(ctx)
-	if len(fs) != 1 || fs[0].Severity != Critical || fs[0].Target != "pod/kube-system/calico-node-abcde" || !strings.Contains(fs[0].Message, "not Ready for 10m0s") {
+	if len(fs) != 1 || fs[0].Severity != Critical || fs[0].Target != "node-agent/kube-system/calico-node" || !strings.Contains(fs[0].Message, "not Ready for 10m0s") {
 		t.Fatalf("not ready: %+v", fs)
 	}
-	if fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" || fs[0].Evidence["restartCount"] != int32(3) {
+	if fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" || fs[0].Evidence["restartCount"] != int32(3) ||
+		fs[0].Evidence["pod"] != "calico-node-abcde" || fs[0].Evidence[cluster.EvidencePodUID] != "uid-calico" {
 		t.Errorf("evidence %v", fs[0].Evidence)
+	}
+	// The target is the agent, not the pod: the DaemonSet's replacement
+	// (another name and UID) is the same target, its pod the evidence;
+	// a pod of another DaemonSet is another target; a pod with no
+	// controller is named by its agent.
+	for _, tc := range []struct{ name, uid, ds, want string }{
+		{"calico-node-fghij", "uid-repl", "calico-node", "node-agent/kube-system/calico-node"},
+		{"calico-node-win-x", "uid-win", "calico-node-windows", "node-agent/kube-system/calico-node-windows"},
+		{"calico-node-bare", "uid-bare", "", "node-agent/kube-system/calico-node"},
+	} {
+		p := calicoPod(false, 3, "Error", podsT0.Add(-time.Hour))
+		p.Name, p.UID, p.ControllerName = tc.name, tc.uid, tc.ds
+		if tc.ds == "" {
+			p.ControllerKind = ""
+		}
+		view.Set(p)
+		view.Delete("kube-system", "calico-node-abcde")
+		fs, _ := d.Detect(ctx)
+		if len(fs) != 1 || fs[0].Target != tc.want || fs[0].Evidence["pod"] != tc.name || fs[0].Evidence[cluster.EvidencePodUID] != tc.uid {
+			t.Errorf("%s: %+v, want target %s", tc.name, fs, tc.want)
+		}
+		view.Delete("kube-system", tc.name)
 	}
 	// Ready again: clears.
 	view.Set(calicoPod(true, 3, "Error", podsT0.Add(-time.Hour)))

@@ -231,7 +231,7 @@ func TestE2EPodFindingsOnce(t *testing.T) {
 					t.Errorf("pods evidence: stuckPods %v nodePods %v, %d listed", ev["stuckPods"], ev["nodePods"], len(ev["pods"].([]any)))
 				}
 			case "cni-agent-unhealthy":
-				if f.Target != "pod/kube-system/calico-node-n1" || f.Severity != "critical" ||
+				if f.Target != "node-agent/kube-system/calico-node" || f.Severity != "critical" || f.Evidence["pod"] != "calico-node-n1" ||
 					!strings.Contains(f.Message, "not Ready for 5m") || !strings.Contains(f.Message, "OOM-killed (container calico-node)") ||
 					!strings.Contains(f.Message, "restarting (4 restarts, container calico-node last ended OOMKilled with exit code 137)") {
 					t.Errorf("agent finding: %s %s %s", f.Target, f.Severity, f.Message)
@@ -249,7 +249,7 @@ func TestE2EPodFindingsOnce(t *testing.T) {
 			}
 			dec = append(dec, fmt.Sprintf("%s %s %s %s: %s", d.Rule, d.Action, d.Target, d.Outcome, d.Reason))
 		}
-		want := fmt.Sprintf("cni-agent-unhealthy RestartNodeAgent pod/kube-system/calico-node-n1 dry-run: --dry-run: would delete calico-node pod kube-system/calico-node-n1 (uid %s) on node node1", agent.UID)
+		want := fmt.Sprintf("cni-agent-unhealthy RestartNodeAgent node-agent/kube-system/calico-node dry-run: --dry-run: would delete calico-node pod kube-system/calico-node-n1 (uid %s) on node node1", agent.UID)
 		if len(dec) != 1 || !strings.HasPrefix(dec[0], want) {
 			t.Errorf("decisions:\n%s\nwant one starting %q", strings.Join(dec, "\n"), want)
 		}
@@ -334,16 +334,18 @@ rules:
 // ConfigMap is listed 3 s after the rest; once lifted, it journals the intent,
 // deletes exactly that pod with its UID as precondition (the apiserver's
 // audit log shows the request), waits for the Ready replacement, journals
-// the outcome naming it and verifies the finding cleared. When the
-// replacement is not Ready in turn, the rule's rate limit (1 per hour)
-// blocks a second restart: no delete, no journal intent.
+// the outcome naming it and verifies the finding cleared. The finding's
+// target is the agent (node-agent/<ns>/<DaemonSet>), not the pod: when the
+// replacement is not Ready in turn, the finding is back on the same
+// target, and the rule's cooldown (1 hour, per target) blocks a second
+// restart: no delete, no second journal intent.
 func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	const ns, oldName, newName, rule = "kube-system", "calico-node-n1", "calico-node-n1-b", "restart-unready-cni-agent"
-	const oldTarget, newTarget = "pod/" + ns + "/" + oldName, "pod/" + ns + "/" + newName
+	const target = "node-agent/" + ns + "/calico-node" // the DaemonSet's name
 	pod := fakekubelet.CalicoNode(ns, oldName, "node1")
 	pod.Spec.TerminationGracePeriodSeconds = ptr.To[int64](30) // a delete waits for the kubelet
 	agent := fakekubelet.Create(t, admin, pod, fakekubelet.NotReady(time.Now().Add(-time.Minute), 3, nil))
@@ -393,7 +395,7 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		logs, stop := daemon("audit", kubeconfig)
 		defer stop()
 		var dry *journal.Record
-		waitUntil(t, 40*time.Second, "the dry-run journal record", func() bool { dry = find(journal.KindDryRun, oldTarget); return dry != nil })
+		waitUntil(t, 40*time.Second, "the dry-run journal record", func() bool { dry = find(journal.KindDryRun, target); return dry != nil })
 		want := fmt.Sprintf("would delete calico-node pod %s/%s (uid %s) on node node1", ns, oldName, agent.UID)
 		if dry.Rule != rule || dry.Action != "RestartNodeAgent" || !strings.HasPrefix(dry.Summary, want) || dry.Details["uid"] != string(agent.UID) {
 			t.Errorf("dry-run record %+v, want summary %q", dry, want)
@@ -448,7 +450,7 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardFleetPause, rule))
 		})
 		if p, err := admin.CoreV1().Pods(ns).Get(ctx, oldName, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil ||
-			!metricAbove0("remediate_fleet_paused") || find(journal.KindIntent, oldTarget) != nil {
+			!metricAbove0("remediate_fleet_paused") || find(journal.KindIntent, target) != nil {
 			t.Fatalf("the fleet pause did not hold the restart: %v, deletion %v, journal %+v", err, p.DeletionTimestamp, records())
 		}
 		if err := admin.CoreV1().ConfigMaps(deploytest.Namespace).Delete(ctx, kube.FleetConfigMap, metav1.DeleteOptions{}); err != nil {
@@ -456,13 +458,13 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 		}
 		var verified *journal.Record
 		waitUntil(t, 60*time.Second, "the verified journal record", func() bool {
-			verified = find(journal.KindVerified, oldTarget)
+			verified = find(journal.KindVerified, target)
 			return verified != nil
 		})
 		if err := <-played; err != nil {
 			t.Fatalf("playing the DaemonSet controller and the kubelet: %v", err)
 		}
-		intent, outcome := find(journal.KindIntent, oldTarget), find(journal.KindOutcome, oldTarget)
+		intent, outcome := find(journal.KindIntent, target), find(journal.KindOutcome, target)
 		if intent == nil || outcome == nil || intent.ID != outcome.ID || !intent.Time.Before(outcome.Time) || outcome.Time.After(verified.Time) {
 			t.Fatalf("journal: intent %+v outcome %+v verified %+v", intent, outcome, verified)
 		}
@@ -487,22 +489,27 @@ func TestE2ERestartNodeAgentByEngine(t *testing.T) {
 			t.Errorf("node2's agent pod: %v", err)
 		}
 
-		// The replacement is not Ready in turn: a finding on a new
-		// target (the replacement's own pod name), so the rule's cooldown
-		// and escalation, kept per target, do not apply to it; the rate
-		// limit (1 per hour, per rule) blocks a second restart.
+		// The replacement is not Ready in turn: the finding is back on
+		// the same target, its pod the replacement, so the rule's
+		// cooldown (kept per target) blocks a second restart.
 		fakekubelet.SetStatus(t, admin, ns, newName, fakekubelet.NotReady(time.Now().Add(-10*time.Second), 0, nil))
-		waitUntil(t, 30*time.Second, "a rate limit block", func() bool {
-			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardRuleRate, rule))
+		waitUntil(t, 30*time.Second, "a cooldown block", func() bool {
+			return metricAbove0(fmt.Sprintf(`remediate_guardrail_blocks_total{guardrail=%q,rule=%q}`, guardrails.GuardCooldown, rule))
 		})
-		if !logs.has(`"msg":"finding appeared","rule":"` + rule + `","detector":"CNIAgentUnhealthy","target":"` + newTarget + `"`) {
-			t.Errorf("no finding on the replacement logged")
+		if !logs.has(`"msg":"finding appeared","rule":"` + rule + `","detector":"CNIAgentUnhealthy","target":"` + target + `","severity":"critical","message":"CNI agent calico-node pod ` + ns + "/" + newName) {
+			t.Errorf("no finding on the agent naming the replacement logged")
 		}
 		p, err := admin.CoreV1().Pods(ns).Get(ctx, newName, metav1.GetOptions{})
 		if err != nil || p.DeletionTimestamp != nil {
 			t.Errorf("the replacement after the block: %v, deletion %v", err, p.DeletionTimestamp)
 		}
-		if find(journal.KindIntent, newTarget) != nil || len(podDeletes(t, auditLog)) != len(d) {
+		intents := 0
+		for _, r := range records() {
+			if r.Kind == journal.KindIntent {
+				intents++
+			}
+		}
+		if intents != 1 || len(podDeletes(t, auditLog)) != len(d) {
 			t.Errorf("a second restart went ahead: %+v", records())
 		}
 		stop()

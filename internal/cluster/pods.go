@@ -19,7 +19,10 @@ type Pod struct {
 	Labels    map[string]string `json:"labels,omitempty"`
 	// ControllerKind is the kind of the controller owner reference
 	// ("DaemonSet", "ReplicaSet"); empty for a bare or static pod.
-	ControllerKind string    `json:"controllerKind,omitempty"`
+	ControllerKind string `json:"controllerKind,omitempty"`
+	// ControllerName is the controller owner reference's name (the
+	// DaemonSet's); empty for a bare or static pod.
+	ControllerName string    `json:"controllerName,omitempty"`
 	Created        time.Time `json:"created"`
 	// Terminating is set once the pod has a deletionTimestamp.
 	Terminating bool   `json:"terminating,omitempty"`
@@ -210,6 +213,47 @@ func ParsePodRef(target string) (PodRef, error) {
 		return PodRef{}, fmt.Errorf("not a pod target: %q", target)
 	}
 	return PodRef{Namespace: ns, Name: name}, nil
+}
+
+// AgentRef is the target of a finding about a node agent on this node:
+// "node-agent/<ns>/<name>", name the controller (DaemonSet) of the agent's
+// pods, or the Agent's name for a pod with no controller. Unlike a PodRef
+// it survives the pod's replacement: the engine's cooldown, escalation
+// and verification, kept per target, follow the agent, not one pod of it.
+type AgentRef struct {
+	Namespace, Name string
+}
+
+// AgentTargetPrefix starts every AgentRef target.
+const AgentTargetPrefix = "node-agent/"
+
+// String encodes the reference.
+func (r AgentRef) String() string { return AgentTargetPrefix + r.Namespace + "/" + r.Name }
+
+// ParseAgentRef decodes an AgentRef target.
+func ParseAgentRef(target string) (AgentRef, error) {
+	rest, ok := strings.CutPrefix(target, AgentTargetPrefix)
+	ns, name, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || ns == "" || name == "" || strings.Contains(name, "/") {
+		return AgentRef{}, fmt.Errorf("not a node agent target: %q", target)
+	}
+	return AgentRef{Namespace: ns, Name: name}, nil
+}
+
+// Ref is the stable target of the agent pod: its namespace and its
+// controller's name, or the agent's name when it has no controller.
+func (a AgentPod) Ref() AgentRef {
+	name := a.Pod.ControllerName
+	if name == "" {
+		name = a.Agent
+	}
+	return AgentRef{Namespace: a.Pod.Namespace, Name: name}
+}
+
+// IsOf says whether the pod p, of agent agent, is the one ref names
+// (the inverse of AgentPod.Ref).
+func (r AgentRef) IsOf(agent string, p *Pod) bool {
+	return AgentPod{Agent: agent, Pod: p}.Ref() == r
 }
 
 // Evidence keys of pod findings shared by detectors and actions.

@@ -42,3 +42,40 @@ func TestPodRef(t *testing.T) {
 		}
 	}
 }
+
+func TestAgentRef(t *testing.T) {
+	r := AgentRef{Namespace: "kube-system", Name: "calico-node"}
+	got, err := ParseAgentRef(r.String())
+	if err != nil || got != r || r.String() != "node-agent/kube-system/calico-node" {
+		t.Fatalf("round trip %v %v", got, err)
+	}
+	for _, bad := range []string{"node-agent/", "node-agent/ns", "node-agent//x", "node-agent/ns/", "node-agent/ns/a/b", "pod/ns/x", "ns/x"} {
+		if _, err := ParseAgentRef(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	// The controller's name, else the agent's; the same for a replacement.
+	pod := Pod{Namespace: "kube-system", Name: "calico-node-x", ControllerName: "calico-node"}
+	repl := Pod{Namespace: "kube-system", Name: "calico-node-y", ControllerName: "calico-node"}
+	bare := Pod{Namespace: "kube-system", Name: "static-calico"}
+	if a, b := (AgentPod{Agent: "calico", Pod: &pod}).Ref(), (AgentPod{Agent: "calico", Pod: &repl}).Ref(); a != r || b != r {
+		t.Errorf("refs %v %v, want %v", a, b, r)
+	}
+	if got := (AgentPod{Agent: "calico", Pod: &bare}).Ref(); got.String() != "node-agent/kube-system/calico" || !got.IsOf("calico", &bare) || got.IsOf("other", &bare) {
+		t.Errorf("bare pod's ref %v", got)
+	}
+}
+
+// FuzzParseAgentRef: any string gives a bounded answer, and what parses
+// encodes back to itself.
+func FuzzParseAgentRef(f *testing.F) {
+	for _, s := range []string{"node-agent/kube-system/calico-node", "node-agent//", "node-agent/a/b/c", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		r, err := ParseAgentRef(s)
+		if err == nil && r.String() != s {
+			t.Fatalf("%q parsed to %+v, encodes to %q", s, r, r.String())
+		}
+	})
+}

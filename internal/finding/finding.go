@@ -91,6 +91,10 @@ const (
 	// KindPod: one pod of this node, e.g. a node agent's
 	// ("pod/kube-system/calico-node-x2x7k"; cluster.PodRef).
 	KindPod Kind = "pod"
+	// KindNodeAgent: a node agent (the CNI agent's DaemonSet) on this
+	// node, whichever pod runs it now ("node-agent/<ns>/<name>",
+	// cluster.AgentRef).
+	KindNodeAgent Kind = "node-agent"
 	// KindCNIConfig: the node's CNI configuration ("cni/config").
 	KindCNIConfig Kind = "cni-config"
 	// KindServicePath: the path through one Service port of one family,

@@ -160,7 +160,7 @@ func ToPod(p *corev1.Pod) cluster.Pod {
 		}
 	}
 	if c := metav1.GetControllerOf(p); c != nil {
-		out.ControllerKind = intern(c.Kind)
+		out.ControllerKind, out.ControllerName = intern(c.Kind), intern(c.Name)
 	}
 	for _, c := range p.Status.Conditions {
 		cond := cluster.Condition{Status: intern(string(c.Status)), Since: c.LastTransitionTime.Time}

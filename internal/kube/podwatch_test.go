@@ -29,7 +29,7 @@ func TestToPod(t *testing.T) {
 				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(t0.Add(time.Minute))}}}}},
 	}
 	c := ToPod(p)
-	if c.Key() != "kube-system/calico-node-x" || c.UID != "u1" || c.ControllerKind != "DaemonSet" || !c.HostNetwork || c.Phase != "Running" || c.Labels["k8s-app"] != "calico-node" {
+	if c.Key() != "kube-system/calico-node-x" || c.UID != "u1" || c.ControllerKind != "DaemonSet" || c.ControllerName != "calico-node" || !c.HostNetwork || c.Phase != "Running" || c.Labels["k8s-app"] != "calico-node" {
 		t.Errorf("identity %+v", c)
 	}
 	if !c.SandboxReady.IsTrue() || !c.Ready.IsFalse() || !c.Ready.Since.Equal(t0.Add(2*time.Second)) || !c.Scheduled.Since.Equal(t0) {

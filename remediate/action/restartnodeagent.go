@@ -58,7 +58,7 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 func init() {
 	Define("RestartNodeAgent",
 		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready",
-		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindPod, finding.KindKubeProxy, finding.KindProcess))
+		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindNodeAgent, finding.KindPod, finding.KindKubeProxy, finding.KindProcess))
 }
 
 type restartNodeAgent struct {
@@ -88,10 +88,15 @@ type agentTarget struct {
 	pod   *corev1.Pod
 }
 
-// resolve finds the pod a finding is about, live from the API: the pod a
-// pod target names, kube-proxy's pod for a kube-proxy target, the pod whose
+// resolve finds the pod a finding is about, live from the API: the agent's
+// current pod on this node for a node-agent target (cluster.AgentRef: its
+// DaemonSet's, or the agent's by name when it has none), the pod a pod
+// target names, kube-proxy's pod for a kube-proxy target, the pod whose
 // cgroup holds a process target. The pod must be on this node, match an
 // allowlisted agent, not be terminating, and be managed by a DaemonSet.
+// When the finding's evidence names the pod's UID (a node-agent finding),
+// the pod found must be that one: another means the agent's pod was
+// replaced since the finding, which is not the pod judged unhealthy.
 func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*agentTarget, error) {
 	if a.n.Kube == nil {
 		return nil, finding.Skip("%s", a.n.Why("kubernetes"))
@@ -99,8 +104,15 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	var (
 		ns, name, uid string
 		want          *cluster.Agent
+		agentRef      *cluster.AgentRef
 	)
 	switch {
+	case strings.HasPrefix(f.Target, cluster.AgentTargetPrefix):
+		ref, err := cluster.ParseAgentRef(f.Target)
+		if err != nil {
+			return nil, err
+		}
+		ns, agentRef = ref.Namespace, &ref
 	case strings.HasPrefix(f.Target, "pod/"):
 		ref, err := cluster.ParsePodRef(f.Target)
 		if err != nil {
@@ -132,7 +144,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 			return nil, fmt.Errorf("refusing: kube-proxy is not among the allowlisted agents")
 		}
 	default:
-		return nil, fmt.Errorf("refusing: target %q is no pod, process or kube-proxy", f.Target)
+		return nil, fmt.Errorf("refusing: target %q is no node agent, pod, process or kube-proxy", f.Target)
 	}
 	// Candidate pods: this node's, in the allowlisted agents' namespaces
 	// (a pod target's own namespace only).
@@ -152,7 +164,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 			cands = append(cands, pods...)
 		}
 	}
-	var matches []agentTarget
+	var matches, terminating []agentTarget
 	seen := map[string]bool{}
 	for i := range cands {
 		p := &cands[i]
@@ -162,14 +174,30 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		seen[string(p.UID)] = true
 		cp := clusterPod(p)
 		for _, ag := range a.p.Agents {
-			if ag.Matches(&cp) {
-				matches = append(matches, agentTarget{agent: ag, pod: p})
-				break
+			if !ag.Matches(&cp) {
+				continue
 			}
+			switch {
+			case agentRef == nil:
+				matches = append(matches, agentTarget{agent: ag, pod: p})
+			case !agentRef.IsOf(ag.Name, &cp):
+			case p.DeletionTimestamp != nil:
+				// The agent's old pod on its way out (a rollout, or a
+				// restart under way): not the one to act on.
+				terminating = append(terminating, agentTarget{agent: ag, pod: p})
+			default:
+				matches = append(matches, agentTarget{agent: ag, pod: p})
+			}
+			break
 		}
+	}
+	if len(matches) == 0 && len(terminating) > 0 {
+		matches = terminating[:1] // skipped below as terminating
 	}
 	what := f.Target
 	switch {
+	case len(matches) == 0 && agentRef != nil:
+		return nil, finding.Skip("no pod of node agent %s/%s (an allowlisted agent's) on node %s now", agentRef.Namespace, agentRef.Name, a.n.Name)
 	case len(matches) == 0 && name != "":
 		return nil, fmt.Errorf("refusing: no pod %s/%s of an allowlisted agent on node %s (another node's pod, or not an agent)", ns, name, a.n.Name)
 	case len(matches) == 0 && uid != "":
@@ -190,12 +218,20 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	if c := metav1.GetControllerOf(t.pod); c == nil || c.Kind != "DaemonSet" {
 		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart %s", t.pod.Namespace, t.pod.Name, t.agent.Name)
 	}
+	if want, ok := f.Evidence[cluster.EvidencePodUID].(string); ok && want != "" && want != string(t.pod.UID) {
+		return nil, finding.Skip("%s's pod on node %s is %s/%s (uid %s) now, not the pod (uid %s) the finding judged: replaced since; the next cycle judges the new one",
+			f.Target, a.n.Name, t.pod.Namespace, t.pod.Name, t.pod.UID, want)
+	}
 	return &t, nil
 }
 
 // clusterPod is the part of a Pod agent matching looks at.
 func clusterPod(p *corev1.Pod) cluster.Pod {
-	return cluster.Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels, Terminating: p.DeletionTimestamp != nil}
+	cp := cluster.Pod{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID), Labels: p.Labels, Terminating: p.DeletionTimestamp != nil}
+	if c := metav1.GetControllerOf(p); c != nil {
+		cp.ControllerKind, cp.ControllerName = c.Kind, c.Name
+	}
+	return cp
 }
 
 // nodePods lists the pods of a namespace on this node matching selector
@@ -249,8 +285,19 @@ func (a *restartNodeAgent) Execute(ctx context.Context, f finding.Finding) (Resu
 	defer cancel()
 	tick := time.NewTicker(a.p.PollInterval.Duration)
 	defer tick.Stop()
+	// The replacement is the same DaemonSet's (resolve checked the old
+	// pod has one): another DaemonSet's pod matching the selector (say,
+	// calico-node-windows) is no replacement.
+	owner := metav1.GetControllerOf(pod).UID
 	p, last := waitReplacement(wctx, tick.C, func(ctx context.Context) ([]corev1.Pod, error) {
-		return a.nodePods(ctx, pod.Namespace, t.agent.LabelSelector)
+		pods, err := a.nodePods(ctx, pod.Namespace, t.agent.LabelSelector)
+		same := pods[:0]
+		for _, p := range pods {
+			if c := metav1.GetControllerOf(&p); c != nil && c.UID == owner {
+				same = append(same, p)
+			}
+		}
+		return same, err
 	}, uid)
 	if p == nil {
 		return Result{Summary: t.agent.Name + " pod deleted, replacement not Ready", Details: details},

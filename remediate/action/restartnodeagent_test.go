@@ -77,7 +77,7 @@ func TestRestartNodeAgent(t *testing.T) {
 		{"pod/kube-system/calico-static", "", "not managed by a DaemonSet"},
 		{"process/77@6", "", "is another process now"},
 		{"process/77@5", "is no allowlisted agent's pod", ""},
-		{"ipvs-vs/UDP/10.96.0.10:53", "is no pod, process or kube-proxy", ""},
+		{"ipvs-vs/UDP/10.96.0.10:53", "is no node agent, pod, process or kube-proxy", ""},
 	} {
 		_, err := a.Plan(ctx, detect.Finding{Target: tc.target})
 		if err == nil {
@@ -141,5 +141,80 @@ func TestRestartNodeAgentParams(t *testing.T) {
 	p.Agents[1].Namespaces = nil
 	if errs := p.Validate(); len(errs) != 2 {
 		t.Errorf("errors %v", errs)
+	}
+}
+
+// TestRestartNodeAgentByAgentTarget: a node-agent target (CNIAgentUnhealthy's)
+// resolves to the agent's current pod on this node, by its DaemonSet (the
+// agent's name for a pod with no controller), skipping a terminating old
+// pod; it refuses to act when the pod was replaced since the finding judged
+// it (its UID in the evidence).
+func TestRestartNodeAgentByAgentTarget(t *testing.T) {
+	ctx := context.Background()
+	calico := map[string]string{"k8s-app": "calico-node"}
+	ds := func(p *corev1.Pod, name string) *corev1.Pod {
+		p.OwnerReferences[0].Name, p.OwnerReferences[0].UID = name, types.UID(name)
+		return p
+	}
+	old := ds(agentPod("calico-system", "calico-node-old", "n1", "o", calico, false), "calico-node")
+	old.DeletionTimestamp = &metav1.Time{Time: time.Now()}
+	bare := agentPod("kube-system", "calico-bare", "n1", "s", calico, true)
+	bare.OwnerReferences = nil
+	cs := fake.NewClientset(
+		ds(agentPod("calico-system", "calico-node-a", "n1", "a", calico, false), "calico-node"),
+		old,
+		ds(agentPod("calico-system", "calico-node-b", "n2", "b", calico, true), "calico-node"),
+		ds(agentPod("calico-system", "calico-node-win-a", "n1", "w", calico, true), "calico-node-windows"),
+		bare,
+	)
+	n := &node.Node{Name: "n1", Kube: cs}
+	a := newRestartAgent(t, n, 2*time.Second)
+	const target = "node-agent/calico-system/calico-node"
+	ev := func(uid string) map[string]any { return map[string]any{"podUID": uid} }
+	plan, err := a.Plan(ctx, detect.Finding{Target: target, Evidence: ev("a")})
+	if err != nil || plan.Details["pod"] != "calico-node-a" || plan.Details["uid"] != "a" {
+		t.Fatalf("plan %+v %v", plan, err)
+	}
+	if plan, err := a.Plan(ctx, detect.Finding{Target: "node-agent/calico-system/calico-node-windows"}); err != nil || plan.Details["pod"] != "calico-node-win-a" {
+		t.Errorf("the other DaemonSet: %+v %v", plan, err)
+	}
+	for _, tc := range []struct {
+		target, uid, err, skip string
+	}{
+		{target, "gone", "", "replaced since"},
+		{"node-agent/calico-system/cilium", "", "", "no pod of node agent calico-system/cilium"},
+		{"node-agent/default/calico-node", "", "", "no pod of node agent default/calico-node"},
+		{"node-agent/kube-system/calico-node", "s", "", "not managed by a DaemonSet"},
+		{"node-agent/calico-system", "", "not a node agent target", ""},
+	} {
+		_, err := a.Plan(ctx, detect.Finding{Target: tc.target, Evidence: ev(tc.uid)})
+		reason, skipped := finding.IsSkip(err)
+		switch {
+		case err == nil:
+			t.Errorf("%s (uid %s): planned", tc.target, tc.uid)
+		case tc.skip != "" && (!skipped || !strings.Contains(reason, tc.skip)):
+			t.Errorf("%s: %v, want skip %q", tc.target, err, tc.skip)
+		case tc.err != "" && (skipped || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%s: %v, want refusal %q", tc.target, err, tc.err)
+		}
+	}
+
+	// Executed: the current pod is deleted, the replacement awaited.
+	go func() {
+		for {
+			if _, err := cs.CoreV1().Pods("calico-system").Get(ctx, "calico-node-a", metav1.GetOptions{}); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		_, _ = cs.CoreV1().Pods("calico-system").Create(ctx, ds(agentPod("calico-system", "calico-node-z", "n1", "z", calico, true), "calico-node"), metav1.CreateOptions{})
+	}()
+	res, err := a.Execute(ctx, detect.Finding{Target: target, Evidence: ev("a")})
+	if err != nil || res.Details["oldPod"] != "calico-node-a" || res.Details["newPod"] != "calico-node-z" {
+		t.Fatalf("execute %+v %v", res, err)
+	}
+	// The same target now names the replacement.
+	if plan, err := a.Plan(ctx, detect.Finding{Target: target, Evidence: ev("z")}); err != nil || plan.Details["pod"] != "calico-node-z" {
+		t.Errorf("after the restart: %+v %v", plan, err)
 	}
 }
