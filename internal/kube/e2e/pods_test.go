@@ -153,7 +153,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	nr.Conditions[1] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}
 	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", nr)
 	fs = detectUntil(agentDet, "agent not Ready", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Severity == detect.Critical })
-	if fs[0].Target != "pod/calico-system/calico-node-n1" || fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" {
+	if fs[0].Target != "node-agent/calico-system/calico-node" || fs[0].Evidence["pod"] != "calico-node-n1" || fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" {
 		t.Errorf("not ready finding %+v", fs[0])
 	}
 	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(0, nil))
