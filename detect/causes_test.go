@@ -97,7 +97,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 	for _, c := range likely {
 		switch c.Kind {
 		case causes.CPUThrottling:
-			if !strings.Contains(c.Summary, "60% of periods since its cgroup started (60 of 100, 3s stopped; cgroup /kp") {
+			if !strings.Contains(c.Summary, "60% of periods since its cgroup started (60 of 100, 3s throttled, summed over CPUs; cgroup /kp") {
 				t.Errorf("throttling %q", c.Summary)
 			}
 		case causes.XtablesLockHolder:
@@ -129,7 +129,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 			thr = &c
 		}
 	}
-	if thr == nil || !strings.Contains(thr.Summary, "40% of periods over the last 20s (20 of 50, 1s stopped") {
+	if thr == nil || !strings.Contains(thr.Summary, "40% of periods over the last 20s (20 of 50, 1s throttled, summed over CPUs") {
 		t.Errorf("windowed throttling %+v", thr)
 	}
 

@@ -116,7 +116,7 @@ func TestTextReportTopCause(t *testing.T) {
 	}}
 	var b bytes.Buffer
 	rep.WriteText(&b)
-	want := "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):\n  slow kube-proxy/IPv4: kube-proxy CPU-throttled in 70% of periods over the last 1m0s (70 of 100, 2s stopped; cgroup /kp; threshold 25%)\n"
+	want := "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):\n  slow kube-proxy/IPv4: kube-proxy CPU-throttled in 70% of periods over the last 1m0s (70 of 100, 2s throttled, summed over CPUs; cgroup /kp; threshold 25%)\n"
 	if !strings.Contains(b.String(), want) {
 		t.Errorf("report:\n%s\nwant:\n%s", b.String(), want)
 	}

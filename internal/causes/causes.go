@@ -230,7 +230,7 @@ func Rank(in Inputs) Result {
 			over = "since its cgroup started"
 		}
 		all = append(all, Cause{Kind: CPUThrottling, Score: share / ThrottledShare,
-			Summary: fmt.Sprintf("kube-proxy CPU-throttled in %.0f%% of periods %s (%d of %d, %s stopped; cgroup %s; threshold %.0f%%)",
+			Summary: fmt.Sprintf("kube-proxy CPU-throttled in %.0f%% of periods %s (%d of %d, %s throttled, summed over CPUs; cgroup %s; threshold %.0f%%)",
 				share*100, over, t.Throttled, t.Periods, dur(t.ThrottledTime), t.Cgroup, ThrottledShare*100),
 			Figures: []Figure{{"throttledShare", share, "ratio"}, {"throttledPeriods", float64(t.Throttled), ""},
 				{"periods", float64(t.Periods), ""}, {"throttledSeconds", t.ThrottledTime.Seconds(), "s"}, {"windowSeconds", t.Window.Seconds(), "s"}}})

@@ -50,7 +50,7 @@ func TestRank(t *testing.T) {
 				Churn:      &Churn{Changes: 20, Window: 5 * time.Minute},
 				Throttling: &Throttling{Periods: 100, Throttled: 80, ThrottledTime: 4 * time.Second, Window: time.Minute, Cgroup: "/kp"},
 			},
-			likely: "cpu-throttling,endpoint-churn", top: "kube-proxy CPU-throttled in 80% of periods over the last 1m0s (80 of 100, 4s stopped; cgroup /kp",
+			likely: "cpu-throttling,endpoint-churn", top: "kube-proxy CPU-throttled in 80% of periods over the last 1m0s (80 of 100, 4s throttled, summed over CPUs; cgroup /kp",
 			topScoreLow: 3.2, topScoreHigh: 3.2,
 		},
 		{
