@@ -28,7 +28,7 @@ type lockActivity struct {
 	path string
 
 	mu       sync.Mutex
-	fd, wd   int    // the inotify instance and watch; fd -1: none
+	fd       int    // the inotify instance (one watch: its events need no wd); -1: none
 	dev, ino uint64 // the file watched
 	gen      uint64 // bumped by any event, by a new watch and by a lost one
 }
@@ -104,8 +104,7 @@ func (a *lockActivity) watchLocked(st unix.Stat_t) (uint64, bool) {
 	if err != nil {
 		return a.gen, false
 	}
-	wd, err := unix.InotifyAddWatch(fd, a.path, lockEvents)
-	if err != nil {
+	if _, err := unix.InotifyAddWatch(fd, a.path, lockEvents); err != nil {
 		_ = unix.Close(fd)
 		return a.gen, false
 	}
@@ -116,7 +115,7 @@ func (a *lockActivity) watchLocked(st unix.Stat_t) (uint64, bool) {
 		_ = unix.Close(fd)
 		return a.gen, false
 	}
-	a.fd, a.wd, a.dev, a.ino = fd, wd, st.Dev, st.Ino
+	a.fd, a.dev, a.ino = fd, st.Dev, st.Ino
 	a.gen++
 	return a.gen, true
 }
@@ -163,5 +162,5 @@ func (a *lockActivity) closeLocked() {
 	if a.fd >= 0 {
 		_ = unix.Close(a.fd)
 	}
-	a.fd, a.wd, a.dev, a.ino = -1, 0, 0, 0
+	a.fd, a.dev, a.ino = -1, 0, 0
 }

@@ -260,16 +260,7 @@ func TestParseCapEff(t *testing.T) {
 // refresh, every refreshScans-th scan); a vanished PID is forgotten.
 func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel, s string) {
-		t.Helper()
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, s string) { t.Helper(); writeUnder(t, root, rel, s) }
 	proc := func(pid int, comm, argv string) {
 		d := strconv.Itoa(pid)
 		write(d+"/comm", comm+"\n")
@@ -339,16 +330,7 @@ func TestRealFindReadsArgvOnlyWhenCommChanges(t *testing.T) {
 // even on a full-refresh scan; the next cycle's scan counts again.
 func TestRealFindsOfOneCycleShareAScan(t *testing.T) {
 	root := t.TempDir()
-	write := func(rel, s string) {
-		t.Helper()
-		p := filepath.Join(root, rel)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(rel, s string) { t.Helper(); writeUnder(t, root, rel, s) }
 	write("stat", "cpu 0\nbtime 1000\n")
 	write("11/comm", "sleep\n")
 	write("11/cmdline", "sleep\x00300\x00")
@@ -480,4 +462,16 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// writeUnder writes s to root/rel, making its directories.
+func writeUnder(t *testing.T, root, rel, s string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

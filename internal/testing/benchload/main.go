@@ -34,7 +34,12 @@ import (
 	"time"
 )
 
-func main() {
+func main() { os.Exit(benchMain()) }
+
+// benchMain runs the benchmark and returns the exit status; deferred
+// cleanups run before the process exits.
+func benchMain() int {
+	status := 0
 	bin := flag.String("bin", "bin/remediate", "the remediate binary to measure")
 	policy := flag.String("policy", "examples/audit.yaml", "policy (its interval is replaced by -interval)")
 	services := flag.Int("services", 2500, "Services in the generated nat table (8 rules each: about 20k rules)")
@@ -46,11 +51,11 @@ func main() {
 	printRules := flag.Bool("print-rules", false, "print the generated save text (for iptables-legacy-restore) and exit")
 	flag.Parse()
 	if *scrape != "" {
-		os.Exit(get(*scrape))
+		return get(*scrape)
 	}
 	if *printRules {
 		fmt.Print(natTable(*services))
-		return
+		return 0
 	}
 	if os.Geteuid() != 0 {
 		fatalf("needs root (network namespaces, iptables-legacy-restore)")
@@ -115,10 +120,11 @@ func main() {
 	}()
 	fmt.Printf("started %d extra processes (sleep); processes on the host now: %d\n", *procs, countProcs())
 	results = append(results, measure(absBin, ns, polFile, tmp, "loaded", *interval, *cycles))
+	// The writer reports its error instead of exiting from its goroutine:
+	// the deferred cleanups (the namespace, the sleep processes) must run.
 	stop := make(chan struct{})
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	go func() { // the writer: an unchanged KUBE-MARK-MASQ, as a sync that changes nothing
-		defer close(done)
 		t := time.NewTicker(*interval)
 		defer t.Stop()
 		for {
@@ -126,10 +132,12 @@ func main() {
 			w.Env = append(os.Environ(), "XTABLES_LOCKFILE="+filepath.Join(tmp, "xtables.lock"))
 			w.Stdin = strings.NewReader("*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n")
 			if out, err := w.CombinedOutput(); err != nil {
-				fatalf("writer: %v: %s", err, out)
+				done <- fmt.Errorf("writer: %v: %s", err, out)
+				return
 			}
 			select {
 			case <-stop:
+				done <- nil
 				return
 			case <-t.C:
 			}
@@ -137,7 +145,10 @@ func main() {
 	}()
 	results = append(results, measure(absBin, ns, polFile, tmp, "loaded, a lock-taking writer every interval", *interval, *cycles))
 	close(stop)
-	<-done
+	if err := <-done; err != nil {
+		fmt.Fprintf(os.Stderr, "benchload: %v (the last phase's figures are without it)\n", err)
+		status = 1
+	}
 
 	fmt.Println()
 	fmt.Println("| phase | CPU per cycle (mean) | legacy reads per cycle | RSS median / max | anonymous + file at the end |")
@@ -145,6 +156,7 @@ func main() {
 	for _, r := range results {
 		fmt.Printf("| %s | %s | %s | %.1f / %.1f MiB | %.1f + %.1f MiB |\n", r.phase, r.cpu, r.reads, r.rssMed, r.rssMax, r.anon, r.file)
 	}
+	return status
 }
 
 type result struct {
