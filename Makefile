@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test test-vm lint bench bench-load fuzz clean image
+.PHONY: all build run test hostdeps test-vm lint bench bench-load fuzz clean image
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -47,12 +47,18 @@ run: build
 # from the Go module proxy, cached by the Go build cache) is built first so
 # the end-to-end tests run instead of skipping. helm (for the chart tests)
 # is always built: cached, it is a link step.
-test: helm-bin
+test: hostdeps helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; \
 	  else echo "not root: kernel and control-plane tests will skip"; fi
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; \
 	  else echo "not root: the IPVS VM lane (make test-vm) is not run"; fi
+
+# The host's Debian packages the tests use (tools/hostdeps/packages.txt, the
+# same list .ci/run installs): as root, missing ones are installed; without
+# root, the missing ones are named and the lanes needing them skip.
+hostdeps:
+	@tools/hostdeps/ensure.sh || [ "$$(id -u)" != 0 ]
 
 # The real-kernel lane: the TestVM* tests of VM_PKGS run inside a QEMU VM
 # booting Debian's cloud kernel (which has ip_vs, and cgroup v2 with the cpu

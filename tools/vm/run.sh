@@ -79,7 +79,7 @@ pkgs=("$@")
 [ ${#pkgs[@]} -gt 0 ] || read -r -a pkgs <<<"$VM_PKGS_DEFAULT"
 
 for c in qemu-system-x86_64 busybox cpio apt-get apt-cache dpkg-deb $PROGRAMS; do
-	command -v "$c" >/dev/null || skip_or_fail "needs $c (Debian packages qemu-system-x86 busybox-static cpio ipvsadm conntrack iproute2 util-linux nftables)"
+	command -v "$c" >/dev/null || skip_or_fail "needs $c (tools/hostdeps/packages.txt lists its Debian package; make hostdeps as root installs them)"
 done
 BUSYBOX=$(command -v busybox)
 if ldd "$BUSYBOX" >/dev/null 2>&1; then
