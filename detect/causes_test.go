@@ -44,7 +44,7 @@ func slowMetrics(count, slow int, changes float64) string {
 
 // TestSlowSyncCarriesRankedCauses: a slow-sync finding carries causes from
 // every source (fakes): throttling 60% since the cgroup started, then
-// over the window; churn 90 per 5 min; 12k nat rules; the lock held by
+// over the window; churn 450 per second; 12k nat rules; the lock held by
 // another program; softirq; a clusterCIDR not containing the Node's
 // podCIDR and minSyncPeriod 30 s on 1.34.
 func TestSlowSyncCarriesRankedCauses(t *testing.T) {
@@ -73,7 +73,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 	}
 	clk.Step(20 * time.Second)
 	cpu.SetNode(cpustat.CPUTimes{User: 1200, Idle: 9500, SoftIRQ: 400}, nil) // softirq 300 of 1000 ticks
-	kp.SetMetrics(slowMetrics(110, 10, 40))                                  // 30 changes in 20 s: 450 per 5 min
+	kp.SetMetrics(slowMetrics(110, 10, 9010))                                // 9000 changes in 20 s: 450/s
 	fs, err := d.Detect(ctx)
 	if err != nil || len(fs) != 1 {
 		t.Fatalf("slow syncs: %v %v", fs, err)
@@ -91,7 +91,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 		t.Errorf("likely causes %v\nwant %s", got, want)
 	}
 	top, _ := ev[causes.EvidenceTop].(string)
-	if !strings.Contains(top, "endpoint churn 450 changes per 5 min (30 in the last 20s") {
+	if !strings.Contains(top, "endpoint churn 450 changes/s (9000 in the last 20s") {
 		t.Errorf("top cause %q", top)
 	}
 	for _, c := range likely {

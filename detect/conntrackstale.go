@@ -14,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/dataplane"
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -91,6 +92,9 @@ type conntrackStale struct {
 	known map[ctVIP]ctKnown
 	// localAddrs lists the node's addresses (NodePort destinations).
 	localAddrs func() ([]netip.Addr, error)
+	// reconRuns are the run counts of kube-proxy's own conntrack
+	// reconciler per IP family at the previous cycle (nil before one).
+	reconRuns map[kubeproxy.Family]uint64
 }
 
 func newConntrackStaleServiceEntries(p *ConntrackStaleServiceEntriesParams, n *node.Node) (Detector, error) {
@@ -513,5 +517,79 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	d.known = rememberCTVIPs(d.known, ix, now, d.p.MaxRemembered)
-	return ix.findings(d.p.MinEntries, d.p.MaxFindings, scans), nil
+	out := ix.findings(d.p.MinEntries, d.p.MaxFindings, scans)
+	d.reconciler(ctx, out)
+	return out, nil
+}
+
+// reconciler reads kube-proxy's own conntrack reconciler (1.32+: after its
+// syncs it deletes the UDP entries of endpoints gone,
+// kubeproxy_conntrack_reconciler_sync_duration_seconds counting its runs,
+// kubeproxy_conntrack_reconciler_deleted_entries_total its deletions),
+// puts it in each finding's evidence, and says in the message when it has
+// run since the last cycle (or, first cycle and --once, at all) and still
+// left the entries: then the entries are kube-proxy's regression to
+// report, not only a race it lost. Every cycle it records the run counts
+// (one cached scrape); a kube-proxy that cannot be read costs half the
+// time left at most and only leaves the evidence saying so.
+func (d *conntrackStale) reconciler(ctx context.Context, out []Finding) {
+	if d.n.KubeProxy == nil {
+		for i := range out {
+			out[i].Evidence["kubeProxyConntrackReconciler"] = "not read: " + d.n.Why(subsystemKubeProxy)
+		}
+		return
+	}
+	hctx, cancel := halfOfDeadline(ctx)
+	defer cancel()
+	sc, err := d.n.KubeProxy.Metrics(hctx)
+	if err != nil {
+		for i := range out {
+			out[i].Evidence["kubeProxyConntrackReconciler"] = fmt.Sprintf("not read: %v", err)
+		}
+		return
+	}
+	prev := d.reconRuns
+	d.reconRuns = map[kubeproxy.Family]uint64{}
+	for f, fm := range sc.Metrics.Families {
+		if h := fm.ConntrackReconcilerSyncs; h != nil {
+			d.reconRuns[f] = h.Count
+		}
+	}
+	for i := range out {
+		ref, err := conntrack.DecodeBackendRef(out[i].Evidence)
+		if err != nil {
+			continue
+		}
+		fam := kubeproxy.Family("IPv4")
+		if ref.Backend.IP.Is6() && !ref.Backend.IP.Is4In6() {
+			fam = "IPv6"
+		}
+		fm := sc.Metrics.Families[fam]
+		if fm == nil || fm.ConntrackReconcilerSyncs == nil {
+			if u := sc.Metrics.Families[kubeproxy.Unlabelled]; u != nil && u.ConntrackReconcilerSyncs != nil {
+				fm, fam = u, kubeproxy.Unlabelled
+			}
+		}
+		if fm == nil || fm.ConntrackReconcilerSyncs == nil {
+			out[i].Evidence["kubeProxyConntrackReconciler"] = "not exported (kube-proxy before 1.32 has no conntrack reconciler, or it has not run for " + string(fam) + ")"
+			continue
+		}
+		runs := fm.ConntrackReconcilerSyncs.Count
+		ev := map[string]any{"ipFamily": string(fam), "runs": runs, "runSecondsTotal": fm.ConntrackReconcilerSyncs.Sum}
+		if fm.ConntrackReconcilerDeleted != nil {
+			ev["deletedEntries"] = *fm.ConntrackReconcilerDeleted
+		}
+		since, known := uint64(0), false
+		if p, ok := prev[fam]; ok && runs >= p {
+			since, known = runs-p, true
+			ev["runsSinceLastCycle"] = since
+		}
+		out[i].Evidence["kubeProxyConntrackReconciler"] = ev
+		switch {
+		case known && since > 0:
+			out[i].Message += fmt.Sprintf("; kube-proxy's own conntrack reconciler ran %d times since the last cycle and left them (a kube-proxy bug to report)", since)
+		case !known && runs > 0:
+			out[i].Message += fmt.Sprintf("; kube-proxy's own conntrack reconciler has run (%d runs since kube-proxy started) and these entries remain past the grace (a kube-proxy bug to report)", runs)
+		}
+	}
 }

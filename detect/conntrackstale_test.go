@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/dataplane"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -385,5 +387,82 @@ func TestConntrackStaleSkipsAndErrors(t *testing.T) {
 	w.n.Conntrack = nil
 	if _, err := d.Detect(context.Background()); err == nil {
 		t.Fatal("no conntrack: no skip")
+	}
+}
+
+// reconcilerMetrics is kube-proxy 1.34's conntrack reconciler series for
+// IPv4 after runs runs (names and labels as the real v1.34.4 exports them).
+func reconcilerMetrics(runs int, deleted float64) string {
+	return fmt.Sprintf(`# TYPE kubeproxy_conntrack_reconciler_deleted_entries_total counter
+kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family="IPv4"} %g
+# TYPE kubeproxy_conntrack_reconciler_sync_duration_seconds histogram
+kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="0.008"} %d
+kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} %d
+kubeproxy_conntrack_reconciler_sync_duration_seconds_sum{ip_family="IPv4"} 0.004
+kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} %d
+# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge
+kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} 1.8e+09
+`, deleted, runs, runs, runs)
+}
+
+// kube-proxy >= 1.32 deletes stale UDP entries itself after its syncs: the
+// finding carries its reconciler's runs and deletions, and says when it
+// has run (since the last cycle, or at all on the first) and the entries
+// are still there past the grace; an older kube-proxy's absence of the
+// series is said in the evidence only.
+func TestConntrackStaleKubeProxyReconciler(t *testing.T) {
+	old := ctT0.Add(-10 * time.Minute)
+	w := newCTWorld()
+	kp := kubeproxy.NewFake(w.clock, 30*time.Second)
+	w.n.KubeProxy = kp
+	w.view.SetService(dnsService(old), []cluster.Endpoint{}...)
+	w.ct.Flows = []conntrack.Flow{svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.1.5:53")}
+	p := defaultCTStaleParams(t)
+	d, _ := newConntrackStaleServiceEntries(&p, w.n)
+	d.(*conntrackStale).localAddrs = func() ([]netip.Addr, error) { return nil, nil }
+	detect := func() Finding {
+		t.Helper()
+		fs, err := d.Detect(context.Background())
+		if err != nil || len(fs) != 1 {
+			t.Fatalf("findings %+v, err %v", fs, err)
+		}
+		return fs[0]
+	}
+
+	// kube-proxy 1.31: no reconciler series.
+	kp.SetMetrics("# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 1.8e+09\n")
+	f := detect()
+	if s, _ := f.Evidence["kubeProxyConntrackReconciler"].(string); !strings.Contains(s, "not exported") || strings.Contains(f.Message, "reconciler") {
+		t.Fatalf("no reconciler: evidence %v, message %s", f.Evidence["kubeProxyConntrackReconciler"], f.Message)
+	}
+
+	// 1.34, first cycle with the series: it has run 3 times.
+	d, _ = newConntrackStaleServiceEntries(&p, w.n)
+	d.(*conntrackStale).localAddrs = func() ([]netip.Addr, error) { return nil, nil }
+	kp.SetMetrics(reconcilerMetrics(3, 7))
+	f = detect()
+	ev, _ := f.Evidence["kubeProxyConntrackReconciler"].(map[string]any)
+	if ev == nil || ev["runs"] != uint64(3) || ev["deletedEntries"] != 7.0 || ev["ipFamily"] != "IPv4" || ev["runsSinceLastCycle"] != nil ||
+		!strings.Contains(f.Message, "conntrack reconciler has run (3 runs since kube-proxy started) and these entries remain") {
+		t.Fatalf("first cycle: evidence %v, message %s", f.Evidence["kubeProxyConntrackReconciler"], f.Message)
+	}
+	// It ran twice more since: it keeps running and leaves them.
+	kp.SetMetrics(reconcilerMetrics(5, 7))
+	f = detect()
+	ev, _ = f.Evidence["kubeProxyConntrackReconciler"].(map[string]any)
+	if ev == nil || ev["runsSinceLastCycle"] != uint64(2) || !strings.Contains(f.Message, "reconciler ran 2 times since the last cycle and left them") {
+		t.Fatalf("second cycle: evidence %v, message %s", f.Evidence["kubeProxyConntrackReconciler"], f.Message)
+	}
+	// Not run since the last cycle: the figures, no claim.
+	f = detect()
+	ev, _ = f.Evidence["kubeProxyConntrackReconciler"].(map[string]any)
+	if ev == nil || ev["runsSinceLastCycle"] != uint64(0) || strings.Contains(f.Message, "reconciler") {
+		t.Fatalf("idle reconciler: evidence %v, message %s", f.Evidence["kubeProxyConntrackReconciler"], f.Message)
+	}
+	// kube-proxy not answering: said in the evidence, the finding stays.
+	kp.SetMetricsError(errors.New("connection refused"))
+	f = detect()
+	if s, _ := f.Evidence["kubeProxyConntrackReconciler"].(string); !strings.Contains(s, "not read") {
+		t.Fatalf("unreadable: %v", f.Evidence["kubeProxyConntrackReconciler"])
 	}
 }

@@ -484,6 +484,12 @@ func describeDiff(d dataplane.Diff) string {
 		s += ")"
 	case dataplane.MissingBackends:
 		s += " " + addrList(d.Missing, 5)
+		// A port can miss some backends and still forward to others
+		// that no longer serve (a rollout kube-proxy did not follow,
+		// the terminating fallback): name both.
+		if len(d.Stale) > 0 {
+			s += ", still forwarding to stale " + addrList(d.Stale, 5)
+		}
 	case dataplane.StaleBackends, dataplane.StaleEntry:
 		s += " " + addrList(d.Stale, 5)
 	case dataplane.WrongVerdict:

@@ -332,3 +332,31 @@ func TestDataplaneDriftNFTables(t *testing.T) {
 		t.Fatalf("deaf in nftables mode: %s", driftTargets(fs))
 	}
 }
+
+// A terminating-fallback Service that kube-proxy did not follow: its ready
+// pods replaced by terminating, still serving ones (kube-proxy falls back
+// to them), the rules still on the old pods. The message names the stale
+// backends the rules still forward to as well as the missing ones, not
+// only the evidence.
+func TestDataplaneDriftMessageNamesStaleBackends(t *testing.T) {
+	w := newDriftWorld(t)
+	d, _ := newDriftDetectors(t, w)
+	term := func(a string) cluster.Endpoint {
+		return cluster.Endpoint{Address: a, Port: 8080, Protocol: "TCP", PortName: "http", NodeName: "node1", Serving: true, Terminating: true}
+	}
+	dns := func(a string) cluster.Endpoint {
+		return cluster.Endpoint{Address: a, Port: 53, Protocol: "UDP", PortName: "dns", NodeName: "node1", Ready: true, Serving: true}
+	}
+	w.view.SetService(cluster.Service{Namespace: "default", Name: "web", ClusterIPs: []string{"10.96.91.18"}, Created: w.t0, Changed: w.t0,
+		Ports: []cluster.ServicePort{{Name: "http", Protocol: "TCP", Port: 80}, {Name: "dns", Protocol: "UDP", Port: 53}}},
+		term("10.244.0.7"), term("10.244.0.8"), dns("10.244.0.5"), dns("10.244.0.6"))
+	fs := w.detect(t, d)
+	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/default/web:http" {
+		t.Fatalf("drift: %s %+v", driftTargets(fs), fs)
+	}
+	for _, want := range []string{"10.244.0.7:8080", "10.244.0.8:8080", "stale", "10.244.0.5:8080", "10.244.0.6:8080"} {
+		if !strings.Contains(fs[0].Message, want) {
+			t.Errorf("message lacks %q: %s", want, fs[0].Message)
+		}
+	}
+}

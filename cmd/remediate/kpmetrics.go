@@ -1,6 +1,8 @@
 package main
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -46,4 +48,74 @@ func (w *wiring) lastKubeProxyScrape() *kubeproxy.Scrape {
 		return kp.LastScrape()
 	}
 	return nil
+}
+
+// kubeProxySyncDurationCollector re-exports kube-proxy's sync duration
+// histogram per IP family as the detectors last read it
+// (remediate_kube_proxy_sync_duration_seconds, kube-proxy's own buckets),
+// and the syncPeriod thresholds are relative to
+// (remediate_kube_proxy_sync_period_seconds: kube-proxy's /configz, else
+// the policy's). kubeadm binds kube-proxy's /metrics to 127.0.0.1, so
+// Prometheus rarely scrapes it; through these the field guides'
+// sync-duration alerts (deploy/alerts) work wherever remediate is
+// scraped. Nothing is read at scrape time. Both families are always
+// exported (an empty histogram: not seen); the period only when known.
+type kubeProxySyncDurationCollector struct {
+	last     func() *kubeproxy.Scrape
+	period   func() time.Duration
+	hist     *prometheus.Desc
+	periodDs *prometheus.Desc
+}
+
+func newKubeProxySyncDurationCollector(last func() *kubeproxy.Scrape, period func() time.Duration) *kubeProxySyncDurationCollector {
+	return &kubeProxySyncDurationCollector{last: last, period: period,
+		hist: prometheus.NewDesc("remediate_kube_proxy_sync_duration_seconds",
+			"kube-proxy's rules sync duration histogram (kubeproxy_sync_proxy_rules_duration_seconds) per IP family, as last read by the detectors; empty: not seen.",
+			[]string{"ip_family"}, nil),
+		periodDs: prometheus.NewDesc("remediate_kube_proxy_sync_period_seconds",
+			"kube-proxy's syncPeriod the thresholds use (its /configz, else the policy's kubeProxy.syncPeriod).", nil, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c *kubeProxySyncDurationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.hist
+	ch <- c.periodDs
+}
+
+// Collect implements prometheus.Collector.
+func (c *kubeProxySyncDurationCollector) Collect(ch chan<- prometheus.Metric) {
+	sc := c.last()
+	for _, f := range []kubeproxy.Family{"IPv4", "IPv6"} {
+		var h kubeproxy.Histogram
+		if sc != nil && sc.Metrics != nil {
+			if fm := sc.Metrics.Families[f]; fm != nil && fm.SyncDuration != nil {
+				h = *fm.SyncDuration
+			} else if fm := sc.Metrics.Families[kubeproxy.Unlabelled]; fm != nil && fm.SyncDuration != nil && f == "IPv4" {
+				// kube-proxy before 1.33: one unlabelled histogram for
+				// whichever family synced; shown as IPv4.
+				h = *fm.SyncDuration
+			}
+		}
+		buckets := make(map[float64]uint64, len(h.Buckets))
+		for _, b := range h.Buckets {
+			buckets[b.UpperBound] = b.CumulativeCount
+		}
+		ch <- prometheus.MustNewConstHistogram(c.hist, h.Count, h.Sum, buckets, string(f))
+	}
+	if p := c.period(); p > 0 {
+		ch <- prometheus.MustNewConstMetric(c.periodDs, prometheus.GaugeValue, p.Seconds())
+	}
+}
+
+// kubeProxySyncPeriod is the syncPeriod the current kube-proxy client uses
+// (its /configz, else the policy's), or the starting policy's before there
+// is a client.
+func (w *wiring) kubeProxySyncPeriod() time.Duration {
+	if kp := w.kp.Load(); kp != nil {
+		return kp.SyncPeriod()
+	}
+	if w.pol != nil {
+		return w.pol.KubeProxy.SyncPeriod.Duration
+	}
+	return 0
 }

@@ -88,6 +88,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "remediate_fleet_paused",
 		Help: "1 while every daemon holds all actions (ConfigMap remediate-fleet, key pause)."}, w.fleetPaused))
 	reg.MustRegister(newKubeProxySyncCollector(w.lastKubeProxyScrape))
+	reg.MustRegister(newKubeProxySyncDurationCollector(w.lastKubeProxyScrape, w.kubeProxySyncPeriod))
 	reg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
 	reg.MustRegister(newTrendCollector(w.trendSources()))
 	eng, err := remediate.New(pol, remediate.Options{

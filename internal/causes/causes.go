@@ -54,10 +54,12 @@ const (
 // Thresholds (the field guides' figures where they give one; see the
 // runbook for each).
 const (
-	// ChurnPer5Min: endpoint changes per 5 minutes above which churn
-	// drives lock contention (field guide 2's KubeProxyEndpointChurn
-	// alert, read as 10 changes per 5-minute window).
-	ChurnPer5Min = 10.0
+	// ChurnPerSecond: endpoint changes per second above which churn
+	// drives lock contention. Field guide 2's KubeProxyEndpointChurn alert
+	// is rate(kubeproxy_sync_proxy_rules_endpoint_changes_total[5m]) > 10:
+	// PromQL's rate is per second, so 10 changes per second averaged over
+	// 5 minutes (3,000 changes in 5 minutes).
+	ChurnPerSecond = 10.0
 	// ThrottledShare: share of CPU periods throttled (the common
 	// CPUThrottlingHigh alert's 25%; field guide 4 names throttling
 	// without a figure).
@@ -84,7 +86,7 @@ const (
 type Figure struct {
 	Name  string  `json:"name"`
 	Value float64 `json:"value"`
-	// Unit: "", "s", "ratio", "per5m", "rules".
+	// Unit: "", "s", "ratio", "per-s", "rules".
 	Unit string `json:"unit,omitempty"`
 }
 
@@ -214,11 +216,11 @@ const maxScore = 100
 func Rank(in Inputs) Result {
 	var all []Cause
 	if c := in.Churn; c != nil && c.Window > 0 {
-		per5 := c.Changes / c.Window.Seconds() * 300
-		all = append(all, Cause{Kind: EndpointChurn, Score: per5 / ChurnPer5Min,
-			Summary: fmt.Sprintf("endpoint churn %.0f changes per 5 min (%.0f in the last %s; field guide 2: > %.0f per 5 min drives lock contention)",
-				per5, c.Changes, dur(c.Window), ChurnPer5Min),
-			Figures: []Figure{{"changesPer5m", per5, "per5m"}, {"changes", c.Changes, ""}, {"windowSeconds", c.Window.Seconds(), "s"}}})
+		perSec := c.Changes / c.Window.Seconds()
+		all = append(all, Cause{Kind: EndpointChurn, Score: perSec / ChurnPerSecond,
+			Summary: fmt.Sprintf("endpoint churn %.3g changes/s (%.0f in the last %s; field guide 2's churn alert: > %.0f/s over 5 min drives lock contention)",
+				perSec, c.Changes, dur(c.Window), ChurnPerSecond),
+			Figures: []Figure{{"changesPerSecond", perSec, "per-s"}, {"changes", c.Changes, ""}, {"windowSeconds", c.Window.Seconds(), "s"}}})
 	}
 	if t := in.Throttling; t != nil {
 		share := 0.0

@@ -34,10 +34,23 @@ func TestRank(t *testing.T) {
 	}{
 		{name: "nothing observed"},
 		{
-			name:   "churn only: 60 changes in 2 min is 150 per 5 min, 15x the guide's 10",
-			in:     Inputs{Churn: &Churn{Changes: 60, Window: 2 * time.Minute}},
-			likely: "endpoint-churn", top: "endpoint churn 150 changes per 5 min (60 in the last 2m0s",
+			name:   "churn only: 18000 changes in 2 min is 150/s, 15x the guide's 10/s",
+			in:     Inputs{Churn: &Churn{Changes: 18000, Window: 2 * time.Minute}},
+			likely: "endpoint-churn", top: "endpoint churn 150 changes/s (18000 in the last 2m0s",
 			topScoreLow: 15, topScoreHigh: 15,
+		},
+		{
+			// Field guide 2's alert is rate(...[5m]) > 10: per second. 11
+			// changes in 5 minutes (0.037/s) is a quiet cluster, not
+			// churn 1.1x past the threshold.
+			name: "11 changes in 5 min is quiet: the guide's 10 is per second",
+			in:   Inputs{Churn: &Churn{Changes: 11, Window: 5 * time.Minute}},
+			out:  "endpoint-churn",
+		},
+		{
+			name:   "just past the guide: 3300 changes in 5 min is 11/s",
+			in:     Inputs{Churn: &Churn{Changes: 3300, Window: 5 * time.Minute}},
+			likely: "endpoint-churn", top: "endpoint churn 11 changes/s", topScoreLow: 1.1, topScoreHigh: 1.1,
 		},
 		{
 			name: "quiet churn is ruled out",
@@ -47,7 +60,7 @@ func TestRank(t *testing.T) {
 		{
 			name: "throttling 80% outranks churn 2x",
 			in: Inputs{
-				Churn:      &Churn{Changes: 20, Window: 5 * time.Minute},
+				Churn:      &Churn{Changes: 6000, Window: 5 * time.Minute}, // 20/s
 				Throttling: &Throttling{Periods: 100, Throttled: 80, ThrottledTime: 4 * time.Second, Window: time.Minute, Cgroup: "/kp"},
 			},
 			likely: "cpu-throttling,endpoint-churn", top: "kube-proxy CPU-throttled in 80% of periods over the last 1m0s (80 of 100, 4s throttled, summed over CPUs; cgroup /kp",

@@ -29,7 +29,11 @@ const (
 	metricNFTSyncFailures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
 	metricNFTCleanupFails = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
 	metricEndpointChanges = "kubeproxy_sync_proxy_rules_endpoint_changes_total"
-	metricBuildInfo       = "kubernetes_build_info"
+	// kube-proxy 1.32+ reconciles stale UDP conntrack entries itself after
+	// each sync (names as the real v1.34.4 exports them, per ip_family).
+	metricCTReconcilerSyncs   = "kubeproxy_conntrack_reconciler_sync_duration_seconds"
+	metricCTReconcilerDeleted = "kubeproxy_conntrack_reconciler_deleted_entries_total"
+	metricBuildInfo           = "kubernetes_build_info"
 )
 
 // FamilyLabel is the label kube-proxy 1.33+ puts on its per-family series.
@@ -167,6 +171,13 @@ type FamilyMetrics struct {
 	// appear with their first increment: absent means zero there.
 	NFTablesSyncFailures    *float64
 	NFTablesCleanupFailures *float64
+	// ConntrackReconcilerSyncs is conntrack_reconciler_sync_duration_seconds
+	// (kube-proxy 1.32+: its own cleanup of stale UDP conntrack entries,
+	// one observation per run) and ConntrackReconcilerDeleted
+	// conntrack_reconciler_deleted_entries_total (the entries it deleted).
+	// Nil on older kube-proxy.
+	ConntrackReconcilerSyncs   *Histogram
+	ConntrackReconcilerDeleted *float64
 }
 
 // Metrics is one parsed scrape of kube-proxy's /metrics.
@@ -198,16 +209,25 @@ type Metrics struct {
 	RESTRequests map[string]float64
 }
 
-// RESTErrors sums RESTRequests whose code is an error: "<error>", 429 and
-// 5xx.
+// RESTErrors sums RESTRequests whose code is an error: "<error>", 403,
+// 429 and 5xx.
 func (m *Metrics) RESTErrors() float64 {
 	var n float64
 	for code, v := range m.RESTRequests {
-		if code == "<error>" || code == "429" || strings.HasPrefix(code, "5") {
+		if IsRESTError(code) {
 			n += v
 		}
 	}
 	return n
+}
+
+// IsRESTError reports whether a rest_client_requests_total code is one of
+// the API errors that leave kube-proxy without updates: no response at all
+// ("<error>": transport errors, timeouts), 403 (its credentials or RBAC
+// refused: field guide 5 lists it with 429 and 5xx), 429 (throttled) and
+// 5xx (the API server failing; field guide 1 names 429 and 5xx).
+func IsRESTError(code string) bool {
+	return code == "<error>" || code == "403" || code == "429" || (len(code) == 3 && code[0] == '5')
 }
 
 // RESTTotal sums RESTRequests over every code.
@@ -333,7 +353,7 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 				}
 				m.EndpointChangesTotal = &v
 			case metricLastSync, metricLastQueued, metricRestoreFailures, metricPartialFailures, metricRulesTotal, metricSyncDuration,
-				metricNFTSyncFailures, metricNFTCleanupFails:
+				metricNFTSyncFailures, metricNFTCleanupFails, metricCTReconcilerSyncs, metricCTReconcilerDeleted:
 				fm, ok := fam(s)
 				if !ok {
 					continue
@@ -361,6 +381,12 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 					if h := s.GetHistogram(); h != nil {
 						fm.SyncDuration = histogram(h)
 					}
+				case metricCTReconcilerSyncs:
+					if h := s.GetHistogram(); h != nil {
+						fm.ConntrackReconcilerSyncs = histogram(h)
+					}
+				case metricCTReconcilerDeleted:
+					fm.ConntrackReconcilerDeleted = ptr(value(mf.GetType(), s))
 				}
 			}
 		}

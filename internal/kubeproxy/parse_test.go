@@ -315,11 +315,15 @@ rest_client_requests_total{code="200",host="b",method="GET"} 2
 rest_client_requests_total{code="<error>",host="a",method="GET"} 3
 rest_client_requests_total{code="503",host="a",method="GET"} 1
 rest_client_requests_total{code="404",host="a",method="GET"} 4
+rest_client_requests_total{code="403",host="a",method="GET"} 6
+rest_client_requests_total{code="429",host="b",method="GET"} 2
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.RESTRequests["200"] != 7 || m.RESTErrors() != 4 || m.RESTTotal() != 15 {
+	// <error> 3 + 503 1 + 403 6 + 429 2; 404 (a watch of a deleted
+	// object) is not an API error.
+	if m.RESTRequests["200"] != 7 || m.RESTErrors() != 12 || m.RESTTotal() != 23 {
 		t.Errorf("synthetic: %v errors %v total %v", m.RESTRequests, m.RESTErrors(), m.RESTTotal())
 	}
 }
@@ -371,6 +375,28 @@ func TestEndpointChangesAndVersion(t *testing.T) {
 		m := &Metrics{GitVersion: tc.v}
 		if n, ok := m.MinorVersion(); n != tc.minor || ok != tc.ok {
 			t.Errorf("%q: %d %v, want %d %v", tc.v, n, ok, tc.minor, tc.ok)
+		}
+	}
+}
+
+// kube-proxy's own conntrack reconciler series, as the real v1.34.4 exports
+// them (per ip_family); the v1.32 capture has none.
+func TestParseMetricsConntrackReconciler(t *testing.T) {
+	m, err := ParseMetrics(bytes.NewReader(readFixture(t, "metrics-v1.34-healthy.txt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fm := m.Families["IPv4"]
+	if fm == nil || fm.ConntrackReconcilerSyncs == nil || fm.ConntrackReconcilerSyncs.Count < 1 || fm.ConntrackReconcilerDeleted == nil {
+		t.Fatalf("v1.34 capture: reconciler not read: %+v", fm)
+	}
+	m, err = ParseMetrics(bytes.NewReader(readFixture(t, "metrics-v1.32-healthy.txt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for f, fm := range m.Families {
+		if fm.ConntrackReconcilerSyncs != nil || fm.ConntrackReconcilerDeleted != nil {
+			t.Errorf("v1.32 capture: %s has reconciler series", f)
 		}
 	}
 }
