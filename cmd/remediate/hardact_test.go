@@ -147,7 +147,7 @@ const killPolicy = `apiVersion: remediate.dev/v1alpha1
 kind: RemediationPolicy
 mode: enforce
 interval: 1s
-detectorTimeout: 2s
+detectorTimeout: 1s
 actionTimeout: 60s
 rules:
 - name: kill-sleeper
@@ -180,7 +180,7 @@ func TestDaemonKilledMidActionSettles(t *testing.T) {
 	os.WriteFile(pol, []byte(fmt.Sprintf(killPolicy, pidFile, "20s")), 0o644)
 
 	first := startDaemon(t, "--policy", pol, "--state-dir", state, "--node-name", "node1")
-	waitFor(t, "the SIGTERM", func() bool { return first.logs.has(`"msg":"signalled process","signal":"SIGTERM"`) })
+	waitForLogs(t, "the SIGTERM", first.logs, func() bool { return first.logs.has(`"msg":"signalled process","signal":"SIGTERM"`) })
 	time.Sleep(time.Second) // mid-grace, as an OOM kill or node drain would
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -197,7 +197,7 @@ func TestDaemonKilledMidActionSettles(t *testing.T) {
 	os.WriteFile(pol, []byte(fmt.Sprintf(killPolicy, pidFile, "1s")), 0o644)
 	addr := freeAddr(t)
 	second := startDaemon(t, "--policy", pol, "--state-dir", state, "--node-name", "node1", "--metrics-addr", addr)
-	waitFor(t, "the process to be killed after the restart", func() bool {
+	waitForLogs(t, "the process to be killed after the restart", second.logs, func() bool {
 		p, err := procs.New("/proc").Get(context.Background(), int32(sleeper.Process.Pid))
 		return err != nil || p.State == "Z"
 	})
@@ -243,4 +243,17 @@ func TestDaemonKilledMidActionSettles(t *testing.T) {
 	if strings.Join(outs, ",") != "interrupted,executed" {
 		t.Fatalf("history %v", outs)
 	}
+}
+
+// waitForLogs is waitFor, with the daemon's logs when it times out.
+func waitForLogs(t *testing.T, what string, logs *logBuf, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if ok() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s; daemon logs:\n%s", what, logs.String())
 }
