@@ -68,6 +68,9 @@ type daemonProc struct {
 
 func startDaemon(t *testing.T, args ...string) *daemonProc {
 	t.Helper()
+	if !strings.Contains(strings.Join(args, " "), "--metrics-addr") {
+		args = append(args, "--metrics-addr", freeAddr(t)) // never the default port
+	}
 	cmd := mainCmd(os.Args[0], args...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
