@@ -139,7 +139,7 @@ func (c *cycle) commit(ctx context.Context, a *attempt) bool {
 	if err := c.e.opts.Journal.Append(journal.Record{Time: a.now, ID: a.id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
 		Rule: r.Name, Target: a.f.Target, Action: name, Summary: a.plan.Summary, Details: a.plan.Details}); err != nil {
 		releaseAll(ctx, a.held)
-		c.st.History[a.hi].Outcome = "not-run"
+		c.st.History[a.hi].Outcome = historyNotRun
 		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
 		return false
 	}

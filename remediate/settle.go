@@ -20,7 +20,7 @@ const (
 	// historyPending: committed (counted by every limit), not yet returned.
 	historyPending = "pending"
 	// historyNotRun: the journal intent could not be written; the action
-	// never started.
+	// never started (act.go).
 	historyNotRun = "not-run"
 	// historyInterrupted: the intent was journaled, no outcome ever was
 	// (the daemon was killed or crashed mid-action). It counts against
@@ -137,8 +137,9 @@ func (e *Engine) clampClock(st *State, rep *Report, now time.Time) {
 //     gone (resolved) or still there (a failed attempt: retried within the
 //     guardrails, escalated at maxAttempts). The interrupted attempt counts
 //     against every limit;
-//   - no intent at all (the daemon stopped between the state save and the
-//     intent write): the action never started; "not-run", not counted.
+//   - no intent either (the daemon stopped between the state save and the
+//     intent write, or the intent was rotated out of the journal): whether
+//     the action started is unknown; settled as interrupted, and counted.
 func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
 	var pending []int
 	for i, h := range st.History {
@@ -149,7 +150,7 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
 	if len(pending) == 0 {
 		return
 	}
-	intents, outcomes, jerr := e.journalIndex()
+	outcomes, jerr := e.journalOutcomes()
 	if jerr != nil {
 		e.opts.Log.Warn("journal unreadable while settling unfinished actions; treating them as interrupted", zap.Error(jerr))
 	}
@@ -161,34 +162,24 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
 			e.adoptOutcome(st, h, key, out, rep)
 			continue
 		}
-		_, hadIntent := intents[id]
+		// No intent either (a stop between the state save and the intent
+		// write, or the journal rotated away): whether the action started
+		// is unknown, so it is settled the same way, and still counts.
 		_, settled := outcomes[id] // an interrupted outcome journaled by an earlier settle
-		if !hadIntent && !settled && jerr == nil {
-			h.Outcome = historyNotRun
-			e.opts.Log.Info("an action committed before the daemon stopped never started (no journal intent); not counted",
-				zap.String("rule", h.Rule), zap.String("target", h.Target), zap.String("id", id))
-			continue
-		}
 		e.interrupted(st, h, key, id, settled, rep, now)
 	}
 }
 
-// journalIndex reads the journal's intents and outcomes by ID.
-func (e *Engine) journalIndex() (intents, outcomes map[string]journal.Record, err error) {
-	intents, outcomes = map[string]journal.Record{}, map[string]journal.Record{}
+// journalOutcomes reads the journal's outcome records by ID.
+func (e *Engine) journalOutcomes() (map[string]journal.Record, error) {
+	outcomes := map[string]journal.Record{}
 	recs, err := journal.ReadAll(filepath.Dir(e.opts.Journal.Path()))
 	for _, r := range recs {
-		if r.ID == "" {
-			continue
-		}
-		switch r.Kind {
-		case journal.KindIntent:
-			intents[r.ID] = r
-		case journal.KindOutcome:
+		if r.ID != "" && r.Kind == journal.KindOutcome {
 			outcomes[r.ID] = r
 		}
 	}
-	return intents, outcomes, err
+	return outcomes, err
 }
 
 // adoptOutcome makes the state agree with the outcome the journal has for
