@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
-	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -55,8 +54,9 @@ func (d pidFileDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 
 func init() {
 	detect.Define("CLITestProcessFile", "test detector: the process whose PID is in a file",
-		func(p *pidFileParams, n *node.Node) (detect.Detector, error) { return pidFileDetector{p.File, n}, nil },
-		detect.Targets(finding.KindProcess))
+		// No declared targets: a test type must not show among the real
+		// feeders of KillProcess (pairs_test.go); undeclared pairs pass.
+		func(p *pidFileParams, n *node.Node) (detect.Detector, error) { return pidFileDetector{p.File, n}, nil })
 }
 
 // daemonProc is a remediate daemon (this test binary as main) and its logs.
