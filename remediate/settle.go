@@ -28,6 +28,11 @@ const (
 	historyInterrupted = "interrupted"
 )
 
+// interruptedPrefix starts the LastError of a target whose action was
+// interrupted; Step keeps it when the verification finds the target still
+// there, so the failed attempt says why.
+const interruptedPrefix = "interrupted: the daemon stopped during the action"
+
 // attemptID is the journal ID shared by an attempt's intent and outcome.
 func attemptID(at time.Time, key string) string {
 	return fmt.Sprintf("%d-%s", at.UnixNano(), shortHash(key))
@@ -236,7 +241,7 @@ func (e *Engine) interrupted(st *State, h *ActionRecord, key, id string, already
 	ts.LastActed = h.Time
 	ts.Phase = PhaseVerifying
 	ts.VerifyAt = now
-	ts.LastError = "interrupted: the daemon stopped during the action"
+	ts.LastError = interruptedPrefix
 	st.Targets[key] = ts
 }
 

@@ -159,6 +159,13 @@ func TestInterruptedActionIsSettled(t *testing.T) {
 		if !self {
 			t.Errorf("no finding on remediate: %+v", rep.Findings)
 		}
+		var failed bool
+		for _, d := range rep.Decisions {
+			failed = failed || (d.Outcome == OutcomeFailed && strings.Contains(d.Reason, "interrupted: the daemon stopped during the action; the finding is still present"))
+		}
+		if !failed {
+			t.Errorf("no failed attempt saying it was interrupted: %+v", rep.Decisions)
+		}
 		// Verified now: still present, so a failed attempt (1 of 2), and
 		// acted on again within the guardrails.
 		if d := decisionFor(rep, "process/1"); d.Outcome != OutcomeExecuted || d.Phase != PhaseVerifying {
