@@ -128,18 +128,18 @@ func (c *cycle) commit(ctx context.Context, a *attempt) bool {
 		return false
 	}
 	*c.acted++
-	c.st.History = append(c.st.History, ActionRecord{Time: a.now, Rule: r.Name, Target: a.f.Target, Action: name, Outcome: "pending"})
+	a.id = attemptID(a.now, a.key)
+	c.st.History = append(c.st.History, ActionRecord{Time: a.now, Rule: r.Name, Target: a.f.Target, Action: name, Outcome: historyPending, ID: a.id})
 	a.hi = len(c.st.History) - 1
 	if err := c.e.store.Save(c.st); err != nil {
 		releaseAll(ctx, a.held)
 		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: cannot persist guardrail state: "+err.Error()
 		return false
 	}
-	a.id = fmt.Sprintf("%d-%s", a.now.UnixNano(), shortHash(a.key))
 	if err := c.e.opts.Journal.Append(journal.Record{Time: a.now, ID: a.id, Kind: journal.KindIntent, Node: c.e.opts.Node.Name,
 		Rule: r.Name, Target: a.f.Target, Action: name, Summary: a.plan.Summary, Details: a.plan.Details}); err != nil {
 		releaseAll(ctx, a.held)
-		c.st.History[a.hi].Outcome = "not-run"
+		c.st.History[a.hi].Outcome = historyNotRun
 		a.dec.Outcome, a.dec.Reason = OutcomeSkipped, "not acting: cannot write journal intent: "+err.Error()
 		return false
 	}

@@ -240,6 +240,9 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 		rep.Warnings = append(rep.Warnings, warn.Error())
 		e.journal(journal.Record{Kind: journal.KindNote, Summary: warn.Error()}, rep)
 	}
+	// What a previous life left unsettled, before anything is decided.
+	e.settleUnfinished(st, rep, start)
+	e.clampClock(st, rep, start)
 
 	results := e.detectAll(ctx, pol)
 

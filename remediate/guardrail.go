@@ -63,5 +63,5 @@ func (s *State) Attempts() []guardrails.Attempt {
 // (the action refused at execution, or the journal intent could not be
 // written). Pending attempts (a crash mid-action) count.
 func (h ActionRecord) changedSomething() bool {
-	return h.Outcome != string(OutcomeSkipped) && h.Outcome != "not-run"
+	return h.Outcome != string(OutcomeSkipped) && h.Outcome != historyNotRun
 }

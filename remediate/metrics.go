@@ -21,6 +21,12 @@ type Metrics struct {
 	// conntrack breakdown (metrics_init.go).
 	ConntrackEntries  *prometheus.GaugeVec
 	ConntrackTopShare *prometheus.GaugeVec
+	// Interrupted counts actions found interrupted (intent journaled, no
+	// outcome: the daemon was killed mid-action) and settled (settle.go).
+	Interrupted *prometheus.CounterVec
+	// ClockClamped counts state entries dated in the future (the clock
+	// ran ahead, then back) clamped to now.
+	ClockClamped prometheus.Counter
 }
 
 // NewMetrics creates the metrics and registers them on reg (if not nil).
@@ -60,13 +66,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	m.ConntrackEntries, m.ConntrackTopShare = newConntrackGauges()
+	m.Interrupted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "remediate_actions_interrupted_total", Help: "Actions whose intent was journaled but that never recorded an outcome (the daemon was killed or crashed mid-action), settled as interrupted on the next cycle, by rule and action.",
+	}, []string{"rule", "action"})
+	m.ClockClamped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "remediate_state_future_entries_clamped_total", Help: "Guardrail state entries dated in the future (the clock ran ahead) clamped to now.",
+	})
 	// Exported from the start: the invalid-policy alert uses increase().
 	m.PolicyReloads.WithLabelValues("success")
 	m.PolicyReloads.WithLabelValues("invalid")
 	if reg != nil {
 		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
 			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads,
-			m.ConntrackEntries, m.ConntrackTopShare)
+			m.ConntrackEntries, m.ConntrackTopShare, m.Interrupted, m.ClockClamped)
 	}
 	return m
 }

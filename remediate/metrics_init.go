@@ -43,6 +43,7 @@ func (e *Engine) initMetrics(p *policy.Policy) {
 			m.Decisions.WithLabelValues(r.Name, r.Action.Type, string(o))
 		}
 		m.ActionDuration.WithLabelValues(r.Action.Type)
+		m.Interrupted.WithLabelValues(r.Name, r.Action.Type)
 		for _, g := range guards {
 			m.GuardrailBlocks.WithLabelValues(g, r.Name)
 		}

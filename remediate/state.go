@@ -16,6 +16,7 @@ package remediate
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -117,7 +118,11 @@ func Step(st TargetState, present bool, now time.Time, t Timing) (TargetState, b
 		// Still there after verifyAfter: the attempt failed.
 		st.Attempts++
 		st.VerifyAt = time.Time{}
-		st.LastError = fmt.Sprintf("finding still present %s after acting", t.VerifyAfter)
+		if strings.HasPrefix(st.LastError, interruptedPrefix) {
+			st.LastError = interruptedPrefix + "; the finding is still present"
+		} else {
+			st.LastError = fmt.Sprintf("finding still present %s after acting", t.VerifyAfter)
+		}
 		if st.Attempts >= max(t.MaxAttempts, 1) {
 			st.Phase = PhaseEscalated
 			return st, false

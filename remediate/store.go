@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -26,8 +28,12 @@ type ActionRecord struct {
 	Target string    `json:"target"`
 	Action string    `json:"action"`
 	// Outcome is "pending" until the action returns, then "executed",
-	// "failed" or "skipped" (refused at execution; not counted by limits).
+	// "failed" or "skipped" (refused at execution; not counted by limits);
+	// "interrupted" when the daemon stopped mid-action (settle.go).
 	Outcome string `json:"outcome"`
+	// ID is the journal ID of the attempt's intent and outcome records
+	// (empty in state files written before it was recorded).
+	ID string `json:"id,omitempty"`
 }
 
 // State is everything the guardrails depend on, persisted in the state dir.
@@ -111,6 +117,55 @@ func (s *Store) Lock(ctx context.Context) (func(), error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// DaemonLockFile is the file in the state dir a running daemon holds an
+// exclusive flock on for its whole life (LockDaemon).
+const DaemonLockFile = "daemon.lock"
+
+// ErrStateDirInUse is wrapped by LockDaemon's error when another daemon
+// holds the state directory.
+var ErrStateDirInUse = errors.New("state dir is in use by another remediate daemon")
+
+// LockDaemon takes the state directory's daemon lock: an exclusive,
+// non-blocking flock on daemon.lock (opened with O_NOFOLLOW, a regular file
+// only), held until the returned release is called or the process exits.
+// A second daemon on the same directory gets an error wrapping
+// ErrStateDirInUse that names the holder's PID; it must refuse to start.
+// `remediate --once` does not take this lock: it takes turns with the
+// daemon on state.lock, one cycle at a time (Lock).
+func (s *Store) LockDaemon() (release func(), err error) {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state dir: %w", err)
+	}
+	path := filepath.Join(s.Dir, DaemonLockFile)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the daemon lock %s: %w", path, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("the daemon lock %s is not a regular file: refusing to start", path)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := "unknown pid"
+		{
+			b := make([]byte, 32)
+			if n, _ := f.ReadAt(b, 0); n > 0 {
+				holder = "pid " + strings.TrimSpace(strings.ToValidUTF8(string(b[:n]), "?"))
+			}
+		}
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s holds %s (one daemon per state dir; remediate --once can still run alongside it)", ErrStateDirInUse, holder, path)
+		}
+		return nil, fmt.Errorf("locking %s: %w", path, err)
+	}
+	// Who holds it, for the next one's message (best effort).
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); f.Close() }, nil
 }
 
 // Load reads the state. A missing file gives an empty state. An unreadable

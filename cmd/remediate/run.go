@@ -75,6 +75,16 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	defer cleanup()
+	if !o.once {
+		// One daemon per state dir, for its whole life; --once takes turns
+		// with it per cycle (state.lock) as before.
+		release, err := (&remediate.Store{Dir: o.stateDir}).LockDaemon()
+		if err != nil {
+			fmt.Fprintf(stderr, "Error: --state-dir %s: %v\n", o.stateDir, err)
+			return exitError
+		}
+		defer release()
+	}
 	j, err := journal.Open(o.stateDir, 0, 0)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)

@@ -2,6 +2,7 @@ package procs
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"syscall"
@@ -37,6 +38,9 @@ type FakeProcess struct {
 	// Unkillable makes the process survive every signal (like a process
 	// stuck in D state).
 	Unkillable bool
+	// GoMain is the main package path of its executable's Go build
+	// information ("": not a Go program).
+	GoMain string
 }
 
 // FakeSignal is one delivered signal.
@@ -145,6 +149,20 @@ func (f *Fake) Get(_ context.Context, pid int32) (Process, error) {
 		return Process{}, ErrNotFound
 	}
 	return f.withParent(p.Process), nil
+}
+
+// GoMain implements Interface.
+func (f *Fake) GoMain(_ context.Context, pid int32) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.procs[pid]
+	switch {
+	case !ok:
+		return "", ErrNotFound
+	case p.GoMain == "":
+		return "", errors.New("no Go build information: not a Go executable")
+	}
+	return p.GoMain, nil
 }
 
 // FileLocks implements Interface. Holders and waiters that no longer exist

@@ -161,6 +161,10 @@ type Interface interface {
 	// SelfNetNS is this daemon's network namespace (the node's, with
 	// hostNetwork) in the form of Process.NetNS, "" when unknown.
 	SelfNetNS() string
+	// GoMain returns the main package path recorded in the Go build
+	// information of the executable pid runs (not its argv), or an error
+	// when it is not a Go program or cannot be read (identity.go).
+	GoMain(ctx context.Context, pid int32) (string, error)
 }
 
 // Alive reports whether pid is still the process created at createTimeMs.

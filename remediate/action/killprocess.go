@@ -39,9 +39,13 @@ type KillProcessParams struct {
 	Programs []string `yaml:"programs"`
 	// Parents restricts programs by their parent: a process whose argv[0]
 	// basename is a key may be killed only while its parent's command
-	// name (comm) is one of the listed names, re-checked before every
-	// signal. Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's
-	// sync may be killed, an administrator's nft never.
+	// name (comm) is one of the listed names and the parent passes the
+	// identity checks of that program (procs.CheckProgram: its
+	// executable, for kube-proxy its Go build information, CAP_NET_ADMIN,
+	// the node's network namespace), re-checked before every signal.
+	// Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's sync may be
+	// killed, an administrator's nft (or one under an impostor named
+	// kube-proxy) never.
 	Parents map[string][]string `yaml:"parents"`
 }
 
@@ -161,10 +165,50 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	if err := a.reach(cur, f); err != nil {
 		return procs.Process{}, err
 	}
-	if parents, ok := a.p.Parents[cur.Name()]; ok && !slices.Contains(parents, cur.ParentName) {
-		return procs.Process{}, finding.Skip("pid %d (%s) has parent %q (pid %d), not one of %v", pid, cur.Name(), cur.ParentName, cur.PPid, parents)
+	if parents, ok := a.p.Parents[cur.Name()]; ok {
+		if !slices.Contains(parents, cur.ParentName) {
+			return procs.Process{}, finding.Skip("pid %d (%s) has parent %q (pid %d), not one of %v", pid, cur.Name(), cur.ParentName, cur.PPid, parents)
+		}
+		if err := a.checkParent(ctx, cur); err != nil {
+			return procs.Process{}, err
+		}
 	}
 	return cur, nil
+}
+
+// checkParent applies to a required parent the identity checks of a
+// target: its name is only what it calls itself (a copy of bash named
+// kube-proxy has it). The parent must be the process that started cur
+// (created before it), run the real program of that name
+// (procs.CheckProgram: its executable, and for kube-proxy the Go build
+// information of kube-proxy's main package), with CAP_NET_ADMIN, in the
+// node's network namespace. Re-checked before every signal, with the rest
+// of check.
+func (a *killProcess) checkParent(ctx context.Context, cur procs.Process) error {
+	refuse := func(format string, args ...any) error {
+		return finding.Skip("pid %d (%s): its parent %q (pid %d) is not a real %s: %s", cur.Pid, cur.Name(), cur.ParentName, cur.PPid, cur.ParentName, fmt.Sprintf(format, args...))
+	}
+	if cur.PPid <= 0 {
+		return refuse("no parent visible")
+	}
+	pp, err := a.n.Procs.Get(ctx, cur.PPid)
+	if errors.Is(err, procs.ErrNotFound) {
+		return refuse("it is gone")
+	}
+	if err != nil {
+		return fmt.Errorf("re-reading pid %d's parent %d: %w", cur.Pid, cur.PPid, err)
+	}
+	if pp.Comm != cur.ParentName || pp.CreateTimeMs > cur.CreateTimeMs {
+		return refuse("pid %d is now another process (%q, created %d; the child was created %d)", pp.Pid, pp.Comm, pp.CreateTimeMs, cur.CreateTimeMs)
+	}
+	goMain, goErr := "", error(nil)
+	if _, ok := procs.GoMainPackages[cur.ParentName]; ok {
+		goMain, goErr = a.n.Procs.GoMain(ctx, pp.Pid)
+	}
+	if err := procs.CheckProgram(pp, cur.ParentName, a.n.Procs.SelfNetNS(), goMain, goErr); err != nil {
+		return refuse("%v", err)
+	}
+	return nil
 }
 
 // reach refuses a process in another network namespace than the daemon's

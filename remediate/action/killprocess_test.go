@@ -239,12 +239,17 @@ func TestKillProcessParamsValidate(t *testing.T) {
 // administrator's nft is refused.
 func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
 	nft := func(pid int32, parent string) procs.FakeProcess {
-		return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 60, ParentName: parent, Comm: "nft", State: "S",
+		ppid := int32(60)
+		if parent != "kube-proxy" {
+			ppid = 61
+		}
+		return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: ppid, ParentName: parent, Comm: "nft", State: "S",
 			Cmdline: []string{"/usr/sbin/nft", "--json", "-f", "-"}, CreateTimeMs: t0.Add(-2 * time.Minute).UnixMilli(),
 			Exe: "/usr/sbin/nft", CapEff: procs.CapNetAdmin, NetNS: nodeNetNS}}
 	}
 	ctx := context.Background()
 	f := newFake()
+	f.Add(kubeProxyParent(60))
 	f.Add(nft(700, "kube-proxy"))
 	f.Add(nft(701, "bash"))
 	a := newKill(t, f, nil)
@@ -268,5 +273,77 @@ func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
 	b := newKill(t, procs.NewFake(selfPID), func(p *KillProcessParams) { p.Names = []string{"iptables-restore"} })
 	if _, err := b.Plan(ctx, procFinding(700, t0.Add(-2*time.Minute).UnixMilli(), nil)); err == nil {
 		t.Error("nft planned with a restore-only allowlist")
+	}
+}
+
+// kubeProxyParent is a real kube-proxy as the fake shows it.
+func kubeProxyParent(pid int32) procs.FakeProcess {
+	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 1, Comm: "kube-proxy", State: "S",
+		Cmdline: []string{"/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf"}, CreateTimeMs: t0.Add(-time.Hour).UnixMilli(),
+		Exe: "/usr/local/bin/kube-proxy", CapEff: procs.CapNetAdmin, NetNS: nodeNetNS}, GoMain: "k8s.io/kubernetes/cmd/kube-proxy"}
+}
+
+// A parent that only calls itself kube-proxy is not kube-proxy: each
+// identity check of a target applies to it, before every signal
+// (issue 27 item 1; the real-process proof is
+// TestRealImpostorKubeProxyNFTIsNotKilled).
+func TestKillProcessNFTParentIdentity(t *testing.T) {
+	ct := t0.Add(-2 * time.Minute).UnixMilli()
+	nft := procs.FakeProcess{Process: procs.Process{Pid: 700, PPid: 60, Comm: "nft", State: "S",
+		Cmdline: []string{"/usr/sbin/nft", "-f", "/tmp/fifo"}, CreateTimeMs: ct,
+		Exe: "/usr/sbin/nft", CapEff: procs.CapNetAdmin, NetNS: nodeNetNS}}
+	for _, tc := range []struct {
+		name   string
+		parent func(*procs.FakeProcess)
+		want   string // "" = killed
+	}{
+		{"real kube-proxy", func(*procs.FakeProcess) {}, ""},
+		{"bash copied as kube-proxy", func(p *procs.FakeProcess) { p.Exe, p.GoMain = "/tmp/x/kube-proxy", "" }, "not the Go program k8s.io/kubernetes/cmd/kube-proxy"},
+		{"another Go program named kube-proxy", func(p *procs.FakeProcess) { p.GoMain = "example.com/evil" }, `is the Go program "example.com/evil"`},
+		{"executable of another name", func(p *procs.FakeProcess) { p.Exe = "/usr/bin/bash" }, `executable "/usr/bin/bash" is not kube-proxy`},
+		{"executable unreadable", func(p *procs.FakeProcess) { p.Exe = "" }, "executable is not readable"},
+		{"no CAP_NET_ADMIN", func(p *procs.FakeProcess) { p.CapEff = 0 }, "without CAP_NET_ADMIN"},
+		{"another network namespace", func(p *procs.FakeProcess) { p.NetNS = "net:[1]" }, "not the node's"},
+		{"younger than its child (PID reused)", func(p *procs.FakeProcess) { p.CreateTimeMs = ct + 1 }, "is now another process"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake()
+			p := kubeProxyParent(60)
+			tc.parent(&p)
+			f.Add(p)
+			f.Add(nft)
+			_, err := newKill(t, f, nil).Execute(context.Background(), procFinding(700, ct, nil))
+			if tc.want == "" {
+				if err != nil || len(f.Signals()) == 0 {
+					t.Fatalf("not killed: %v", err)
+				}
+				return
+			}
+			if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, tc.want) || !strings.Contains(r, `its parent "kube-proxy" (pid 60) is not a real kube-proxy`) {
+				t.Fatalf("refusal %v, want a skip saying %q", err, tc.want)
+			}
+			if len(f.Signals()) != 0 {
+				t.Fatalf("signals sent: %v", f.Signals())
+			}
+		})
+	}
+	// The parent is re-checked before SIGKILL: replaced by an impostor
+	// after SIGTERM, nothing more is sent.
+	f := newFake()
+	f.Add(kubeProxyParent(60))
+	term := nft
+	term.IgnoreTERM = true
+	f.Add(term)
+	f.AfterSignal = func(f *procs.Fake, pid int32, sig syscall.Signal) {
+		p := kubeProxyParent(60)
+		p.GoMain = ""
+		f.Add(p)
+	}
+	_, err := newKill(t, f, func(p *KillProcessParams) { p.GracePeriod = policy.D(time.Millisecond) }).Execute(context.Background(), procFinding(700, ct, nil))
+	if err == nil || !strings.Contains(err.Error(), "not sending SIGKILL after SIGTERM") || !strings.Contains(err.Error(), "is not a real kube-proxy") {
+		t.Fatalf("after the parent changed: %v", err)
+	}
+	if got := sigs(f); !reflect.DeepEqual(got, []syscall.Signal{syscall.SIGTERM}) {
+		t.Errorf("signals %v", got)
 	}
 }
