@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -93,5 +94,15 @@ func TestChartNamesExistingFiles(t *testing.T) {
 				t.Errorf("%s names %s: %v", filepath.Base(f), m, err)
 			}
 		}
+	}
+}
+
+// helm template --set image.tag=latest is refused with the reason (the
+// schema's "not" said only "'not' failed").
+func TestChartLatestTagMessage(t *testing.T) {
+	helm := needHelm(t)
+	_, err := RenderChart(context.Background(), helm, "ops", "--set", "image.tag=latest")
+	if err == nil || !strings.Contains(err.Error(), `image.tag: "latest" is refused; pin a version`) || strings.Contains(err.Error(), "'not' failed") {
+		t.Errorf("helm template --set image.tag=latest: %v", err)
 	}
 }
