@@ -231,8 +231,15 @@ func yamlSyntaxError(name string, data []byte, err error) *Error {
 }
 
 // syntaxPosition is where goccy/go-yaml's parser stops on data (1-based
-// line and column), or false if it parses data.
+// line and column), or false if it parses data. It only parses (no alias
+// is expanded; data is already bounded by MaxSize and MaxItems), and a
+// panic of that parser on hostile input is no position, not a crash.
 func syntaxPosition(data []byte) (line, col int, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			line, col, ok = 0, 0, false
+		}
+	}()
 	_, err := goccyparser.ParseBytes(data, 0)
 	var se *goccy.SyntaxError
 	if err == nil || !errors.As(err, &se) {

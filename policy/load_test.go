@@ -274,6 +274,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(header + minimalRule))
 	f.Add([]byte(header + "mode: enforce\nrules:\n- name: a\n  detector: {type: Thing, names: [a]}\n  action: {type: Raise, factor: 2}\n"))
 	f.Add([]byte("a: &x [*x]\n"))
+	f.Add([]byte(header + "rules:\n- name: a\n  detector: {type: Thing\n  action: {type: X}\n"))
+	f.Add([]byte(header + "rules:\n- name: a\n  detector:\n    type: Thing\n   x: 1\n"))
+	f.Add([]byte("a: [\n\tb: 'c\n"))
 	f.Add([]byte(header + "rules: [{name: a, detector: {type: Thing}}]\nkubeProxy: {metricsURL: 'http://[::1]:1/m'}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := Parse("f.yaml", data, testCatalog{})
