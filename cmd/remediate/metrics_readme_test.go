@@ -80,19 +80,18 @@ func TestMetricsMatchREADME(t *testing.T) {
 	if len(missing) > 0 || len(undocumented) > 0 {
 		t.Errorf("README and /metrics disagree: documented but not exported at start %v; exported but not in the README %v\n%s", missing, undocumented, body)
 	}
-	// Known label values at 0 before any event; every series carries
-	// node (--node-name): the dashboard and alerts group by it.
+	// Known label values at 0 before any event.
 	for _, s := range []string{
-		`remediate_findings{detector="CLITestHung",node="node1",rule="hung-restore",severity="critical"} 0`,
-		`remediate_decisions_total{action="CLITestKill",node="node1",outcome="executed",rule="hung-restore"} 0`,
-		`remediate_action_duration_seconds_count{action="CLITestKill",node="node1"} 0`,
-		`remediate_detector_errors_total{detector="CLITestNeedsAPI",node="node1",rule="api-check"} 0`,
-		`remediate_detector_skipped{detector="CLITestHung",node="node1",rule="clean-check"} 0`,
-		`remediate_guardrail_blocks_total{guardrail="cooldown",node="node1",rule="hung-restore"} 0`,
-		`remediate_guardrail_blocks_total{guardrail="cluster-budget",node="node1",rule="hung-restore"} 0`,
-		`remediate_escalated_targets{node="node1",rule="hung-restore"} 0`,
-		`remediate_policy_reloads_total{node="node1",result="invalid"} 0`,
-		`remediate_last_cycle_timestamp_seconds{node="node1"} 0`,
+		`remediate_findings{detector="CLITestHung",rule="hung-restore",severity="critical"} 0`,
+		`remediate_decisions_total{action="CLITestKill",outcome="executed",rule="hung-restore"} 0`,
+		`remediate_action_duration_seconds_count{action="CLITestKill"} 0`,
+		`remediate_detector_errors_total{detector="CLITestNeedsAPI",rule="api-check"} 0`,
+		`remediate_detector_skipped{detector="CLITestHung",rule="clean-check"} 0`,
+		`remediate_guardrail_blocks_total{guardrail="cooldown",rule="hung-restore"} 0`,
+		`remediate_guardrail_blocks_total{guardrail="cluster-budget",rule="hung-restore"} 0`,
+		`remediate_escalated_targets{rule="hung-restore"} 0`,
+		`remediate_policy_reloads_total{result="invalid"} 0`,
+		`remediate_last_cycle_timestamp_seconds 0`,
 	} {
 		if !strings.Contains(body, s+"\n") {
 			t.Errorf("/metrics lacks %s", s)

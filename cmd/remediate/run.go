@@ -83,18 +83,13 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	w := newWiring(o, pol, log)
 	defer w.Close()
 	reg := prometheus.NewRegistry()
-	// Every series carries node="<--node-name>": the default install
-	// serves /metrics on loopback for a node-local agent, whose scrape has
-	// no node to tell the nodes apart (the dashboard and alerts group by
-	// node; a PodMonitor's relabelled node is the same value).
-	nreg := prometheus.WrapRegistererWith(prometheus.Labels{"node": o.nodeName}, reg)
-	nreg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := remediate.NewMetrics(nreg)
-	nreg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "remediate_fleet_paused",
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := remediate.NewMetrics(reg)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "remediate_fleet_paused",
 		Help: "1 while every daemon holds all actions (ConfigMap remediate-fleet, key pause)."}, w.fleetPaused))
-	nreg.MustRegister(newKubeProxySyncCollector(w.lastKubeProxyScrape))
-	nreg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
-	nreg.MustRegister(newTrendCollector(w.trendSources()))
+	reg.MustRegister(newKubeProxySyncCollector(w.lastKubeProxyScrape))
+	reg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
+	reg.MustRegister(newTrendCollector(w.trendSources()))
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
 		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
