@@ -48,11 +48,10 @@ run: build
 # the end-to-end tests run instead of skipping. helm (for the chart tests)
 # is always built: cached, it is a link step.
 test: hostdeps helm-bin
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; \
-	  else echo "not root: kernel and control-plane tests will skip"; fi
+	@tools/testlanes.sh
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; fi
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
-	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; \
-	  else echo "not root: the IPVS VM lane (make test-vm) is not run"; fi
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; fi
 
 # The host's Debian packages the tests use (tools/hostdeps/packages.txt, the
 # same list .ci/run installs): as root, missing ones are installed; without

@@ -7,6 +7,7 @@ require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/go-logr/zapr v1.3.0
+	github.com/goccy/go-yaml v1.19.2
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/mdlayher/netlink v1.7.2
 	github.com/mdlayher/socket v0.5.1

@@ -83,3 +83,68 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 }
+
+// TestDockerignore: the Dockerfile's context (the repository root) leaves
+// out the build outputs (_output/ holds the control plane and helm builds,
+// bin/ make's binaries) and .git, and keeps every file the build needs
+// (go.mod, go.sum, the Go sources of the module, tools/sbom).
+func TestDockerignore(t *testing.T) {
+	root := filepath.Join(Dir(), "..")
+	b, err := os.ReadFile(filepath.Join(root, ".dockerignore"))
+	if err != nil {
+		t.Fatalf("no .dockerignore at the Dockerfile's context root: %v", err)
+	}
+	var pats []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			if strings.HasPrefix(l, "!") {
+				t.Fatalf("exceptions (%s) are not expected here", l)
+			}
+			pats = append(pats, strings.TrimSuffix(strings.TrimPrefix(l, "/"), "/"))
+		}
+	}
+	// excluded follows the Docker rules used here: a pattern matches the
+	// path or one of its parent directories; "**/" matches any depth.
+	excluded := func(p string) bool {
+		for _, pat := range pats {
+			for q := p; q != "." && q != "/"; q = filepath.Dir(q) {
+				if ok, _ := filepath.Match(pat, q); ok {
+					return true
+				}
+				if rest, ok := strings.CutPrefix(pat, "**/"); ok {
+					if m, _ := filepath.Match(rest, filepath.Base(q)); m {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	for _, p := range []string{".git", ".git/HEAD", "_output/bin/kube-apiserver", "bin/remediate", "tools/bin/staticcheck", "cmd/remediate/remediate.test"} {
+		if !excluded(p) {
+			t.Errorf("%s goes into the build context", p)
+		}
+	}
+	need := []string{"go.mod", "go.sum", "tools/sbom/main.go", "deploy/Dockerfile"}
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if d.IsDir() && (rel == ".git" || rel == "_output" || rel == "bin") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(p, ".go") {
+			need = append(need, rel)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range need {
+		if excluded(p) {
+			t.Errorf("%s is needed by the build but excluded", p)
+		}
+	}
+}

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 
+	goccy "github.com/goccy/go-yaml"
+	goccyparser "github.com/goccy/go-yaml/parser"
 	"github.com/hashicorp/go-multierror"
 	"gopkg.in/yaml.v3"
 )
@@ -151,13 +153,13 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, d.fail(&Error{File: name, Msg: "empty policy: expected a RemediationPolicy document"})
 		}
-		return nil, d.fail(yamlSyntaxError(name, err))
+		return nil, d.fail(yamlSyntaxError(name, data, err))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
 		return nil, d.fail(&Error{File: name, Line: extra.Line, Column: extra.Column, Msg: "a policy file holds exactly one YAML document"})
 	} else if !errors.Is(err, io.EOF) {
-		return nil, d.fail(yamlSyntaxError(name, err))
+		return nil, d.fail(yamlSyntaxError(name, data, err))
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
@@ -200,19 +202,54 @@ func (d *decoder) checkPairs(p *Policy) {
 	}
 }
 
-func yamlSyntaxError(name string, err error) *Error {
+// yamlSyntaxError is a syntax error at the parser's own position. yaml.v3
+// names a line only, and for most parser errors it is the 0-based line of
+// the enclosing collection's start (an unclosed '{' on line 6 read "line
+// 5", a bad indent on line 8 "line 4"): the position is taken from a
+// second parser (goccy/go-yaml) that keeps the offending token's line and
+// column; yaml.v3's message is kept (it names what was expected). Should
+// that parser accept what yaml.v3 refused, yaml.v3's line is said as it
+// is, without a column.
+func yamlSyntaxError(name string, data []byte, err error) *Error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	e := &Error{File: name, Msg: msg}
+	near := 0
 	// yaml.v3 syntax errors read "line N: ...".
-	if strings.HasPrefix(msg, "line ") {
-		rest := msg[len("line "):]
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if i := strings.Index(rest, ":"); i > 0 {
 			if n, convErr := strconv.Atoi(rest[:i]); convErr == nil {
-				e.Line, e.Column, e.Msg = n, 1, strings.TrimSpace(rest[i+1:])
+				near, msg = n, strings.TrimSpace(rest[i+1:])
 			}
 		}
 	}
+	e := &Error{File: name, Msg: msg}
+	if line, col, ok := syntaxPosition(data); ok {
+		e.Line, e.Column = line, col
+	} else if near > 0 {
+		e.Msg = fmt.Sprintf("%s (near line %d)", msg, near)
+	}
 	return e
+}
+
+// syntaxPosition is where goccy/go-yaml's parser stops on data (1-based
+// line and column), or false if it parses data. It only parses (no alias
+// is expanded; data is already bounded by MaxSize and MaxItems), and a
+// panic of that parser on hostile input is no position, not a crash.
+func syntaxPosition(data []byte) (line, col int, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			line, col, ok = 0, 0, false
+		}
+	}()
+	_, err := goccyparser.ParseBytes(data, 0)
+	var se *goccy.SyntaxError
+	if err == nil || !errors.As(err, &se) {
+		return 0, 0, false
+	}
+	tk := se.GetToken()
+	if tk == nil || tk.Position == nil || tk.Position.Line < 1 {
+		return 0, 0, false
+	}
+	return tk.Position.Line, max(tk.Position.Column, 1), true
 }
 
 type decoder struct {

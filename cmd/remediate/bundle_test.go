@@ -51,6 +51,11 @@ const (
 	plantedMetricToken = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW06a3ViZS1wcm94eSJ9.planted-signature"
 	plantedArgvToken   = "argv-token-6c1f"
 	plantedEnvValue    = "env-secret-93ab"
+	// The shapes: a flag and its value as two argv entries, URL
+	// userinfo on a command line and in a metric's label.
+	plantedSplitToken = "S3CRET-split-51d2"
+	plantedProxyPass  = "Pa55w0rd-7e10"
+	plantedHostPass   = "S3cret-host-c0de"
 )
 
 // kubeProxyWithSecrets serves metrics with credentials planted in them and
@@ -68,6 +73,7 @@ func kubeProxyWithSecrets(t *testing.T, metricsPad int) string {
 		case "/metrics":
 			fmt.Fprintf(w, "# a scrape config leaked into a label\nkubeproxy_test_info{authorization=\"Bearer %s\",sa=\"%s\"} 1\n", plantedMetricToken, plantedMetricToken)
 			fmt.Fprint(w, "kubeproxy_sync_proxy_rules_iptables_total{table=\"nat\"} 42\n")
+			fmt.Fprintf(w, "rest_client_requests_total{code=\"200\",host=\"https://admin:%s@10.0.0.1:6443\",method=\"GET\"} 7\n", plantedHostPass)
 			pad := strings.Repeat("# padding padding padding padding padding padding padding padding\n", metricsPad/66+1)
 			fmt.Fprint(w, pad)
 		default:
@@ -82,7 +88,8 @@ func kubeProxyWithSecrets(t *testing.T, metricsPad int) string {
 // with a credential on its command line and one in its environment.
 func startFakeKubeProxy(t *testing.T) int {
 	t.Helper()
-	cmd := &exec.Cmd{Path: os.Args[0], Args: []string{"kube-proxy", "--token=" + plantedArgvToken},
+	cmd := &exec.Cmd{Path: os.Args[0], Args: []string{"kube-proxy", "--token=" + plantedArgvToken, "--token", plantedSplitToken,
+		"--proxy-url=http://bob:" + plantedProxyPass + "@proxy:3128", "--v=2"},
 		Env: []string{"REMEDIATE_TEST_SLEEP=1", "KUBE_PROXY_SECRET=" + plantedEnvValue}}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -146,7 +153,7 @@ func TestOnceBundleContentsAndRedaction(t *testing.T) {
 		}
 	}
 	for name, b := range parts {
-		for _, s := range []string{plantedMetricToken, plantedArgvToken, plantedEnvValue, "KUBE_PROXY_SECRET"} {
+		for _, s := range []string{plantedMetricToken, plantedArgvToken, plantedEnvValue, "KUBE_PROXY_SECRET", plantedSplitToken, plantedProxyPass, plantedHostPass} {
 			if bytes.Contains(b, []byte(s)) {
 				t.Errorf("%s carries the planted secret %q", name, s)
 			}
@@ -172,7 +179,8 @@ func TestOnceBundleContentsAndRedaction(t *testing.T) {
 	for _, p := range procs {
 		if p.Pid == pid {
 			found = true
-			if p.State == "" || p.Cmdline[0] != "kube-proxy" || !strings.Contains(strings.Join(p.Cmdline, " "), "--token="+bundle.Redacted) {
+			if p.State == "" || p.Cmdline[0] != "kube-proxy" || !strings.Contains(strings.Join(p.Cmdline, " "), "--token="+bundle.Redacted+" --token "+bundle.Redacted+
+				" --proxy-url=http://"+bundle.Redacted+"@proxy:3128 --v=2") {
 				t.Errorf("fake kube-proxy listed as %+v", p)
 			}
 		}
@@ -186,11 +194,39 @@ func TestOnceBundleContentsAndRedaction(t *testing.T) {
 		!strings.Contains(sout, "--- report.txt ---") || strings.Contains(sout, "PROBLEMS") {
 		t.Errorf("bundle show: exit %d\n%s\n%s", code, sout, serr)
 	}
-	// Never overwrites.
+	// Never overwrites (TestOnceBundlePathRefusedBeforeSample: said before
+	// the pass).
 	cmd = mainCmd(os.Args[0], "--once", "--sample", "0", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--node-name", "n1", "--bundle", path)
+	stderr.Reset()
+	cmd.Stderr = &stderr
 	out, _ = cmd.Output()
-	if cmd.ProcessState.ExitCode() != exitError || !strings.Contains(string(out), "no bundle written") {
-		t.Errorf("second bundle to the same file: exit %d\n%s", cmd.ProcessState.ExitCode(), out)
+	if cmd.ProcessState.ExitCode() != exitError || !strings.Contains(stderr.String(), "already exists") {
+		t.Errorf("second bundle to the same file: exit %d\n%s\n%s", cmd.ProcessState.ExitCode(), out, stderr.String())
+	}
+}
+
+// --bundle to an existing file, into a missing directory or through a
+// file is refused at start, on stderr, before the --sample wait (the
+// default 10 s) and the pass: no report, the file untouched.
+func TestOnceBundlePathRefusedBeforeSample(t *testing.T) {
+	dir := t.TempDir()
+	pol := policyFile(t, dir, "rules:\n- name: bloat\n  detector: {type: KubeProxyRuleBloat}\n")
+	existing := filepath.Join(dir, "old.tar.gz")
+	if err := os.WriteFile(existing, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, want string }{
+		{existing, "--bundle " + existing + ": already exists"},
+		{filepath.Join(dir, "no-such-dir", "b.tar.gz"), "--bundle " + filepath.Join(dir, "no-such-dir", "b.tar.gz") + ": its directory " + filepath.Join(dir, "no-such-dir") + ": no such file or directory"},
+		{filepath.Join(existing, "b.tar.gz"), "--bundle " + filepath.Join(existing, "b.tar.gz") + ": its directory " + existing + ": not a directory"},
+	} {
+		code, out, errs := run(t, "--once", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--node-name", "n1", "--bundle", c.path)
+		if code != exitError || out != "" || !strings.Contains(errs, "Error: "+c.want) || strings.Contains(errs, "sampl") {
+			t.Errorf("--bundle %s: exit %d, want 1 with %q on stderr and nothing on stdout\nstdout:\n%s\nstderr:\n%s", c.path, code, c.want, out, errs)
+		}
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep me" {
+		t.Errorf("existing file changed: %q", b)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -26,6 +28,16 @@ func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
 		Example: "  remediate cleanup --node worker-1\n  remediate cleanup            # every node",
 		Args:    noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if kubeconfig == "" {
+				// Like kubectl: $KUBECONFIG, then in-cluster.
+				if env := os.Getenv("KUBECONFIG"); env != "" {
+					if list := filepath.SplitList(env); len(list) > 1 {
+						fmt.Fprintf(stderr, "remediate cleanup: $KUBECONFIG names %d files (%s); give one with --kubeconfig\n", len(list), env)
+						return exitStatus(exitError)
+					}
+					kubeconfig = env
+				}
+			}
 			c, err := kube.Connect(kube.Options{Kubeconfig: kubeconfig})
 			if err != nil {
 				fmt.Fprintf(stderr, "remediate cleanup: %v\n", err)
@@ -52,7 +64,7 @@ func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
 			return nil
 		},
 	}
-	cc.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config)")
+	cc.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else the in-cluster config)")
 	cc.Flags().StringVar(&node, "node", "", "only this node (default: every node)")
 	cc.Flags().StringVar(&cond, "condition-type", kubeexporter.DefaultConditionType, "the Node condition remediate maintains")
 	cc.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up after this long")

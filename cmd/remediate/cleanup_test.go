@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,5 +20,33 @@ func TestCleanupWithoutCluster(t *testing.T) {
 	}
 	if code := Run(context.Background(), []string{"cleanup", "--bogus"}, &out, &errb); code != exitError {
 		t.Errorf("unknown flag: exit %d", code)
+	}
+}
+
+// Like kubectl, cleanup uses $KUBECONFIG when --kubeconfig is not given
+// (the error names that file: without it, "not running in a pod").
+func TestCleanupUsesKUBECONFIG(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "env-kubeconfig")
+	if err := os.WriteFile(bad, []byte("apiVersion: v1\nkind: Config\nclusters: [\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", bad)
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), []string{"cleanup"}, &out, &errb)
+	if code != exitError || !strings.Contains(errb.String(), "--kubeconfig "+bad) {
+		t.Errorf("exit %d, stderr %q: $KUBECONFIG %s not used", code, errb.String(), bad)
+	}
+	// --kubeconfig wins over $KUBECONFIG.
+	other := filepath.Join(t.TempDir(), "flag-kubeconfig")
+	errb.Reset()
+	code = Run(context.Background(), []string{"cleanup", "--kubeconfig", other}, &out, &errb)
+	if code != exitError || !strings.Contains(errb.String(), other) || strings.Contains(errb.String(), bad) {
+		t.Errorf("--kubeconfig given: exit %d, stderr %q", code, errb.String())
+	}
+	t.Setenv("KUBECONFIG", bad+string(filepath.ListSeparator)+other)
+	errb.Reset()
+	code = Run(context.Background(), []string{"cleanup"}, &out, &errb)
+	if code != exitError || !strings.Contains(errb.String(), "names 2 files") {
+		t.Errorf("$KUBECONFIG with two files: exit %d, stderr %q", code, errb.String())
 	}
 }

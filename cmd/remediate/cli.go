@@ -199,6 +199,14 @@ func noArgs(cmd *cobra.Command, args []string) error {
 		}
 	}
 	if len(subs) > 0 {
+		// cobra's own "did you mean" is only for commands without Args.
+		// (Not for shell names: tcsh is not a typo of bash.)
+		if cmd.SuggestionsMinimumDistance <= 0 && cmd.Name() != "completion" {
+			cmd.SuggestionsMinimumDistance = 2
+		}
+		if sugg := cmd.SuggestionsFor(args[0]); len(sugg) > 0 && cmd.Name() != "completion" {
+			return usageErrorf("unknown command %q for %q: did you mean %q? (commands: %s)", args[0], cmd.CommandPath(), sugg[0], strings.Join(subs, ", "))
+		}
 		return usageErrorf("unknown command %q for %q (commands: %s)", args[0], cmd.CommandPath(), strings.Join(subs, ", "))
 	}
 	return usageErrorf("unexpected argument %q for %q", args[0], cmd.CommandPath())
@@ -316,6 +324,12 @@ func newJournalCmd(stdout, stderr io.Writer) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if out != "text" && out != "json" {
 				return usageErrorf("--output must be text or json, got %q", out)
+			}
+			// A state dir that is not there is a wrong path, not an
+			// empty journal ("the daemon did nothing" misleads).
+			if err := readableDir(dir); err != nil {
+				fmt.Fprintf(stderr, "remediate journal: --state-dir %s: %v (the daemon's default is /var/lib/remediate; --once runs use theirs)\n", dir, err)
+				return exitStatus(exitError)
 			}
 			recs, err := journal.ReadAll(dir)
 			if err != nil {

@@ -72,6 +72,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--once", "--policy", pol, "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate"},
 		{[]string{"--once=maybe"}, `invalid argument "maybe" for "--once" flag`, "remediate"},
 		{[]string{"bogus"}, `unknown command "bogus" for "remediate" (commands: bundle, cleanup, completion, journal, policy, version)`, "remediate"},
+		{[]string{"jornal"}, `unknown command "jornal" for "remediate": did you mean "journal"? (commands: bundle, cleanup, completion, journal, policy, version)`, "remediate"},
+		{[]string{"clean"}, `unknown command "clean" for "remediate": did you mean "cleanup"?`, "remediate"},
+		{[]string{"policy", "chek"}, `unknown command "chek" for "remediate policy": did you mean "check"?`, "remediate policy"},
 		{[]string{"journal", "--bogus"}, "unknown flag: --bogus", "remediate journal"},
 		{[]string{"journal", "-o", "yaml"}, `--output must be text or json, got "yaml"`, "remediate journal"},
 		{[]string{"journal", "extra"}, `unexpected argument "extra" for "remediate journal"`, "remediate journal"},
@@ -98,9 +101,16 @@ func TestUsageErrors(t *testing.T) {
 	if code != exitError || !strings.Contains(errOut, "missing.yaml") || strings.Contains(errOut, "--help") {
 		t.Errorf("show missing file: %d %q", code, errOut)
 	}
-	code, _, errOut = run(t, "journal", "--state-dir", filepath.Join(dir, "nope"))
-	if code != exitOK && (code != exitError || !strings.Contains(errOut, "nope")) {
-		t.Errorf("journal of a missing dir: %d %q", code, errOut)
+	// A state dir that is not there (a typo) is an error, not "the journal
+	// is empty": during an incident that reads as "the daemon did nothing".
+	code, jout, errOut := run(t, "journal", "--state-dir", filepath.Join(dir, "nope"))
+	if code != exitError || jout != "" || !strings.Contains(errOut, "--state-dir "+filepath.Join(dir, "nope")+": no such file or directory") {
+		t.Errorf("journal of a missing dir: exit %d\nstdout %q\nstderr %q", code, jout, errOut)
+	}
+	// An existing state dir without a journal yet is empty, and says so.
+	code, jout, _ = run(t, "journal", "--state-dir", dir)
+	if code != exitOK || !strings.Contains(jout, "is empty") {
+		t.Errorf("journal of an empty state dir: exit %d %q", code, jout)
 	}
 }
 

@@ -19,10 +19,16 @@ func TestMisconfiguredPathsFailAtStart(t *testing.T) {
 	state := filepath.Join(dir, "state")
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, []byte("x"), 0o644)
+	corrupt := filepath.Join(dir, "corrupt-kubeconfig")
+	os.WriteFile(corrupt, []byte("apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:1\"\n"), 0o600)
+	empty := filepath.Join(dir, "empty-kubeconfig")
+	os.WriteFile(empty, []byte("apiVersion: v1\nkind: Config\n"), 0o600)
 	cases := []struct {
 		args []string
 		want string
 	}{
+		{[]string{"--kubeconfig", corrupt}, "Error: --kubeconfig " + corrupt + ": "},
+		{[]string{"--kubeconfig", empty}, "Error: --kubeconfig " + empty + ": invalid configuration"},
 		{[]string{"--policy", filepath.Join(dir, "nope.yaml")}, "Error: --policy " + dir + "/nope.yaml: no such file or directory"},
 		{[]string{"--policy", dir}, "Error: --policy " + dir + ": is a directory, not a file"},
 		{[]string{"--kubeconfig", "/nonexistent"}, "Error: --kubeconfig /nonexistent: no such file or directory"},

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/kube"
 )
 
 // checkPaths fails start-up on a path flag that cannot be what it says, so
@@ -17,13 +18,18 @@ import (
 // would turn every process check into "skipped"):
 //
 //   - --policy must be a readable file;
-//   - --kubeconfig, when given, must be a readable file;
+//   - --kubeconfig, when given, must be a readable, usable kubeconfig
+//     (parsed and resolved the way the client will; the server is not
+//     contacted);
 //   - --proc-root must be a readable directory with sys/ (a procfs, or a
 //     test fixture of one);
 //   - --sys-root must be a readable directory;
 //   - --xtables-lock may not exist yet (iptables creates it on first use),
 //     but its directory must: a lock file in a directory that does not exist
-//     is a wrong path, and a holder there would never be seen.
+//     is a wrong path, and a holder there would never be seen;
+//   - --bundle must not exist (a bundle never replaces a file) and its
+//     directory must exist and be writable: said now, not after the
+//     --sample wait and the whole pass.
 func checkPaths(o *options) error {
 	var errs []error
 	if err := readableFile(o.policy); err != nil {
@@ -32,6 +38,14 @@ func checkPaths(o *options) error {
 	if o.kubeconfig != "" {
 		if err := readableFile(o.kubeconfig); err != nil {
 			errs = append(errs, fmt.Errorf("--kubeconfig %s: %w", o.kubeconfig, err))
+		} else if _, err := kube.RESTConfig(o.kubeconfig); err != nil {
+			// Corrupt or unusable: an error like a missing one, not a
+			// quiet run without the cluster.
+			var na *kube.NoAccessError
+			if errors.As(err, &na) {
+				err = errors.New(na.Reason) // "--kubeconfig PATH: why"
+			}
+			errs = append(errs, err)
 		}
 	}
 	if err := readableDir(o.procRoot); err != nil {
@@ -56,7 +70,35 @@ func checkPaths(o *options) error {
 	} else {
 		errs = append(errs, fmt.Errorf("--xtables-lock %s: %w", o.xtablesLock, err))
 	}
+	if o.bundle != "" {
+		if err := bundlePathFree(o.bundle); err != nil {
+			errs = append(errs, fmt.Errorf("--bundle %s: %w", o.bundle, err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// bundlePathFree says why a bundle cannot be created at p, or nil.
+func bundlePathFree(p string) error {
+	_, lerr := os.Lstat(p)
+	if lerr == nil {
+		return errors.New("already exists (a bundle never replaces a file: give a new name)")
+	}
+	dir := filepath.Dir(p)
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("its directory %s: %w", dir, unwrapPath(err))
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("its directory %s: not a directory", dir)
+	}
+	if err := unix.Access(dir, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("its directory %s: not writable: %w", dir, err)
+	}
+	if !errors.Is(lerr, os.ErrNotExist) {
+		return unwrapPath(lerr)
+	}
+	return nil
 }
 
 func readableFile(p string) error {

@@ -62,7 +62,7 @@ func (p privileges) missing() map[string]string {
 	out := map[string]string{}
 	if !p.netAdmin {
 		r := "needs root / CAP_NET_ADMIN (" + who + " without it)"
-		out["conntrack"], out["iptables"], out["ipvs"] = r, r, r
+		out["conntrack"], out["iptables"], out["ipvs"], out["nftables"] = r, r, r, r
 	}
 	if !p.sysPtrace {
 		out["procs"] = "needs root / CAP_SYS_PTRACE to read other processes' locks and fds (" + who + " without it)"
@@ -82,6 +82,8 @@ func applyPrivileges(n *node.Node, missing map[string]string) {
 			n.IPTables = nil
 		case "ipvs":
 			n.IPVS = nil
+		case "nftables":
+			n.NFTables = nil
 		case "procs":
 			n.Procs = nil
 		default:

@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -251,10 +252,121 @@ func FuzzRead(f *testing.F) {
 func FuzzRedact(f *testing.F) {
 	f.Add([]byte("Authorization: Bearer abc\ntoken: x\n"))
 	f.Add([]byte(`{"access_token":"v","password":"p"}`))
+	for _, c := range redactionCorpus {
+		f.Add([]byte(c.in))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out, _ := Redact(data)
 		if again, _ := Redact(out); !bytes.Equal(again, out) {
 			t.Fatalf("not idempotent:\n%q\n%q\n%q", data, out, again)
 		}
 	})
+}
+
+// redactionCorpus is every shape of credential a bundle part may carry, as
+// it appears there, with the secret that must not survive.
+var redactionCorpus = []struct{ in, secret string }{
+	{"\"cmdline\": [\n    \"kube-proxy\",\n    \"--token\",\n    \"S3CRET-argv-split\",\n    \"--v=2\"\n  ]", "S3CRET-argv-split"},
+	{`kube-proxy --token S3CRET-argv-space --v=2`, "S3CRET-argv-space"},
+	{`kube-proxy --token=S3CRET-argv-eq --v=2`, "S3CRET-argv-eq"},
+	{`["kube-proxy","--bearer-token","S3CRET-bearer-flag"]`, "S3CRET-bearer-flag"},
+	{`["kube-proxy", "--client-secret", "S3CRET-client-secret"]`, "S3CRET-client-secret"},
+	{`kube-proxy --proxy-url=http://bob:Pa55w0rd@proxy:3128`, "Pa55w0rd"},
+	{`"--proxy-url", "http://bob:Pa55w0rd-json@proxy"`, "Pa55w0rd-json"},
+	{`rest_client_requests_total{code="200",host="https://admin:S3cret-metric@10.0.0.1:6443",method="GET"} 12`, "S3cret-metric"},
+	{`git remote: https://x-access-token:ghp_S3cretGit@github.com/o/r`, "ghp_S3cretGit"},
+	{`password with an at: https://u:p@ss-S3cret@host/path`, "ss-S3cret"},
+	{`Authorization: Bearer bearer-S3cret-header`, "bearer-S3cret-header"},
+	{`curl -H "Authorization: Basic dXNlcjpwYXNz" http://x`, "dXNlcjpwYXNz"},
+	{`level=info msg="call" auth="bearer S3cretBearerLog"`, "S3cretBearerLog"},
+	{`some_metric{sa="eyJhbGciOiJSUzI1NiIsImtpZCI6IkFCQyJ9.eyJpc3MiOiJrdWJlcm5ldGVzIn0.c2lnbmF0dXJl"} 1`, "eyJhbGciOiJSUzI1NiIsImtpZCI6IkFCQyJ9"},
+	{"users:\n- name: admin\n  user:\n    client-certificate-data: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUM=\n", "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUM"},
+	{"    client-key-data: LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlF\n", "LS0tLS1CRUdJTiBSU0EgUFJJVkFURSBLRVktLS0tLQpNSUlF"},
+	{"    token: kubeconfig-S3cret-token\n", "kubeconfig-S3cret-token"},
+	{"    password: hunter2-S3cret\n", "hunter2-S3cret"},
+	{"      auth-provider:\n        config:\n          id-token: oidc-id-S3cret\n          refresh-token: oidc-refresh-S3cret\n          client-secret: oidc-client-S3cret\n", "oidc-"},
+	{`kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:1234`, "abcdef.0123456789abcdef"},
+	{`KUBE_PROXY_SECRET=env-S3cret-value`, "env-S3cret-value"},
+	{`{"access_token":"json-S3cret-token","api_key":"json-S3cret-key"}`, "json-S3cret"},
+	{"-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIS3cretPEMbody\n-----END EC PRIVATE KEY-----", "MHcCAQEEIS3cretPEMbody"},
+}
+
+// redactionKeep is what must survive next to the corpus: the evidence.
+var redactionKeep = []string{
+	"--v=2", `"kube-proxy"`, "name: admin", `code="200"`, `method="GET"`, "10.0.0.1:6443",
+	`-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment "default/kubernetes:https cluster IP" -m tcp --dport 443 -j KUBE-SVC-NPX46M4PTMTKRN6Y`,
+	`kubeproxy_sync_proxy_rules_iptables_total{table="nat"} 42`, "--kubeconfig=/var/lib/kube-proxy/kubeconfig", "--hostname-override node-1",
+}
+
+// Every part a bundle holds, each carrying the whole corpus in its
+// place: what is read back holds no secret of it and keeps the evidence.
+func TestRedactCorpusInEveryPart(t *testing.T) {
+	parts := []string{ReportTextName, ReportJSONName, "versions.txt",
+		"iptables-legacy-save.txt", "ip6tables-legacy-save.txt", "iptables-nft-save.txt", "ip6tables-nft-save.txt",
+		"nft-ip-kube-proxy.txt", "nft-ip6-kube-proxy.txt", "ipvs-services.txt", "ipvs-connections.txt", "conntrack.json",
+		"kube-proxy-metrics.txt", "kube-proxy-healthz.txt", "kube-proxy-proxyMode.txt", "kube-proxy-configz.json",
+		"proc-locks.txt", "xtables-lock.json", "processes.json", "journal-tail.txt"}
+	var body strings.Builder
+	for i, c := range redactionCorpus {
+		fmt.Fprintf(&body, "%s\n%s\n", redactionKeep[i%len(redactionKeep)], c.in)
+	}
+	path := filepath.Join(t.TempDir(), "b.tar.gz")
+	w, err := Create(path, Options{Node: "n1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		must(t, w.Add(p, "test", []byte(body.String()), nil))
+	}
+	must(t, w.Close())
+	b := readFile(t, path, Limits{})
+	if len(b.Problems) != 0 {
+		t.Fatalf("problems: %v", b.Problems)
+	}
+	all := map[string][]byte{}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		var buf bytes.Buffer
+		if _, err := buf.ReadFrom(tr); err != nil {
+			t.Fatal(err)
+		}
+		all[h.Name] = buf.Bytes()
+	}
+	for _, p := range parts {
+		got, ok := all[p]
+		if !ok {
+			t.Fatalf("part %s not read back", p)
+		}
+		for _, c := range redactionCorpus {
+			if bytes.Contains(got, []byte(c.secret)) {
+				t.Errorf("%s keeps %q (planted as %q)", p, c.secret, c.in)
+			}
+		}
+		for _, k := range redactionKeep {
+			if !bytes.Contains(got, []byte(k)) {
+				t.Errorf("%s lost the evidence %q", p, k)
+			}
+		}
+	}
+	for _, p := range b.Manifest.Parts {
+		if p.Redactions < len(redactionCorpus) {
+			t.Errorf("%s: %d redactions counted, want at least %d", p.Name, p.Redactions, len(redactionCorpus))
+		}
+	}
+	if t.Failed() {
+		t.Logf("read back:\n%s", all[ReportTextName])
+	}
 }

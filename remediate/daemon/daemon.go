@@ -64,6 +64,7 @@ type Daemon struct {
 	policySum [32]byte
 	policyVer string // mtime+size+inode of the file last seen
 	findings  findingLog
+	cycles    cycleLog
 }
 
 // New returns a daemon for cfg.
@@ -166,6 +167,7 @@ func nextInterval(p *policy.Policy, r float64) time.Duration {
 }
 
 func (d *Daemon) cycle(ctx context.Context) {
+	start := d.cfg.Clock.Now()
 	rep, err := d.cfg.Engine.Cycle(ctx)
 	d.mu.Lock()
 	d.lastErr = err
@@ -180,13 +182,8 @@ func (d *Daemon) cycle(ctx context.Context) {
 	if rep == nil {
 		return
 	}
-	counts := map[remediate.Outcome]int{}
-	for _, dec := range rep.Decisions {
-		counts[dec.Outcome]++
-	}
-	d.cfg.Log.Debug("cycle done", zap.Int("findings", len(rep.Findings)), zap.Int("executed", counts[remediate.OutcomeExecuted]),
-		zap.Int("dryRun", counts[remediate.OutcomeDryRun]), zap.Int("blocked", counts[remediate.OutcomeBlocked]),
-		zap.Int("failed", counts[remediate.OutcomeFailed]), zap.Int("ok", len(rep.OK)), zap.Int("skippedChecks", len(rep.Skipped)))
+	now := d.cfg.Clock.Now()
+	d.cycles.observe(d.cfg.Log, rep, now.Sub(start), now)
 	d.findings.observe(d.cfg.Log, rep)
 	if d.cfg.OnReport != nil {
 		d.cfg.OnReport(ctx, rep)

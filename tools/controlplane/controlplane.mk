@@ -24,7 +24,7 @@ E2E_RUN ?= E2E|EndToEnd|^TestControlPlane$$
 
 .PHONY: controlplane-bins e2e
 controlplane-bins:
-	OUT=$(CONTROLPLANE_BIN) tools/controlplane/build.sh
+	@tools/progress.sh "control plane (kube-apiserver, kube-proxy, etcd: tools/controlplane)" env OUT=$(CONTROLPLANE_BIN) tools/controlplane/build.sh
 
 e2e: controlplane-bins
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_E2E_REQUIRED=1 \

@@ -14,4 +14,4 @@ HELM_BIN ?= $(CURDIR)/_output/bin
 
 .PHONY: helm-bin
 helm-bin:
-	OUT=$(HELM_BIN) tools/helm/build.sh
+	@tools/progress.sh "helm (tools/helm)" env OUT=$(HELM_BIN) tools/helm/build.sh

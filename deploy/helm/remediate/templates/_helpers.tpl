@@ -51,3 +51,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Pod Security Admission: remediate's pod needs hostNetwork, hostPID and
+hostPath, which only the "privileged" level allows. Installing into a
+namespace that enforces baseline or restricted would create a DaemonSet
+whose pods are all refused; fail instead, with the reason. The namespace is
+looked up on the cluster (helm install/upgrade, helm template
+--dry-run=server); plain helm template has no cluster and checks nothing.
+*/}}
+{{- define "remediate.podSecurityCheck" -}}
+{{- $ns := lookup "v1" "Namespace" "" .Release.Namespace -}}
+{{- if $ns -}}
+{{- $labels := default dict $ns.metadata.labels -}}
+{{- $level := default "" (index $labels "pod-security.kubernetes.io/enforce") -}}
+{{- if and $level (ne $level "privileged") -}}
+{{- fail (printf "namespace %s enforces Pod Security level %q (label pod-security.kubernetes.io/enforce): remediate's pod needs hostNetwork, hostPID and hostPath, which only \"privileged\" allows, so its DaemonSet would be accepted and every pod refused. Install into a namespace of its own labelled privileged (kubectl label namespace %s pod-security.kubernetes.io/enforce=privileged; see the README, Pod Security)" .Release.Namespace $level .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
