@@ -17,6 +17,7 @@ import (
 var rawOpeners = map[string]bool{
 	"os.Open": true, "os.OpenFile": true, "os.ReadFile": true, "os.Create": true,
 	"ioutil.ReadFile": true, "unix.Open": true, "unix.Openat": true, "syscall.Open": true,
+	"os.ReadDir": true,
 }
 
 // rawOpenAllowed are the raw opens the daemon keeps, by file and enclosing
@@ -29,14 +30,17 @@ var rawOpenAllowed = map[string]string{
 	"internal/iptables/fingerprint_linux.go:inNetNS": "setns handles (/proc/thread-self/ns/net, /run/netns/NAME), never read",
 	"internal/sysctl/netns_linux.go:open":            "a thread that entered the namespace opens /proc/thread-self/ns/net (setns handle) and the /proc/sys file there (procfs: no FIFO can be planted)",
 	// Created exclusively (O_EXCL never follows a link nor opens a FIFO).
-	"internal/bundle/bundle.go:Create":         "creates the bundle with O_EXCL",
-	"cmd/remediate/paths.go:readOnlyStateDir":  "creates the dry-run copy with O_EXCL in its own temporary directory",
-	"cmd/kubectl-remediate/main.go:remote":     "kubectl plugin on the operator's machine, not the daemon: creates the bundle with O_EXCL",
-	"cmd/kubectl-remediate/main.go:copyBundle": "kubectl plugin on the operator's machine, not the daemon: a temporary file it created",
-	"remediate/store.go:Lock":                  "the state dir lock: O_NOFOLLOW|O_NONBLOCK, flock'ed, never read",
-	"internal/procs/real_linux.go:readSmall":   "a /proc/<pid> file (procfs: no FIFO can be there) into a fixed buffer: len(buf) bytes is the bound",
-	"internal/procs/real_linux.go:listProc":    "getdents of the proc root (O_DIRECTORY)",
-	"internal/paramdoc/paramdoc.go:Collect":    "reads the module's Go sources to generate parameter docs (go generate and its test), not the daemon",
+	"internal/bundle/bundle.go:Create":           "creates the bundle with O_EXCL",
+	"cmd/remediate/paths.go:readOnlyStateDir":    "creates the dry-run copy with O_EXCL in its own temporary directory",
+	"cmd/kubectl-remediate/main.go:remote":       "kubectl plugin on the operator's machine, not the daemon: creates the bundle with O_EXCL",
+	"cmd/kubectl-remediate/main.go:copyBundle":   "kubectl plugin on the operator's machine, not the daemon: a temporary file it created",
+	"remediate/store.go:Lock":                    "the state dir lock: O_NOFOLLOW|O_NONBLOCK, flock'ed, never read",
+	"internal/procs/real_linux.go:readSmall":     "a /proc/<pid> file (procfs: no FIFO can be there) into a fixed buffer: len(buf) bytes is the bound",
+	"internal/procs/real_linux.go:listProc":      "getdents of the proc root (O_DIRECTORY)",
+	"internal/procs/real_linux.go:holders":       "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
+	"internal/lockwatch/source_linux.go:fdOn":    "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
+	"internal/lockwatch/source_linux.go:openers": "lists the proc root (procfs)",
+	"internal/paramdoc/paramdoc.go:Collect":      "reads the module's Go sources to generate parameter docs (go generate and its test), not the daemon",
 }
 
 // TestNoRawFileOpens fails when code of the daemon opens a file without
