@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test hostdeps test-vm lint bench bench-load fuzz clean image
+.PHONY: all build run test hostdeps test-vm lint bench bench-load fuzz clean image stress-procs
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -89,6 +89,17 @@ BENCH_BIN := _output/bench/remediate
 bench-load:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
 	$(GO) run ./internal/testing/benchload -bin $(BENCH_BIN) $(BENCHLOAD_ARGS)
+
+# Every real-process test of the process scan (internal/procs), STRESS_COUNT
+# times in one test binary (built once): a test that fails 1 in 50 runs is a
+# failing test. Run as root (other users' processes are read) and after any
+# change to the scan; the last run's counts are in README, "Development".
+STRESS_COUNT ?= 300
+STRESS_PROCS_RUN := ^(TestReal.*|TestListProcInodes|TestScanConcurrent|TestScanCommsShared|TestFindRereadsAnArgvReadEmpty)$$
+stress-procs:
+	@mkdir -p _output/stress
+	$(GO) test -c -o _output/stress/procs.test ./internal/procs
+	cd internal/procs && ../../_output/stress/procs.test -test.run '$(STRESS_PROCS_RUN)' -test.count $(STRESS_COUNT) -test.timeout 60m
 
 # Short fuzz run of every fuzz target (FUZZTIME each).
 FUZZTIME ?= 30s

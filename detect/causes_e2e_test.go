@@ -186,6 +186,15 @@ type onlyPID struct {
 	pid int32
 }
 
+// SelfNetNS is the test node's network namespace: the one its kube-proxy
+// runs in (this node's kube-proxy is in the node's namespace).
+func (o onlyPID) SelfNetNS() string {
+	if p, err := o.Interface.Get(context.Background(), o.pid); err == nil && p.NetNS != "" {
+		return p.NetNS
+	}
+	return o.Interface.SelfNetNS()
+}
+
 func (o onlyPID) Find(ctx context.Context, names []string) ([]procs.Process, error) {
 	ps, err := o.Interface.Find(ctx, names)
 	var out []procs.Process

@@ -62,8 +62,19 @@ func TestRealIPTablesVersionSkew(t *testing.T) {
 	if err := os.Symlink("/usr/sbin/xtables-nft-multi", filepath.Join(sbin, "iptables")); err != nil {
 		t.Fatal(err)
 	}
+	// This node's kube-proxy is a kube-proxy executable (findKubeProxy):
+	// a copy of sleep named so.
+	kpBin := filepath.Join(t.TempDir(), "kube-proxy")
+	sleepPath, _ := exec.LookPath("sleep")
+	sb, err := os.ReadFile(sleepPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(kpBin, sb, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("unshare", "-m", "--propagation", "private", "bash", "-c",
-		"mount --bind "+sbin+" /usr/sbin && exec -a kube-proxy sleep 120")
+		"mount --bind "+sbin+" /usr/sbin && exec "+kpBin+" 120")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
@@ -223,7 +223,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 // ipvsReadSysctl reads <procRoot>/sys/<name> trimmed, or "" when it
 // cannot be read (the value is evidence only).
 func ipvsReadSysctl(procRoot, name string) string {
-	b, err := os.ReadFile(filepath.Join(ipvsProcRootOr(procRoot), "sys", filepath.FromSlash(name)))
+	b, err := boundedfile.Read(filepath.Join(ipvsProcRootOr(procRoot), "sys", filepath.FromSlash(name)), 4096)
 	if err != nil {
 		return ""
 	}

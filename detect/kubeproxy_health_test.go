@@ -3,8 +3,6 @@ package detect
 import (
 	"context"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,24 +160,36 @@ func fields(errs []policy.FieldError) []string {
 	return out
 }
 
-// TestKubeProxyAbsentIsASkip: both endpoints refusing and no kube-proxy
-// process is a node without kube-proxy (a skip with the reason); the same
-// refusals with a kube-proxy process running stay findings.
+// TestKubeProxyAbsentIsASkip: both endpoints refusing and no process that
+// is this node's kube-proxy is a node without kube-proxy (a skip with the
+// reason); the same refusals with this node's kube-proxy running stay
+// findings. One named kube-proxy in another network namespace, or whose
+// executable is no kube-proxy, is not this node's (issue 27, item 9).
 func TestKubeProxyAbsentIsASkip(t *testing.T) {
 	c, addr := refusingKubeProxy(t)
-	proc := t.TempDir()
-	for pid, comm := range map[string]string{"1": "systemd", "42": "kubelet"} {
-		os.MkdirAll(filepath.Join(proc, pid), 0o755)
-		os.WriteFile(filepath.Join(proc, pid, "comm"), []byte(comm+"\n"), 0o644)
+	pf := procs.NewFake(999)
+	pf.NetNS = testNetNS
+	pf.Add(fakeProc(1, 0, "systemd", procT0.Add(-time.Hour), "S", "/sbin/init"))
+	pf.Add(fakeProc(42, 1, "kubelet", procT0.Add(-time.Hour), "S", "kubelet"))
+	n := &node.Node{Clock: clocktesting.NewFakeClock(captureHealthy), Log: zap.NewNop(), KubeProxy: c, ProcRoot: t.TempDir(), Procs: pf}
+	absent := func(what, reason string) {
+		t.Helper()
+		_, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
+		if r, ok := IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) || !strings.Contains(r, reason) {
+			t.Fatalf("%s: %v, want a skip saying %q", what, err, reason)
+		}
 	}
-	n := &node.Node{Clock: clocktesting.NewFakeClock(captureHealthy), Log: zap.NewNop(), KubeProxy: c, ProcRoot: proc}
-	_, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) {
-		t.Fatalf("absent kube-proxy: %v, want a skip", err)
-	}
-	os.MkdirAll(filepath.Join(proc, "77"), 0o755)
-	os.WriteFile(filepath.Join(proc, "77", "comm"), []byte("kube-proxy\n"), 0o644)
-	procs.ExpireCommScans() // a later cycle
+	absent("no kube-proxy", "no process named kube-proxy")
+	other := fakeProc(77, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "kube-proxy")
+	other.NetNS = "net:[4026532999]"
+	pf.Add(other)
+	absent("kube-proxy of another network namespace", "pid 77 runs in another network namespace")
+	impostor := fakeProc(78, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "kube-proxy")
+	impostor.Exe = "/usr/bin/bash"
+	pf.Add(impostor)
+	absent("and an impostor", "pid 78's executable is /usr/bin/bash")
+	mine := fakeProc(79, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "kube-proxy")
+	pf.Add(mine)
 	fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
 	wantTargets(t, "running, refusing", fs, err, "kube-proxy/healthz", "kube-proxy/metrics")
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 
+	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -26,8 +28,14 @@ func processRoot(n *node.Node, pid int32) string {
 	return filepath.Join(n.ProcRoot, strconv.Itoa(int(pid)), "root")
 }
 
-// findKubeProxy returns kube-proxy's process (pickKubeProxy among those
-// named kube-proxy).
+// errNoNodeKubeProxy: no process is this node's kube-proxy (none named
+// kube-proxy, or each one named so is known to be another's).
+var errNoNodeKubeProxy = errors.New("no kube-proxy of this node")
+
+// findKubeProxy returns this node's kube-proxy (pickKubeProxy among the
+// processes named kube-proxy): the one helper every detector that needs
+// kube-proxy's process uses. An error wrapping errNoNodeKubeProxy says
+// there is none and why the processes named kube-proxy were not taken.
 func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, error) {
 	if n.Procs == nil {
 		return procs.Process{}, errors.New(n.Why("procs"))
@@ -39,29 +47,51 @@ func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, error) {
 	return pickKubeProxy(ps, n.Procs.SelfNetNS())
 }
 
+// notThisNodesKubeProxy says why p, named kube-proxy, is known not to be
+// this node's kube-proxy ("" when it may be): kube-proxy runs with
+// hostNetwork, in the node's network namespace, which is this daemon's
+// (selfNetNS; a nested cluster's kube-proxy, kind's, or one in a pod
+// network runs in another), and its executable is a kube-proxy (a process
+// can call itself kube-proxy, not choose /proc/<pid>/exe). What cannot be
+// read (no SYS_PTRACE) is not held against it.
+func notThisNodesKubeProxy(p procs.Process, selfNetNS string) string {
+	if p.NetNS != "" && selfNetNS != "" && p.NetNS != selfNetNS {
+		return fmt.Sprintf("pid %d runs in another network namespace (%s, this node's is %s)", p.Pid, p.NetNS, selfNetNS)
+	}
+	if p.Exe != "" && filepath.Base(p.Exe) != "kube-proxy" {
+		return fmt.Sprintf("pid %d's executable is %s, not a kube-proxy", p.Pid, clip.String(p.Exe, 256))
+	}
+	return ""
+}
+
 // pickKubeProxy chooses this node's kube-proxy among the processes named
-// kube-proxy: the only one, or the only one of several in this daemon's
-// network namespace selfNetNS (kube-proxy runs with hostNetwork; a nested
-// cluster's kube-proxy, kind's, runs in another). Several and none or more
-// than one in selfNetNS (or selfNetNS unknown) is an error: comparing the
-// wrong kube-proxy would be worse than saying so.
+// kube-proxy: those known to be another's (notThisNodesKubeProxy) are left
+// out; of the rest, the only one. None is errNoNodeKubeProxy (with why each
+// was left out); several is an error: comparing the wrong kube-proxy would
+// be worse than saying so.
 func pickKubeProxy(ps []procs.Process, selfNetNS string) (procs.Process, error) {
-	if len(ps) > 1 {
-		var same []procs.Process
-		for _, p := range ps {
-			if selfNetNS != "" && p.NetNS == selfNetNS {
-				same = append(same, p)
-			}
+	var mine []procs.Process
+	var others []string
+	for _, p := range ps {
+		if why := notThisNodesKubeProxy(p, selfNetNS); why != "" {
+			others = append(others, why)
+			continue
 		}
-		if len(same) != 1 {
-			return procs.Process{}, fmt.Errorf("%d processes named kube-proxy, %d in this network namespace: cannot tell which is this node's", len(ps), len(same))
+		mine = append(mine, p)
+	}
+	switch {
+	case len(mine) == 1:
+		return mine[0], nil
+	case len(ps) == 0:
+		return procs.Process{}, fmt.Errorf("%w: no process named kube-proxy visible through the proc root", errNoNodeKubeProxy)
+	case len(mine) == 0:
+		if len(others) > 3 {
+			others = append(others[:3], fmt.Sprintf("and %d more", len(others)-3))
 		}
-		ps = same
+		return procs.Process{}, fmt.Errorf("%w: %d processes named kube-proxy, none this node's: %s", errNoNodeKubeProxy, len(ps), strings.Join(others, "; "))
+	default:
+		return procs.Process{}, fmt.Errorf("%d processes named kube-proxy, %d may be this node's (in this network namespace, a kube-proxy executable): cannot tell which is this node's", len(ps), len(mine))
 	}
-	if len(ps) == 0 {
-		return procs.Process{}, errors.New("no process named kube-proxy visible through the proc root")
-	}
-	return ps[0], nil
 }
 
 // readPartyIPTables reads the iptables installed in root (the host's, or

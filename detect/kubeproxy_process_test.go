@@ -24,11 +24,15 @@ func TestPickKubeProxy(t *testing.T) {
 		wantErr string
 	}{
 		{"none", nil, self, 0, "no process named kube-proxy"},
-		{"the only one, whatever its namespace", []procs.Process{p(7, other)}, self, 7, ""},
+		// Issue 27, item 9: the only one, in another namespace, is not
+		// this node's (on main it was taken).
+		{"the only one, in another namespace", []procs.Process{p(7, other)}, self, 0, "no kube-proxy of this node: 1 processes named kube-proxy, none this node's: pid 7 runs in another network namespace"},
+		{"the only one, its namespace unknown", []procs.Process{p(7, "")}, self, 7, ""},
 		{"the only one in this network namespace", []procs.Process{p(7, other), p(9, self)}, self, 9, ""},
-		{"several, none here (kind's nested clusters)", []procs.Process{p(7, other), p(9, other)}, self, 0, "2 processes named kube-proxy, 0 in this network namespace"},
-		{"several here", []procs.Process{p(7, self), p(9, self)}, self, 0, "2 in this network namespace"},
+		{"several, none here (kind's nested clusters)", []procs.Process{p(7, other), p(9, other)}, self, 0, "2 processes named kube-proxy, none this node's"},
+		{"several here", []procs.Process{p(7, self), p(9, self)}, self, 0, "2 may be this node's"},
 		{"several, this namespace unknown", []procs.Process{p(7, ""), p(9, "")}, "", 0, "cannot tell which"},
+		{"an impostor here", []procs.Process{{Pid: 7, Comm: "kube-proxy", NetNS: self, Exe: "/tmp/x/bash"}}, self, 0, "pid 7's executable is /tmp/x/bash, not a kube-proxy"},
 	} {
 		got, err := pickKubeProxy(c.ps, c.self)
 		if c.wantErr != "" {

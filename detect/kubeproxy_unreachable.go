@@ -40,7 +40,7 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 		// Our own deadline, not kube-proxy's fault: cannot tell.
 		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
 	}
-	if why := kubeProxyAbsence(d.n.ProcRoot, merr, herr); why != "" {
+	if why := kubeProxyAbsence(ctx, d.n, merr, herr); why != "" {
 		return nil, Skip("%s", why)
 	}
 	d.set("metrics and /healthz answered")

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"math"
-	"os"
 	"reflect"
 	"sort"
 	"strconv"
@@ -126,14 +126,12 @@ func expandedNodes(n *yaml.Node, limit int) int {
 // Load reads, decodes, defaults and validates the policy file at path.
 // On any problem it returns a *multierror.Error listing every *Error found.
 func Load(path string, cat Catalog) (*Policy, error) {
-	f, err := os.Open(path)
+	// Bounded: a FIFO, a device or a huge file swapped in for the policy
+	// is refused at once, not waited on or read into memory. Symlinks are
+	// followed: the kubelet mounts a ConfigMap as links to ..data.
+	data, err := boundedfile.Read(path, MaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("reading policy: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading policy %s: %w", path, err)
 	}
 	return Parse(path, data, cat)
 }

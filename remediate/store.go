@@ -246,7 +246,7 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return fmt.Errorf("renaming into %s: %w", path, err)
 	}
-	d, err := os.Open(dir)
+	d, err := boundedfile.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("opening dir for fsync: %w", err)
 	}

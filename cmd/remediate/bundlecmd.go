@@ -3,12 +3,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/bundle"
 )
 
@@ -43,7 +43,7 @@ and named. Exit 1 when the bundle cannot be read or something does not check.`,
 }
 
 func showBundle(path string, stdout, stderr io.Writer) int {
-	f, err := os.Open(path)
+	f, err := boundedfile.Open(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
 		return exitError

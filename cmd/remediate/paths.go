@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/kube"
 )
@@ -102,19 +103,15 @@ func bundlePathFree(p string) error {
 }
 
 func readableFile(p string) error {
-	f, err := os.Open(p)
+	if fi, err := os.Stat(p); err == nil && fi.IsDir() {
+		return errors.New("is a directory, not a file")
+	}
+	// Bounded: a FIFO or device is refused, not waited on.
+	f, err := boundedfile.Open(p)
 	if err != nil {
 		return unwrapPath(err)
 	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() {
-		return errors.New("is a directory, not a file")
-	}
-	return nil
+	return f.Close()
 }
 
 func readableDir(p string) error {
@@ -177,9 +174,9 @@ func readOnlyStateDir(dir string) (tmp string, cleanup func(), err error) {
 		return "", nil, err
 	}
 	for _, name := range []string{"state.json", conntrack.RecordFile} {
-		src, err := os.Open(filepath.Join(dir, name))
+		src, err := boundedfile.OpenBoundedNoFollow(filepath.Join(dir, name), 64<<20)
 		if err != nil {
-			continue // absent or unreadable: the run sees no history
+			continue // absent, unreadable, or no regular file: the run sees no history
 		}
 		dst, err := os.OpenFile(filepath.Join(tmp, name), os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
 		if err == nil {

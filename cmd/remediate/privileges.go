@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -30,7 +31,7 @@ type privileges struct {
 
 func readPrivileges() privileges {
 	p := privileges{uid: os.Geteuid()}
-	f, err := os.Open("/proc/self/status")
+	f, err := boundedfile.OpenBounded("/proc/self/status", 64<<10)
 	if err != nil {
 		return p
 	}

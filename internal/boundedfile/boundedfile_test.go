@@ -47,3 +47,24 @@ func TestReadRefusals(t *testing.T) {
 		t.Errorf("procfs file over the bound: %v", err)
 	}
 }
+
+// BenchmarkRead is the cost of one bounded read of a small procfs file
+// (the deadline's goroutine and timer included), against os.ReadFile.
+func BenchmarkRead(b *testing.B) {
+	b.Run("boundedfile", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := Read("/proc/self/stat", 4096); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("os.ReadFile", func(b *testing.B) {
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			if _, err := os.ReadFile("/proc/self/stat"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

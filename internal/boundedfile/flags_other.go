@@ -3,6 +3,7 @@
 package boundedfile
 
 const (
-	oNonblock = 0
-	oNoFollow = 0
+	oNonblock  = 0
+	oNoFollow  = 0
+	oDirectory = 0
 )

@@ -113,7 +113,7 @@ func Read(confDir, binDir string) Dir {
 }
 
 func listConf(dir string) (names []string, omitted int, err error) {
-	fd, err := os.Open(dir)
+	fd, err := boundedfile.OpenDir(dir)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/sysctl"
 )
 
@@ -28,6 +29,8 @@ const (
 	// RecordFile is the file in the state directory where SetMax records
 	// the value it wrote.
 	RecordFile = "conntrack-max.json"
+	// maxRecordSize bounds RecordFile (a few dozen bytes when written).
+	maxRecordSize = 64 << 10
 	// DefaultDeleteBatch is how many deletes go in one sendmsg.
 	DefaultDeleteBatch = 256
 )
@@ -190,7 +193,9 @@ func readRecord(dir string) (MaxRecord, bool, error) {
 	if dir == "" {
 		return rec, false, nil
 	}
-	b, err := os.ReadFile(filepath.Join(dir, RecordFile))
+	// Our own file: never through a symlink, never a FIFO (which would
+	// hang the detector until restart), bounded.
+	b, err := boundedfile.ReadNoFollow(filepath.Join(dir, RecordFile), maxRecordSize)
 	if errors.Is(err, os.ErrNotExist) {
 		return rec, false, nil
 	}

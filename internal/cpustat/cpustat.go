@@ -20,7 +20,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"io"
 	"math"
-	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -591,7 +590,7 @@ func (r *Real) NodeCPU(ctx context.Context) (CPUTimes, error) {
 		return CPUTimes{}, err
 	}
 	p := filepath.Join(r.cfg.ProcRoot, "stat")
-	f, err := os.Open(p)
+	f, err := boundedfile.Open(p)
 	if err != nil {
 		return CPUTimes{}, fmt.Errorf("reading %s: %w", p, err)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // A fingerprint tells, without running a save command, whether a
@@ -127,7 +129,7 @@ func legacyTableNames(f Family) ([]string, error) {
 	if f == IPv6 {
 		name = "ip6_tables_names"
 	}
-	b, err := os.ReadFile("/proc/thread-self/net/" + name)
+	b, err := boundedfile.Read("/proc/thread-self/net/"+name, 64<<10)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

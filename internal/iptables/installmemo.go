@@ -162,7 +162,7 @@ func (r *InstallReader) store(id fileID, res fileResult) {
 
 // identify returns the opened file's identity, ok false where the
 // platform's stat does not give one.
-func identify(f *os.File, kind fileKind) (fileID, bool) {
+func identify(f interface{ Stat() (os.FileInfo, error) }, kind fileKind) (fileID, bool) {
 	fi, err := f.Stat()
 	if err != nil {
 		return fileID{}, false

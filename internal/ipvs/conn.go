@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // Conn is one entry of the IPVS connection table, as the kernel prints it in
@@ -172,7 +174,9 @@ func parseConnAddr(s string) (netip.Addr, error) {
 // namespace) and returns ErrUnavailable.
 func WalkConns(ctx context.Context, procRoot, proto string, fn func(Conn) error) error {
 	path := filepath.Join(procRoot, "net", "ip_vs_conn")
-	f, err := os.Open(path)
+	// Streamed (the table can hold millions of connections): no size
+	// bound, but non-blocking, regular-only and each read under a deadline.
+	f, err := boundedfile.Open(path)
 	if err != nil {
 		if os.IsNotExist(err) {
 			return Unavailable("%s does not exist (no ip_vs module)", path)

@@ -3,11 +3,11 @@ package ipvs
 import (
 	"bufio"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/cluster"
 )
 
@@ -237,7 +237,7 @@ func KubeIPVSInterfacePresent(procRoot string) (bool, error) {
 	if procRoot == "" {
 		procRoot = "/proc"
 	}
-	f, err := os.Open(filepath.Join(procRoot, "net", "dev"))
+	f, err := boundedfile.OpenBounded(filepath.Join(procRoot, "net", "dev"), 16<<20)
 	if err != nil {
 		return false, err
 	}

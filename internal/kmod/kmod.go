@@ -123,7 +123,7 @@ func Read(procRoot, hostRoot string) *Snapshot {
 		}
 	}
 	if hostRoot != "" {
-		rel, err := os.ReadFile(filepath.Join(procRoot, "sys", "kernel", "osrelease"))
+		rel, err := boundedfile.Read(filepath.Join(procRoot, "sys", "kernel", "osrelease"), 4096)
 		if err == nil {
 			s.Release = strings.TrimSpace(string(rel))
 		}

@@ -20,6 +20,7 @@ const module = "github.com/remediate-dev/remediate/"
 // above.
 var floors = map[string]int{
 	"internal/finding":                 0,
+	"internal/boundedfile":             0, // the one file opener, for every floor
 	"policy":                           1,
 	"internal":                         1,
 	"detect":                           2,

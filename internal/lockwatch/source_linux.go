@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -46,11 +47,14 @@ const maxLocksBytes = 4 << 20
 // read from the start): two syscalls per sample instead of four.
 func (s *procSource) sample(key string) (lockPIDs, waiterPIDs []int32, err error) {
 	if s.locks == nil {
-		f, err := os.Open(filepath.Join(s.root, "locks"))
+		// Kept open and re-read with pread on every sample (a hot path):
+		// the open is bounded (non-blocking, regular file, deadline), the
+		// reads into s.buf are bounded by its size.
+		f, err := boundedfile.Open(filepath.Join(s.root, "locks"))
 		if err != nil {
 			return nil, nil, fmt.Errorf("reading locks: %w", err)
 		}
-		s.locks = f
+		s.locks = f.OS()
 	}
 	if s.buf == nil {
 		s.buf = make([]byte, 64<<10)
@@ -194,7 +198,7 @@ func (s *procSource) proc(ctx context.Context, pid int32) (procs.Process, Proc, 
 }
 
 func (s *procSource) withCgroup(p Proc) Proc {
-	f, err := os.Open(filepath.Join(s.root, strconv.Itoa(int(p.Pid)), "cgroup"))
+	f, err := boundedfile.Open(filepath.Join(s.root, strconv.Itoa(int(p.Pid)), "cgroup"))
 	if err != nil {
 		return p
 	}
@@ -210,7 +214,7 @@ func (s *procSource) withCgroup(p Proc) Proc {
 // fdinfoHolds reports whether a fdinfo file has a granted "lock:" line on
 // key.
 func fdinfoHolds(path, key string) bool {
-	f, err := os.Open(path)
+	f, err := boundedfile.Open(path)
 	if err != nil {
 		return false
 	}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // DropInitPages tells the kernel that the pages of this binary's
@@ -25,7 +27,7 @@ func DropInitPages() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	f, err := os.Open("/proc/self/smaps")
+	f, err := boundedfile.OpenBounded("/proc/self/smaps", 256<<20)
 	if err != nil {
 		return 0, err
 	}

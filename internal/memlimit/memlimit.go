@@ -16,6 +16,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // Fraction of the cgroup limit given to the Go heap: the rest is for
@@ -72,7 +74,7 @@ func setLimit(cgroupRoot string) Result {
 	if cgroupRoot == "" {
 		cgroupRoot = "/sys/fs/cgroup"
 	}
-	self, err := os.ReadFile("/proc/self/cgroup")
+	self, err := boundedfile.Read("/proc/self/cgroup", 64<<10)
 	if err != nil {
 		return Result{Reason: fmt.Sprintf("no cgroup: %v", err)}
 	}
@@ -121,7 +123,7 @@ func CgroupLimit(root string, selfCgroup []byte) (int64, error) {
 	best := int64(0)
 	p := path.Clean("/" + v2)
 	for {
-		b, err := os.ReadFile(path.Join(dir, p, file))
+		b, err := boundedfile.Read(path.Join(dir, p, file), 4096)
 		if err == nil {
 			s := strings.TrimSpace(string(b))
 			if s != "max" {

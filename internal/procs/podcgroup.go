@@ -3,11 +3,12 @@ package procs
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // maxCgroupFile bounds the read of /proc/<pid>/cgroup.
@@ -45,7 +46,7 @@ func ParsePodUID(data []byte) (string, bool) {
 // PodUID reads <procRoot>/<pid>/cgroup (bounded) and returns the UID of the
 // pod the process runs in.
 func PodUID(procRoot string, pid int32) (string, error) {
-	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup"))
+	f, err := boundedfile.Open(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup"))
 	if err != nil {
 		return "", err
 	}

@@ -23,6 +23,8 @@ import (
 	"github.com/shirou/gopsutil/v3/common"
 	"github.com/shirou/gopsutil/v3/process"
 	"golang.org/x/sys/unix"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // userHZ is the unit of /proc/<pid>/stat starttime. It is USER_HZ, fixed at
@@ -78,7 +80,7 @@ func (r *Real) boot() (int64, error) {
 	if r.bootTime != 0 {
 		return r.bootTime, nil
 	}
-	b, err := os.ReadFile(r.path("stat"))
+	b, err := boundedfile.Read(r.path("stat"), 16<<20)
 	if err != nil {
 		return 0, fmt.Errorf("reading boot time: %w", err)
 	}
@@ -141,7 +143,7 @@ func parseStat(b []byte) (statFields, error) {
 }
 
 func (r *Real) stat(pid int32) (statFields, error) {
-	b, err := os.ReadFile(r.path(strconv.Itoa(int(pid)), "stat"))
+	b, err := boundedfile.Read(r.path(strconv.Itoa(int(pid)), "stat"), 4096)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
 			return statFields{}, ErrNotFound
@@ -223,7 +225,7 @@ func parseCapEff(status []byte) (uint64, bool) {
 
 // readBounded reads at most max bytes of a (proc) file.
 func readBounded(path string, max int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := boundedfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -276,6 +278,13 @@ type argvEntry struct {
 	comm, name string
 	scan       uint64 // the last scan that saw the PID
 	read       uint64 // the scan in which argv[0] was read
+	// emptyOnce is set when argv[0] was read empty for the first time: a
+	// process in the middle of execve shows its new comm before its new
+	// argv (the kernel sets the comm in begin_new_exec and the argument
+	// area's bounds later, in the binary loader's create_elf_tables, and
+	// cmdline reads empty until then), so an empty argv is read again at
+	// the next scan before it is taken for a kernel thread's or zombie's.
+	emptyOnce bool
 }
 
 // Find implements Interface. For every process it uses only the comm of
@@ -334,7 +343,10 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 		}
 		pid, ino, comm := scan.procs[i].pid, scan.procs[i].ino, scan.procs[i].comm
 		e, seen := r.argv[pid]
-		if !seen || e.ino != ino || ino <= 1 || e.comm != comm || (full && e.read != r.scans) {
+		if !seen || e.ino != ino || ino <= 1 || e.comm != comm || (full && e.read != r.scans) || (e.name == "" && !e.emptyOnce && e.read != r.scans) {
+			// Read empty once already (same process, same comm): this
+			// second empty answer is a kernel thread's or a zombie's.
+			again := seen && e.ino == ino && e.comm == comm && e.name == "" && e.read != r.scans
 			// argv[0] ends at the first NUL; a longer one is clipped
 			// by ArgvName anyway.
 			argv0, ok := readSmall(r.path(strconv.Itoa(int(pid)), "cmdline"), buf)
@@ -346,6 +358,7 @@ func (r *Real) Find(ctx context.Context, names []string) ([]Process, error) {
 				argv0 = argv0[:i]
 			}
 			e = argvEntry{ino: ino, comm: comm, name: ArgvName([]string{argv0}), read: r.scans}
+			e.emptyOnce = e.name == "" && again
 		}
 		e.scan = r.scans
 		r.argv[pid] = e
@@ -625,7 +638,7 @@ func readSmall(path string, buf []byte) (string, bool) {
 
 // Locks reads and parses <root>/locks.
 func (r *Real) Locks() ([]Lock, error) {
-	f, err := os.Open(r.path("locks"))
+	f, err := boundedfile.OpenBounded(r.path("locks"), 64<<20)
 	if err != nil {
 		return nil, fmt.Errorf("reading locks: %w", err)
 	}
@@ -716,7 +729,7 @@ func (r *Real) holders(ctx context.Context, dev, ino uint64, key string) ([]Proc
 // fdinfoHoldsLock reports whether a fdinfo file has a granted "lock:" line
 // on the file with that key.
 func fdinfoHoldsLock(path, key string) bool {
-	f, err := os.Open(path)
+	f, err := boundedfile.OpenBounded(path, 1<<20)
 	if err != nil {
 		return false
 	}

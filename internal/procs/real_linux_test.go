@@ -50,10 +50,13 @@ func TestRealFileLocksFindsRealHoldersAndWaiters(t *testing.T) {
 	}
 	holder := start(t, "flock", lockFile, "sleep", "300")
 	var fl FileLocks
+	// The child holds the lock from its fork, before its exec of sleep is
+	// complete (until then it shows flock's argv, or mid-exec the comm
+	// sleep and an empty argv): wait for the exec too.
 	waitFor(t, "the lock to be held with its child", func() bool {
 		var err error
 		fl, err = r.FileLocks(ctx, lockFile)
-		return err == nil && fl.Held && len(fl.Holders) == 2
+		return err == nil && fl.Held && len(fl.Holders) == 2 && fl.Holders[1].Name() == "sleep"
 	})
 	if len(fl.LockPIDs) != 1 || fl.LockPIDs[0] != int32(holder.Process.Pid) {
 		t.Errorf("LockPIDs = %v, want [%d] (the flock caller)", fl.LockPIDs, holder.Process.Pid)

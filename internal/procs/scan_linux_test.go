@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -266,10 +267,17 @@ func TestRealFindAfterExecInPlace(t *testing.T) {
 	if _, err := w.Write([]byte("go\n")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the exec", func() bool {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/comm")
-		return string(b) == name+"\n"
-	})
+	// The exec is complete when the argv is there too: the kernel sets
+	// the comm first and cmdline reads empty until the loader set up the
+	// new stack (see TestFindRereadsAnArgvReadEmpty).
+	execd := func(pid int) func() bool {
+		return func() bool {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+			a, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+			return string(b) == name+"\n" && strings.HasPrefix(string(a), prog+"\x00")
+		}
+	}
+	waitFor(t, "the exec", execd(int(pid)))
 	// Within the refresh the remembered comm ("sh") is used: argv is not
 	// read again (scan 3 is not a full argv refresh).
 	if got := find(); len(got) != 0 || r.scans%refreshScans == 1 {
@@ -282,10 +290,7 @@ func TestRealFindAfterExecInPlace(t *testing.T) {
 	// A new process is found at the next scan.
 	other := exec.Command(prog, "600")
 	netnstest.StartGroup(t, other)
-	waitFor(t, "the new process to exec", func() bool {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(other.Process.Pid) + "/comm")
-		return string(b) == name+"\n"
-	})
+	waitFor(t, "the new process to exec", execd(other.Process.Pid))
 	if got := find(); !slices.Equal(got, []int32{pid, int32(other.Process.Pid)}) && !slices.Equal(got, []int32{int32(other.Process.Pid), pid}) {
 		t.Fatalf("with a new process: %v, want %d and %d", got, pid, other.Process.Pid)
 	}
@@ -346,5 +351,45 @@ func TestScanConcurrent(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestFindRereadsAnArgvReadEmpty, on a procfs-shaped directory: a process
+// caught in the middle of execve shows its new comm before its argv
+// (cmdline reads empty until the binary loader has set up the new stack).
+// The empty argv must be read again at the next scan, not remembered until
+// the comm changes or the refreshScans-th scan: that is how
+// TestRealFindAfterExecInPlace missed a just-exec'd process about 2 times
+// in 90. An argv read empty twice (a kernel thread) is then remembered.
+func TestFindRereadsAnArgvReadEmpty(t *testing.T) {
+	advance := fakeScanClock(t, time.Hour)
+	root := t.TempDir()
+	writeUnder(t, root, "100/comm", "procscan-execd\n")
+	writeUnder(t, root, "100/cmdline", "") // mid-exec
+	writeUnder(t, root, "2/comm", "kthreadd\n")
+	writeUnder(t, root, "2/cmdline", "") // a kernel thread
+	r := New(root)
+	find := func() {
+		t.Helper()
+		advance(2 * time.Second) // a new cycle
+		if _, err := r.Find(context.Background(), []string{"procscan-execd"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	find()
+	if e := r.argv[100]; e.name != "" {
+		t.Fatalf("argv read as %q from an empty cmdline", e.name)
+	}
+	writeUnder(t, root, "100/cmdline", "/tmp/x/procscan-execd\x00600\x00") // the exec completed
+	find()
+	if e := r.argv[100]; e.name != "procscan-execd" {
+		t.Fatalf("after the exec completed the scan remembers argv[0] %q (entry %+v), want procscan-execd", e.name, e)
+	}
+	find() // the kernel thread's second empty read
+	// A kernel thread's argv is not read at every scan.
+	writeUnder(t, root, "2/cmdline", "not read\x00")
+	find()
+	if e := r.argv[2]; e.name != "" {
+		t.Fatalf("kernel thread's argv read again at an ordinary scan: %+v", e)
 	}
 }

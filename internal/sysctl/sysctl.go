@@ -20,6 +20,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // Interface reads and writes sysctl values. Implementations must be
@@ -94,7 +96,7 @@ func SetUint(s Interface, key string, n uint64) error {
 
 // ReadFile reads a one-value kernel file (procfs or sysfs) and trims it.
 func ReadFile(path string) (string, error) {
-	b, err := os.ReadFile(path)
+	b, err := boundedfile.Read(path, 64<<10)
 	if err != nil {
 		return "", fmt.Errorf("read %s: %w", path, err)
 	}
@@ -118,7 +120,7 @@ func ReadUintFile(path string) (uint64, error) {
 // file: a missing tunable is an error, not something to invent. The write is
 // one write(2) of the whole value followed by a newline, as sysctl(8) does.
 func WriteFile(path, value string) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+	f, err := boundedfile.OpenWrite(path)
 	if err != nil {
 		return fmt.Errorf("open %s for writing: %w", path, err)
 	}

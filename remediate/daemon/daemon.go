@@ -21,6 +21,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 )
@@ -59,6 +60,7 @@ type Daemon struct {
 	mu        sync.Mutex
 	started   time.Time
 	lastCycle time.Time
+	inCycle   time.Time // start of the cycle running now (zero between cycles)
 	lastErr   error
 	ready     bool
 	policySum [32]byte
@@ -168,8 +170,12 @@ func nextInterval(p *policy.Policy, r float64) time.Duration {
 
 func (d *Daemon) cycle(ctx context.Context) {
 	start := d.cfg.Clock.Now()
+	d.mu.Lock()
+	d.inCycle = start
+	d.mu.Unlock()
 	rep, err := d.cfg.Engine.Cycle(ctx)
 	d.mu.Lock()
+	d.inCycle = time.Time{}
 	d.lastErr = err
 	if rep != nil {
 		d.lastCycle = d.cfg.Clock.Now()
@@ -227,9 +233,12 @@ func (d *Daemon) version() string {
 	return fmt.Sprintf("%d/%d/%d", inode(fi), fi.Size(), fi.ModTime().UnixNano())
 }
 
-// contentSum hashes the policy file (zero if unreadable).
+// contentSum hashes the policy file (zero if unreadable). The read is
+// bounded like policy.Load's: a FIFO or a huge file swapped in for the
+// policy is not waited on or read (it hashes as unreadable, and the
+// reload that follows is rejected).
 func (d *Daemon) contentSum() [32]byte {
-	data, err := os.ReadFile(d.cfg.PolicyPath)
+	data, err := boundedfile.Read(d.cfg.PolicyPath, policy.MaxSize)
 	if err != nil {
 		return [32]byte{}
 	}
@@ -262,20 +271,31 @@ func (d *Daemon) Handler() http.Handler {
 	return mux
 }
 
-// Healthy reports whether the loop is alive: a cycle finished within
-// three intervals plus the timeouts (or the daemon is still starting).
+// Healthy reports whether the loop is alive. Between cycles, the last one
+// (or the start) is at most three intervals plus the detector timeout old:
+// cycles that stopped (the loop stuck anywhere but in a cycle) turn it
+// unhealthy within a few intervals. During a cycle, the cycle has run for
+// at most what it may take (detector timeout and every action's timeout)
+// plus an interval.
 func (d *Daemon) Healthy() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	p := d.cfg.Engine.Policy()
-	limit := 3*p.Interval.Duration + p.DetectorTimeout.Duration + time.Duration(p.Guardrails.MaxTargetsPerCycle)*p.ActionTimeout.Duration
 	now := d.cfg.Clock.Now()
+	if !d.inCycle.IsZero() {
+		limit := p.Interval.Duration + p.DetectorTimeout.Duration + time.Duration(p.Guardrails.MaxTargetsPerCycle)*p.ActionTimeout.Duration
+		if age := now.Sub(d.inCycle); age > limit {
+			return fmt.Errorf("the cycle started %s ago has not finished (limit %s); loop stalled", age.Round(time.Second), limit)
+		}
+		return nil
+	}
+	limit := 3*p.Interval.Duration + p.DetectorTimeout.Duration
 	last := d.lastCycle
 	if last.IsZero() {
 		last = d.started
 	}
 	if age := now.Sub(last); age > limit {
-		return fmt.Errorf("last cycle finished %s ago (limit %s); loop stalled", age.Round(time.Second), limit)
+		return fmt.Errorf("last cycle finished %s ago (limit %s: 3 intervals and the detector timeout); cycles stopped, loop stalled", age.Round(time.Second), limit)
 	}
 	return nil
 }

@@ -132,6 +132,43 @@ func TestHealthyReportsAStalledLoop(t *testing.T) {
 	}
 }
 
+// TestHealthyWhenCyclesStop (issue 27, item 6): with the loop stuck
+// between cycles (on main: blocked opening a policy swapped for a FIFO),
+// /healthz turns unhealthy after 3 intervals and the detector timeout, not
+// after every action's timeout too (3m04s at a 1s interval here, 4m40s
+// with the defaults); a cycle that runs is given its own bound.
+func TestHealthyWhenCyclesStop(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "p.yaml"), []byte(strings.Replace(pol, "%s", "audit", 1)), 0o644)
+	p, _ := load(filepath.Join(dir, "p.yaml"))
+	j, _ := journal.Open(dir, 0, 0)
+	eng, _ := remediate.New(p, remediate.Options{Node: &node.Node{Name: "n"}, StateDir: dir, Journal: j})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	d := New(Config{Engine: eng, Clock: clk})
+	d.started = clk.Now()
+	d.lastCycle = clk.Now()
+	// 3 x 1s interval + 1s detector timeout
+	clk.Step(4 * time.Second)
+	if err := d.Healthy(); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+	clk.Step(time.Second)
+	if err := d.Healthy(); err == nil || !strings.Contains(err.Error(), "cycles stopped") {
+		t.Fatalf("no cycle for 5s at a 1s interval reported healthy: %v", err)
+	}
+	// A cycle running (its actions may take 3 x 60s) is healthy for as
+	// long as it may take, then not.
+	d.inCycle = clk.Now()
+	clk.Step(3 * time.Minute)
+	if err := d.Healthy(); err != nil {
+		t.Fatalf("a cycle running within its bound: %v", err)
+	}
+	clk.Step(3 * time.Second)
+	if err := d.Healthy(); err == nil || !strings.Contains(err.Error(), "has not finished") {
+		t.Fatalf("a cycle past its bound reported healthy: %v", err)
+	}
+}
+
 func waitUntil(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/clip"
 )
 
@@ -124,7 +125,8 @@ func (j *Journal) Append(r Record) error {
 		}
 		created = true
 	}
-	f, err := os.OpenFile(j.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	// Never through a symlink or into a FIFO planted as the journal.
+	f, err := boundedfile.OpenAppend(j.path, 0o600)
 	if err != nil {
 		return fmt.Errorf("opening journal: %w", err)
 	}
@@ -210,7 +212,7 @@ func clipRecord(r Record, max int) Record {
 }
 
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
+	d, err := boundedfile.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("opening journal dir for fsync: %w", err)
 	}
@@ -232,6 +234,10 @@ func (j *Journal) rotate() error {
 	return nil
 }
 
+// maxReadBytes bounds each journal file ReadAll reads (a journal rotates
+// at 10 MiB by default).
+const maxReadBytes = 256 << 20
+
 // ReadAll returns the records in dir, oldest first, across rotated files.
 // Lines that do not parse (a torn last line after a crash) are returned as
 // KindNote records saying so rather than failing the whole read.
@@ -246,7 +252,7 @@ func ReadAll(dir string) ([]Record, error) {
 	files = append(files, base)
 	var out []Record
 	for _, name := range files {
-		f, err := os.Open(name)
+		f, err := boundedfile.OpenBoundedNoFollow(name, maxReadBytes)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}

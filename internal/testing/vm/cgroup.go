@@ -176,8 +176,15 @@ func (c *Cgroup) Spin(t testing.TB, name string) *os.Process {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A copy, not a symlink: /proc/<pid>/exe names the file executed,
+	// and a stand-in for kube-proxy must show a kube-proxy executable
+	// (detect's findKubeProxy).
 	link := filepath.Join(t.TempDir(), name)
-	if err := os.Symlink(exe, link); err != nil {
+	b, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(link, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	fd, err := unix.Open(c.Dir, unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
