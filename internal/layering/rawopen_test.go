@@ -35,6 +35,8 @@ var rawOpenAllowed = map[string]string{
 	"cmd/kubectl-remediate/main.go:remote":       "kubectl plugin on the operator's machine, not the daemon: creates the bundle with O_EXCL",
 	"cmd/kubectl-remediate/main.go:copyBundle":   "kubectl plugin on the operator's machine, not the daemon: a temporary file it created",
 	"remediate/store.go:Lock":                    "the state dir lock: O_NOFOLLOW|O_NONBLOCK, flock'ed, never read",
+	"remediate/store.go:LockDaemon":              "the daemon lock: O_NOFOLLOW|O_NONBLOCK, a regular file only, flock'ed; reads at most 32 bytes (the holder's PID)",
+	"internal/procs/identity_linux.go:GoMain":    "/proc/<pid>/exe (procfs magic link to the process's own executable), O_NONBLOCK, a regular file only, read under a deadline by debug/buildinfo",
 	"internal/procs/real_linux.go:readSmall":     "a /proc/<pid> file (procfs: no FIFO can be there) into a fixed buffer: len(buf) bytes is the bound",
 	"internal/procs/real_linux.go:listProc":      "getdents of the proc root (O_DIRECTORY)",
 	"internal/procs/real_linux.go:holders":       "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
