@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -18,7 +19,13 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/remediate"
 )
 
 // apiProxy is an HTTPS reverse proxy to the real apiserver, inside the
@@ -218,4 +225,91 @@ func TestE2ECyclesDoNotWaitOnAPI(t *testing.T) {
 		waitUntil(t, 60*time.Second, "the cluster check skipped on a view older than 5 s", func() bool { return skipped() == 1 })
 		t.Logf("%v cycles during the 429 storm (%d answers of 429)", cycles()-c0, proxy.throttled.Load())
 	})
+}
+
+const budgetPolicy = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: audit
+interval: 30s
+detectorTimeout: 10s
+rules:
+- name: stale-ct
+  detector: {type: ConntrackStaleServiceEntries, grace: 90s, includeTCP: false}
+  for: 1m
+  action: {type: FlushConntrack, maxEntries: 10000}
+`
+
+// TestE2EClusterViewBudget: on the real apiserver, a Service with 2,000
+// ports and 20 EndpointSlices of 100 endpoints take the cluster view past
+// a 256Ki budget (--cluster-view-memory 256Ki): the real binary's check
+// that compares conntrack with the view skips with a reason naming the
+// budget. Under the default budget the same cluster is held and the check
+// is not skipped for it (on main there was no budget: the flag is unknown).
+func TestE2EClusterViewBudget(t *testing.T) {
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx := context.Background()
+	const ns = "hc-budget"
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "wide", Namespace: ns}}
+	for p := range 2000 {
+		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: fmt.Sprintf("p%d", p), Port: int32(1000 + p), Protocol: corev1.ProtocolUDP})
+	}
+	if _, err := cp.Client.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		sl := &discoveryv1.EndpointSlice{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("wide-%d", i), Namespace: ns,
+			Labels: map[string]string{discoveryv1.LabelServiceName: "wide"}},
+			AddressType: discoveryv1.AddressTypeIPv4,
+			Ports:       []discoveryv1.EndpointPort{{Name: ptr.To("p0"), Port: ptr.To[int32](1000), Protocol: ptr.To(corev1.ProtocolUDP)}}}
+		for e := range 100 {
+			sl.Endpoints = append(sl.Endpoints, discoveryv1.Endpoint{Addresses: []string{fmt.Sprintf("10.244.%d.%d", i, e+1)},
+				Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}, NodeName: ptr.To("node1")})
+		}
+		if _, err := cp.Client.DiscoveryV1().EndpointSlices(ns).Create(ctx, sl, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte(budgetPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(extra ...string) remediate.Report {
+		t.Helper()
+		args := append([]string{"ip", "netns", "exec", cp.NetNS.Name, self, "--once", "--sample", "0", "-o", "json", "--dry-run", "--policy", pol,
+			"--kubeconfig", cp.AdminKubeconfig, "--state-dir", filepath.Join(dir, "state"), "--node-name", "node1", "--proc-root", "/proc"}, extra...)
+		cmd := mainCmd(args[0], args[1:]...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		var rep remediate.Report
+		if jerr := json.Unmarshal(out, &rep); jerr != nil {
+			t.Fatalf("%v: %v\nstdout:\n%s\nstderr:\n%s", err, jerr, out, stderr.String())
+		}
+		t.Logf("stderr:\n%s", stderr.String())
+		return rep
+	}
+	skipReason := func(rep remediate.Report) string {
+		for _, s := range rep.Skipped {
+			if s.Rule == "stale-ct" {
+				return s.Reason
+			}
+		}
+		return ""
+	}
+	rep := run("--cluster-view-memory", "256Ki")
+	if r := skipReason(rep); !strings.Contains(r, "cluster view over its memory budget (--cluster-view-memory 256Ki)") {
+		t.Errorf("over the budget: stale-ct skipped for %q, want the budget named", r)
+	}
+	rep = run()
+	if r := skipReason(rep); strings.Contains(r, "memory budget") {
+		t.Errorf("under the default budget: stale-ct skipped for %q", r)
+	}
 }
