@@ -141,7 +141,7 @@ kind: RemediationPolicy
 mode: audit
 interval: 1s
 jitter: 0
-detectorTimeout: 2s
+detectorTimeout: 1s
 rules:
 - name: local-hung-restore
   detector: {type: HungIPTablesRestore}

@@ -57,6 +57,13 @@ func TestViewMemoryBudget(t *testing.T) {
 	if st := v.Budget(); st.Bytes != before.Bytes {
 		t.Errorf("held %d bytes after the refusal, want %d as before", st.Bytes, before.Bytes)
 	}
+	// A record transformed again (the streaming list replaces its initial
+	// store into the queue) keeps its accounting: the empty one stays
+	// dropped.
+	o, _, _ := v.eps.GetStore().GetByKey("kube-system/big")
+	if _, err := v.transform(o); err != nil || v.Budget().Dropped != 1 || v.Freshness().OverBudget == "" {
+		t.Errorf("after transforming the held record again: %+v, %q", v.Budget(), v.Freshness().OverBudget)
+	}
 	// Replaced by a slice that fits: whole again.
 	big.Endpoints = big.Endpoints[:1]
 	if _, err := cs.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, big, metav1.UpdateOptions{}); err != nil {

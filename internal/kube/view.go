@@ -120,6 +120,13 @@ func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.Passive
 // that its deletion and later changes are still seen, and the view says it
 // is over budget (Freshness.OverBudget) until no such record is left.
 func (v *View) transform(obj any) (any, error) {
+	switch obj.(type) {
+	case *compactService, *compactSlice:
+		// Transformed already (the streaming list's initial store is
+		// replaced into the queue): accounted when it was, a record held
+		// empty stays so.
+		return obj, nil
+	}
 	out, err := Transform(obj)
 	if err != nil {
 		return out, err
