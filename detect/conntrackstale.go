@@ -79,7 +79,7 @@ func (p *ConntrackStaleServiceEntriesParams) Validate() []policy.FieldError {
 func init() {
 	Define(ConntrackStaleServiceEntriesName,
 		"UDP (TCP opt-in) conntrack entries to a Service ClusterIP, external IP, load-balancer IP or NodePort whose reply source is no longer a serving endpoint (Service scaled to zero, deleted, backend replaced), older than a grace: kube-proxy's own cleanup missed them",
-		newConntrackStaleServiceEntries, Targets(finding.KindConntrackBackend))
+		newConntrackStaleServiceEntries, Targets(finding.KindConntrackBackend), UsesClusterView())
 }
 
 type conntrackStale struct {
@@ -480,13 +480,8 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]Finding, error) {
 	if !ok {
 		return nil, Skip("the conntrack adapter cannot stream the table")
 	}
-	if n.Cluster == nil {
-		return nil, Skip("%s", n.Why("kubernetes"))
-	}
-	if f := n.Cluster.Freshness(); !f.Synced {
-		return nil, Skip("cluster view not synced yet")
-	} else if !f.Connected {
-		return nil, Skip("cluster view disconnected (%v): the serving endpoints may be stale", f.LastError)
+	if err := clusterViewGate(n, "no serving endpoints to compare with"); err != nil {
+		return nil, err
 	}
 	fams := make([]dataplane.Family, 0, len(d.p.Families))
 	for _, f := range d.p.Families {

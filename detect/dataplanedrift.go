@@ -95,12 +95,12 @@ func init() {
 		"a Service port whose programmed entries or backends (iptables rules, kube-proxy's nftables table, IPVS virtual and real servers) differ from what kube-proxy should program from the cluster view, for longer than graceSyncPeriods x syncPeriod since the objects last changed",
 		func(p *DataplaneDriftParams, n *node.Node) (Detector, error) {
 			return &dataplaneDrift{p: *p, n: n, firstSeen: map[string]time.Time{}}, nil
-		}, Targets(finding.KindDataplanePort, finding.KindKubeProxy))
+		}, Targets(finding.KindDataplanePort, finding.KindKubeProxy), UsesClusterView())
 	Define("KubeProxyNotHearingAPI",
 		"drift older than the grace while kube-proxy has nothing queued: kube-proxy is not receiving API updates (a silently dead watch connection); evidence from its own metrics",
 		func(p *DataplaneDriftParams, n *node.Node) (Detector, error) {
 			return &kubeProxyDeaf{p: *p, n: n}, nil
-		}, Targets(finding.KindKubeProxy))
+		}, Targets(finding.KindKubeProxy), UsesClusterView())
 }
 
 // driftObservation is one comparison of programmed and desired state.
@@ -178,13 +178,8 @@ func observe(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*driftO
 }
 
 func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*driftObservation, error) {
-	if n.Cluster == nil {
-		return nil, Skip("%s", n.Why("kubernetes"))
-	}
-	if f := n.Cluster.Freshness(); !f.Synced {
-		return nil, Skip("cluster view not synced yet")
-	} else if !f.Connected {
-		return nil, Skip("cluster view disconnected (%v): the desired state may be stale", f.LastError)
+	if err := clusterViewGate(n, "no desired state to compare with"); err != nil {
+		return nil, err
 	}
 	obs := &driftObservation{at: n.Clock.Now()}
 	obs.mode = p.ProxyMode

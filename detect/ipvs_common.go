@@ -64,20 +64,7 @@ func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool)
 // or not connected.
 func ipvsViewPrecheck(n *node.Node, needView bool) error {
 	if needView {
-		if n.Cluster == nil {
-			return Skip("%s", n.Why("kubernetes"))
-		}
-		f := n.Cluster.Freshness()
-		if !f.Synced {
-			return Skip("cluster view not synced yet: cannot compare IPVS with the desired state")
-		}
-		if !f.Connected {
-			reason := "cluster view disconnected"
-			if f.LastError != nil {
-				reason += ": " + f.LastError.Error()
-			}
-			return Skip("%s: the desired state may be stale", reason)
-		}
+		return clusterViewGate(n, "cannot compare IPVS with the desired state")
 	}
 	return nil
 }

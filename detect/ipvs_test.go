@@ -272,7 +272,7 @@ func TestIPVSStaleRealServer(t *testing.T) {
 				w.view.SetFreshness(cluster.Freshness{Synced: true, LastError: errors.New("watch: connection refused")})
 				return w
 			},
-			wantSkip: "disconnected: watch: connection refused",
+			wantSkip: "cluster view disconnected, its age unknown (API server unreachable: watch: connection refused)",
 		},
 		{
 			name: "IPVS unavailable",

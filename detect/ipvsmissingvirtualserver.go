@@ -38,7 +38,7 @@ func (p *IPVSMissingVirtualServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("IPVSMissingVirtualServer",
 		"a Service with endpoints has no IPVS virtual server for one of its frontends",
-		newIPVSMissingVirtualServer, Targets(finding.KindIPVSMissingVirtualServer))
+		newIPVSMissingVirtualServer, Targets(finding.KindIPVSMissingVirtualServer), UsesClusterView())
 }
 
 type ipvsMissingVirtualServer struct {

@@ -40,7 +40,7 @@ func (p *IPVSStaleRealServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("IPVSStaleRealServer",
 		"IPVS real servers of a Service's virtual server that are not a serving endpoint of that Service",
-		newIPVSStaleRealServer, Targets(finding.KindIPVSRealServer, finding.KindConntrackBackend))
+		newIPVSStaleRealServer, Targets(finding.KindIPVSRealServer, finding.KindConntrackBackend), UsesClusterView())
 }
 
 type ipvsStaleRealServer struct {

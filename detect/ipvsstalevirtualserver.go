@@ -48,7 +48,7 @@ func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("IPVSStaleVirtualServer",
 		"IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort",
-		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer))
+		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer), UsesClusterView())
 }
 
 type ipvsStaleVirtualServer struct {

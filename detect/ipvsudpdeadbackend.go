@@ -53,7 +53,7 @@ func (p *IPVSUDPDeadBackendParams) Validate() []policy.FieldError {
 func init() {
 	Define("IPVSUDPDeadBackend",
 		"UDP entries in the IPVS connection table pinned to a backend that is no longer a serving endpoint (e.g. DNS after a CoreDNS rollout)",
-		newIPVSUDPDeadBackend, Targets(finding.KindConntrackBackend))
+		newIPVSUDPDeadBackend, Targets(finding.KindConntrackBackend), UsesClusterView())
 }
 
 type ipvsUDPDeadBackend struct {

@@ -112,7 +112,7 @@ func (p *ServicePathProbeParams) Validate() []policy.FieldError {
 func init() {
 	Define(ServicePathProbeName,
 		"TCP connect (no payload) through the `kubernetes` Service and configured canary Services, compared with a direct connect to their ready endpoints: the Service path failing while its backend answers is the dataplane's fault; both failing is a backend problem",
-		newServicePathProbe, Targets(finding.KindServicePath))
+		newServicePathProbe, Targets(finding.KindServicePath), UsesClusterView())
 }
 
 // spSpec is one Service to probe; Port is a port name, a number, or ""
@@ -464,13 +464,8 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 	if n.Probe == nil {
 		return nil, Skip("%s", n.Why("probe"))
 	}
-	if n.Cluster == nil {
-		return nil, Skip("%s", n.Why("kubernetes"))
-	}
-	if f := n.Cluster.Freshness(); !f.Synced {
-		return nil, Skip("cluster view not synced yet: no ClusterIP or endpoint to probe")
-	} else if !f.Connected {
-		return nil, Skip("cluster view disconnected (%v): the endpoints to compare with may be stale", f.LastError)
+	if err := clusterViewGate(n, "no ClusterIP or endpoint to probe"); err != nil {
+		return nil, err
 	}
 	now := n.Clock.Now()
 	d.mu.Lock()

@@ -10,7 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/apimachinery/pkg/api/resource"
 
+	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/journal"
@@ -44,6 +46,10 @@ type options struct {
 	sample       time.Duration
 	bundle       string
 	bundleMaxMiB int
+	// viewMemory is --cluster-view-memory (a quantity), viewMaxAge
+	// --cluster-view-max-age.
+	viewMemory string
+	viewMaxAge time.Duration
 
 	// journalDir is the state dir as given (the bundle reads the journal's
 	// tail there even when a dry run works on a private copy).
@@ -107,6 +113,12 @@ Without a subcommand it runs the daemon; with --once it runs one pass and exits
 			if err := checkSample(o); err != nil {
 				return err
 			}
+			if _, err := viewBudget(o.viewMemory); err != nil {
+				return err
+			}
+			if o.viewMaxAge < 0 {
+				return usageErrorf("--cluster-view-max-age must not be negative, got %s", o.viewMaxAge)
+			}
 			if cmd.Flags().Changed("sample") && !o.once {
 				return usageErrorf("--sample needs --once")
 			}
@@ -158,6 +170,8 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVarP(&o.output, "output", "o", "text", "--once output: text or json")
 	fs.DurationVar(&o.sample, "sample", defaultSample, "--once: sample rate and window checks twice this far apart so they judge in one run (0: one snapshot; else at least 5s)")
 	fs.StringVar(&o.bundle, "bundle", "", "--once: also write the evidence (report, *-save, nft, IPVS, conntrack, kube-proxy endpoints, locks, processes, journal tail) to this .tar.gz")
+	fs.StringVar(&o.viewMemory, "cluster-view-memory", defaultViewMemory, "memory budget of the cluster view (Services, EndpointSlices and what the checks build from them; a quantity such as 64Mi, 0 for none): past it, the checks and actions that compare the node with the cluster are off and say so")
+	fs.DurationVar(&o.viewMaxAge, "cluster-view-max-age", kube.DefaultMaxViewAge, "how long the checks that compare the node with the cluster keep using the cluster view while the API server does not answer (they say its age); older, they skip (0: at once)")
 	fs.IntVar(&o.bundleMaxMiB, "bundle-max-mib", 20, "--bundle: the most the bundle's parts may hold together, MiB (each part is also capped; cut parts are marked)")
 	_ = root.MarkFlagFilename("policy", "yaml", "yml")
 	_ = root.MarkFlagDirname("state-dir")
@@ -360,4 +374,20 @@ func newJournalCmd(stdout, stderr io.Writer) *cobra.Command {
 		return []string{"text", "json"}, cobra.ShellCompDirectiveNoFileComp
 	})
 	return jc
+}
+
+// defaultViewMemory is --cluster-view-memory's default
+// (kube.DefaultMemoryBudget).
+const defaultViewMemory = "64Mi"
+
+// viewBudget parses --cluster-view-memory: bytes, < 0 for none.
+func viewBudget(v string) (int64, error) {
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() < 0 {
+		return 0, usageErrorf("--cluster-view-memory must be a quantity such as 64Mi (0: no budget), got %q", v)
+	}
+	if q.IsZero() {
+		return -1, nil
+	}
+	return q.Value(), nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -28,7 +29,8 @@ func TestHelpEverywhere(t *testing.T) {
 			t.Errorf("root help does not name %q:\n%s", sub, out)
 		}
 	}
-	if !strings.Contains(out, "--node-name string      this node's name (default $NODE_NAME, else the hostname)\n") {
+	// The column is as wide as the longest flag: any run of spaces.
+	if !regexp.MustCompile(`--node-name string +this node's name \(default \$NODE_NAME, else the hostname\)\n`).MatchString(out) {
 		t.Errorf("--node-name help:\n%s", out)
 	}
 }

@@ -33,6 +33,9 @@ type kubeWiring struct {
 	reporter *kubeexporter.Reporter
 	storm    *guardrails.Storm
 	budget   *guardrails.Budget
+	// publish runs reportCycle's and reportReloadError's writes off the
+	// cycle loop.
+	publish publisher
 	// Fleet controls: the cluster-wide pause and kube-proxy's rollout.
 	pause   atomic.Pointer[guardrails.FleetPause]
 	rollout *guardrails.KubeProxyRollout
@@ -82,7 +85,15 @@ func (w *wiring) kube() *kubeWiring {
 			ns = envOr("POD_NAMESPACE", "kube-system")
 		}
 		k.client = c
-		if k.view, err = kube.NewView(c.Interface, c.Contact, nil, w.log); err != nil {
+		// The view's memory budget and maximum age (validated by the
+		// command line; a negative max age would mean "never").
+		mem, _ := viewBudget(w.o.viewMemory)
+		maxAge := w.o.viewMaxAge
+		if maxAge == 0 {
+			maxAge = -1 // 0 on the command line: a disconnected view is not used
+		}
+		limits := kube.ViewLimits{MemoryBudget: mem, BudgetName: "memory budget (--cluster-view-memory " + w.o.viewMemory + ")", MaxAge: maxAge}
+		if k.view, err = kube.NewLimitedView(c.Interface, c.Contact, nil, w.log, limits); err != nil {
 			k.noAccess = "cluster view: " + err.Error()
 			k.client = nil
 			return
@@ -128,6 +139,7 @@ func (w *wiring) kube() *kubeWiring {
 		k.budget = guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: ns, Slots: cl.BudgetSlots, TTL: cl.BudgetTTL.Duration, Node: w.o.nodeName, Log: w.log})
 		go k.budget.Run(ctx)
 		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
+		k.publish.start(ctx, w.log)
 		k.reporter = kubeexporter.New(c.Interface, kubeexporter.Options{Node: w.o.nodeName, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
 	})
 	return k
@@ -145,31 +157,112 @@ func (w *wiring) clusterGuardrails() guardrails.Cluster {
 		Extra: []guardrails.Guardrail{k.pause.Load(), k.rollout}}
 }
 
-// reportCycle publishes a daemon cycle: events, the node condition, the
-// firing rules for the storm guard, remediate's own uncordon.
+// reportTimeout bounds one publication of a cycle's report.
+const reportTimeout = 20 * time.Second
+
+// reportCycle hands a daemon cycle's report to the publisher (events, the
+// node condition, the firing rules for the storm guard, remediate's own
+// uncordon) and returns at once: the cycles, and the node-local checks
+// and actions in them, never wait on the API server. One publication runs
+// at a time; a report that arrives while one runs replaces the one waiting
+// (the newest cycle is what the cluster should see).
 func (w *wiring) reportCycle(ctx context.Context, rep *remediate.Report) {
 	k := w.kube()
 	if k.reporter == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	if err := k.reporter.Report(rctx, rep); err != nil {
-		w.log.Warn("publishing the report to the cluster failed (retried next cycle)", zap.Error(err))
-	}
+	k.publish.hand(func(pctx context.Context) {
+		rctx, cancel := context.WithTimeout(pctx, reportTimeout)
+		defer cancel()
+		if err := k.reporter.Report(rctx, rep); err != nil {
+			w.log.Warn("publishing the report to the cluster failed (retried next cycle)", zap.Error(err))
+		}
+	}, false)
 }
 
 // reportReloadError puts a rejected policy reload on the Node as a Warning
-// event.
+// event, in the background as reportCycle.
 func (w *wiring) reportReloadError(ctx context.Context, err error) {
 	k := w.kube()
 	if k.reporter == nil {
 		return
 	}
-	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if e := k.reporter.Emit(rctx, "policy-reload|"+err.Error(), "Warning", "PolicyReloadFailed", "ReloadPolicy",
-		"invalid policy, keeping the previous one: "+err.Error()); e != nil {
-		w.log.Warn("reporting the reload error to the cluster failed", zap.Error(e))
+	k.publish.hand(func(pctx context.Context) {
+		rctx, cancel := context.WithTimeout(pctx, 10*time.Second)
+		defer cancel()
+		if e := k.reporter.Emit(rctx, "policy-reload|"+err.Error(), "Warning", "PolicyReloadFailed", "ReloadPolicy",
+			"invalid policy, keeping the previous one: "+err.Error()); e != nil {
+			w.log.Warn("reporting the reload error to the cluster failed", zap.Error(e))
+		}
+	}, true)
+}
+
+// publisher runs the daemon's writes to the cluster one at a time, off the
+// cycle loop: at most one cycle report waits (the newest), and a few
+// reload errors. Skipped reports are counted in the log at debug level.
+type publisher struct {
+	mu      sync.Mutex
+	ctx     context.Context
+	report  func(context.Context)   // the newest cycle report waiting
+	others  []func(context.Context) // reload errors waiting (at most 4)
+	running bool
+	skipped int
+	log     *zap.Logger
+}
+
+// start binds the publisher to ctx: work handed after ctx ends is dropped.
+func (p *publisher) start(ctx context.Context, log *zap.Logger) {
+	p.mu.Lock()
+	p.ctx, p.log = ctx, log
+	p.mu.Unlock()
+}
+
+// hand queues fn (a cycle report replaces the waiting one; other work
+// waits beside it) and starts the worker if none runs.
+func (p *publisher) hand(fn func(context.Context), other bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ctx == nil || p.ctx.Err() != nil {
+		return
+	}
+	switch {
+	case other && len(p.others) < 4:
+		p.others = append(p.others, fn)
+	case other:
+		return
+	default:
+		if p.report != nil {
+			p.skipped++
+		}
+		p.report = fn
+	}
+	if !p.running {
+		p.running = true
+		go p.run()
+	}
+}
+
+func (p *publisher) run() {
+	for {
+		p.mu.Lock()
+		var fn func(context.Context)
+		switch {
+		case len(p.others) > 0:
+			fn, p.others = p.others[0], p.others[1:]
+		case p.report != nil:
+			fn, p.report = p.report, nil
+		}
+		if fn == nil || p.ctx.Err() != nil {
+			p.running, p.report, p.others = false, nil, nil
+			if p.skipped > 0 {
+				p.log.Debug("cycle reports replaced by newer ones while the API server was slow", zap.Int("skipped", p.skipped))
+				p.skipped = 0
+			}
+			p.mu.Unlock()
+			return
+		}
+		ctx := p.ctx
+		p.mu.Unlock()
+		fn(ctx)
 	}
 }

@@ -8,6 +8,7 @@
 package cluster
 
 import (
+	"fmt"
 	"time"
 )
 
@@ -87,6 +88,62 @@ type Freshness struct {
 	LastErrorTime time.Time
 	// Connected is false while the watch is failing.
 	Connected bool
+	// CurrentAt is the last time the view is known to have matched the
+	// cluster: now while Connected, else the API server's last answer
+	// before the failure. Zero when unknown.
+	CurrentAt time.Time
+	// MaxAge is how old a disconnected view may be before the checks that
+	// compare the node with it skip (zero: they skip at once).
+	MaxAge time.Duration
+	// OverBudget, when not empty, says that the view holds less than the
+	// cluster: it went past its memory budget and dropped content, so no
+	// check or action may trust it. It names the budget.
+	OverBudget string
+}
+
+// Age is how old the view is at now: zero while connected, else the time
+// since CurrentAt (-1 when that is unknown).
+func (f Freshness) Age(now time.Time) time.Duration {
+	if f.Connected {
+		return 0
+	}
+	if f.CurrentAt.IsZero() {
+		return -1
+	}
+	if a := now.Sub(f.CurrentAt); a > 0 {
+		return a
+	}
+	return 0
+}
+
+// Usable says whether checks that compare the node with the view may run
+// at now. skip is why not (unsynced, over its memory budget, or
+// disconnected for longer than MaxAge, with its age); note, when the view
+// is disconnected but young enough, says how old the view they use is
+// (findings carry it). Actions that delete kernel state do not use this:
+// they want a connected view (guardrails.StaleReason).
+func (f Freshness) Usable(now time.Time) (note, skip string) {
+	switch {
+	case !f.Synced:
+		return "", "cluster view not synced yet (initial list incomplete)"
+	case f.OverBudget != "":
+		return "", f.OverBudget
+	case f.Connected:
+		return "", ""
+	}
+	why := "API server unreachable"
+	if f.LastError != nil {
+		why += ": " + f.LastError.Error()
+	}
+	age := f.Age(now)
+	if age < 0 || age > f.MaxAge {
+		if age < 0 {
+			return "", fmt.Sprintf("cluster view disconnected, its age unknown (%s): the desired state may be stale", why)
+		}
+		return "", fmt.Sprintf("cluster view %s old, older than its %s limit (%s): the desired state may be stale",
+			age.Round(time.Second), f.MaxAge, why)
+	}
+	return fmt.Sprintf("cluster view %s old (%s; used up to %s)", age.Round(time.Second), why, f.MaxAge), ""
 }
 
 // View is a read-only snapshot source. Implementations are goroutine-safe;

@@ -126,7 +126,8 @@ func NewClient(cfg *rest.Config, opts Options) (*Client, error) {
 }
 
 // Contact records the outcome of the latest requests to the apiserver: a
-// transport error or 5xx marks it unreachable, any other answer reachable.
+// transport error, a 5xx or a 429 (throttled) marks it unreachable, any
+// other answer reachable.
 type Contact struct {
 	mu          sync.Mutex
 	lastOK      time.Time
@@ -180,7 +181,9 @@ func (t *contactRoundTripper) RoundTrip(req *http.Request) (*http.Response, erro
 		// The caller gave up; says nothing about the server.
 	case err != nil:
 		t.c.record(fmt.Errorf("%s %s: %w", req.Method, req.URL.Path, err))
-	case resp.StatusCode >= 500:
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		// An apiserver that throttles every request (429) is as good as
+		// unreachable for a watch that needs to be re-established.
 		t.c.record(fmt.Errorf("%s %s: HTTP %d", req.Method, req.URL.Path, resp.StatusCode))
 	default:
 		t.c.record(nil)

@@ -70,6 +70,17 @@ func TestContactTracksReachability(t *testing.T) {
 	if c.Contact.Reachable() {
 		t.Fatal("reachable after 503")
 	}
+	code = http.StatusOK
+	if _, err := c.Interface.Discovery().ServerVersion(); err != nil || !c.Contact.Reachable() {
+		t.Fatalf("not reachable after a success: %v", err)
+	}
+	// A throttling apiserver (429 on everything, no Retry-After: client-go
+	// does not retry) answers nothing useful: a watch cannot be set up.
+	code = http.StatusTooManyRequests
+	_, _ = c.Interface.Discovery().ServerVersion()
+	if c.Contact.Reachable() {
+		t.Fatal("reachable after 429")
+	}
 	srv.Close()
 	_, err = c.Interface.Discovery().ServerVersion()
 	if st := c.Contact.Snapshot(); err == nil || st.LastError == nil || c.Contact.Reachable() {

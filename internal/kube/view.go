@@ -43,6 +43,10 @@ type View struct {
 	snapGen     uint64
 	snap        []cluster.Service
 	snapIsValid bool
+
+	limits   ViewLimits
+	budget   *budget
+	warnOnce sync.Once
 }
 
 var (
@@ -58,19 +62,28 @@ const KubeProxyLabelSelector = "!service.kubernetes.io/service-proxy-name,!servi
 // NewView builds the view over cs. contact (may be nil) is the client's
 // reachability tracker, used for Freshness.Connected. Call Start.
 func NewView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, log *zap.Logger) (*View, error) {
+	return NewLimitedView(cs, contact, clk, log, ViewLimits{})
+}
+
+// NewLimitedView is NewView with a memory budget and a maximum age (zero
+// values: the defaults).
+func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, log *zap.Logger, limits ViewLimits) (*View, error) {
 	if clk == nil {
 		clk = clock.RealClock{}
 	}
 	if log == nil {
 		log = zap.NewNop()
 	}
-	v := &View{log: log, clock: clk, contact: contact}
+	if limits.MaxAge == 0 {
+		limits.MaxAge = DefaultMaxViewAge
+	}
+	v := &View{log: log, clock: clk, contact: contact, limits: limits, budget: newBudget(limits)}
 	// Resync 0: no periodic re-delivery, and the reflector never re-LISTs
 	// unless its watch fails.
 	// The same label selector as kube-proxy's own informers: Services
 	// handled by another proxy and headless slices are not programmed by
 	// kube-proxy, so they are not part of the desired state.
-	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(Transform),
+	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(v.transform),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = KubeProxyLabelSelector }))
 	v.svc = v.factory.Core().V1().Services().Informer()
 	v.eps = v.factory.Discovery().V1().EndpointSlices().Informer()
@@ -88,18 +101,68 @@ func NewView(cs kubernetes.Interface, contact *Contact, clk clock.PassiveClock, 
 	}
 	svcChanged := func(any) { v.touch(true) }
 	if _, err := v.svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: svcChanged, UpdateFunc: func(_, _ any) { v.touch(true) }, DeleteFunc: svcChanged,
+		AddFunc: svcChanged, UpdateFunc: func(_, _ any) { v.touch(true) }, DeleteFunc: func(o any) { v.forget(o); v.touch(true) },
 	}); err != nil {
 		return nil, err
 	}
 	epsChanged := func(any) { v.touch(false) }
 	if _, err := v.eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: epsChanged, UpdateFunc: func(_, _ any) { v.touch(false) }, DeleteFunc: epsChanged,
+		AddFunc: epsChanged, UpdateFunc: func(_, _ any) { v.touch(false) }, DeleteFunc: func(o any) { v.forget(o); v.touch(false) },
 	}); err != nil {
 		return nil, err
 	}
 	return v, nil
 }
+
+// transform is the informers' TransformFunc: Transform, then the memory
+// budget. A record that would take the view past its budget is kept
+// without its content (a Service's name, a slice's name and Service), so
+// that its deletion and later changes are still seen, and the view says it
+// is over budget (Freshness.OverBudget) until no such record is left.
+func (v *View) transform(obj any) (any, error) {
+	switch obj.(type) {
+	case *compactService, *compactSlice:
+		// Transformed already (the streaming list's initial store is
+		// replaced into the queue): accounted when it was, a record held
+		// empty stays so.
+		return obj, nil
+	}
+	out, err := Transform(obj)
+	if err != nil {
+		return out, err
+	}
+	var ok bool
+	switch c := out.(type) {
+	case *compactService:
+		if ok = v.budget.admit("svc/"+c.namespace+"/"+c.name, c.resourceVersion, serviceCost(c), v.clock.Now); !ok {
+			out = &compactService{objMeta: c.objMeta, svc: cluster.Service{Namespace: c.svc.Namespace, Name: c.svc.Name, Created: c.svc.Created}}
+		}
+	case *compactSlice:
+		if ok = v.budget.admit("eps/"+c.namespace+"/"+c.name, c.resourceVersion, sliceCost(c), v.clock.Now); !ok {
+			out = &compactSlice{objMeta: c.objMeta, service: c.service, changed: c.changed}
+		}
+	default:
+		return out, nil
+	}
+	if !ok {
+		v.warnOnce.Do(func() {
+			st := v.budget.state()
+			v.log.Warn("the cluster view went past its memory budget: the checks and actions that need it are off",
+				zap.String("budget", v.budget.name), zap.Int64("budgetBytes", st.Limit), zap.Int64("heldBytes", st.Bytes))
+		})
+	}
+	return out, nil
+}
+
+// forget settles a deleted record in the budget.
+func (v *View) forget(obj any) {
+	if key, rv, ok := recordKey(obj); ok {
+		v.budget.forget(key, rv)
+	}
+}
+
+// Budget returns the view's memory accounting.
+func (v *View) Budget() BudgetState { return v.budget.state() }
 
 // Start runs the informers until ctx ends. It does not wait for sync.
 func (v *View) Start(ctx context.Context) {
@@ -168,6 +231,7 @@ func (v *View) Freshness() cluster.Freshness {
 	}
 	v.mu.Unlock()
 	f.Connected = true
+	f.MaxAge, f.OverBudget = max(v.limits.MaxAge, 0), v.budget.reason()
 	if v.contact != nil {
 		st := v.contact.Snapshot()
 		if st.LastError != nil && st.LastErrorTime.After(f.LastErrorTime) {
@@ -175,8 +239,14 @@ func (v *View) Freshness() cluster.Freshness {
 		}
 		// The contact tracker uses wall time; so does a real clock.
 		f.Connected = !st.LastOK.IsZero() && !st.LastOK.Before(f.LastErrorTime)
+		// Disconnected, the view matched the cluster at least until the
+		// API server's last answer (its watches were open until then).
+		f.CurrentAt = st.LastOK
 	} else if f.LastError != nil {
 		f.Connected = false
+	}
+	if f.Connected {
+		f.CurrentAt = v.clock.Now()
 	}
 	return f
 }

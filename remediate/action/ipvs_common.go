@@ -45,6 +45,8 @@ func ipvsViewGate(n *node.Node) error {
 	switch {
 	case !f.Synced:
 		return finding.Skip("cluster view not synced: refusing to delete IPVS state")
+	case f.OverBudget != "":
+		return finding.Skip("%s: refusing to delete IPVS state", f.OverBudget)
 	case !f.Connected:
 		reason := "cluster view disconnected"
 		if f.LastError != nil {

@@ -64,6 +64,8 @@ func StaleReason(f cluster.Freshness, now time.Time) string {
 	switch {
 	case !f.Synced:
 		return "cluster view not synced yet (initial list incomplete)"
+	case f.OverBudget != "":
+		return f.OverBudget
 	case !f.Connected:
 		if f.LastError != nil {
 			return fmt.Sprintf("API server unreachable (last error %s ago): %v",
