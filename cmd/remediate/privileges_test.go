@@ -83,7 +83,7 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	want := map[string]string{
 		"conntrack":    "needs root / CAP_NET_ADMIN",
 		"iptables":     "needs root / CAP_NET_ADMIN",
-		"hung-restore": "needs root / CAP_SYS_PTRACE",
+		"hung-restore": "needs CAP_SYS_PTRACE",
 	}
 	for _, s := range rep.Skipped {
 		if w, ok := want[s.Rule]; ok && strings.HasPrefix(s.Reason, w) {
