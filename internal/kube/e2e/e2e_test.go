@@ -902,7 +902,7 @@ func testOwnNodeAttacks(t *testing.T, cp *controlplane.ControlPlane) {
 	denied("capacity.pods=0", statusPatch(`{"status":{"capacity":{"pods":"0"}}}`), statusMsg)
 	denied("its condition together with addresses", statusPatch(
 		`{"status":{"conditions":[{"type":"KubeProxyDataplaneHealthy","status":"True","reason":"x"}],"addresses":[{"type":"Hostname","address":"evil"}]}}`), statusMsg)
-	denied("a label through nodes/status", statusPatch(`{"metadata":{"labels":{"node-restriction.kubernetes.io/pool":"trusted"}}}`), "")
+	denied("a label through nodes/status", statusPatch(`{"metadata":{"labels":{"node-restriction.kubernetes.io/pool":"trusted"}}}`), "may not change a Node's labels")
 	denied("a dangling ownerReference", update(func(n *corev1.Node) {
 		n.OwnerReferences = append(n.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "0b8c5f1e-0000-4000-8000-000000000027"})
 	}), metaMsg)
