@@ -337,6 +337,25 @@ func TestChartValues(t *testing.T) {
 			}
 		}
 	})
+	// kube-system (issue 27, item 11): the admission policy confines the
+	// Lease writes by name there; without it the chart refuses to render.
+	t.Run("kube-system", func(t *testing.T) {
+		objs, err := RenderChart(ctx, helm, "kube-system")
+		if err != nil {
+			t.Fatalf("kube-system with the admission policy: %v", err)
+		}
+		m, _ := ByKey(objs)
+		if m["ValidatingAdmissionPolicy /remediate-own-node"] == nil {
+			t.Error("no admission policy")
+		}
+		_, err = RenderChart(ctx, helm, "kube-system", "--set", "admissionPolicy.enabled=false")
+		if err == nil || !strings.Contains(err.Error(), "namespace kube-system with admissionPolicy.enabled=false is refused") {
+			t.Errorf("kube-system without the admission policy: %v", err)
+		}
+		if _, err := RenderChart(ctx, helm, "ops", "--set", "admissionPolicy.enabled=false"); err != nil {
+			t.Errorf("another namespace without the admission policy: %v", err)
+		}
+	})
 	for name, args := range map[string][]string{
 		"bad-agent-namespace":  {"--set", "nodeAgents.namespaces={Kube_System}"},
 		"dup-agent-namespace":  {"--set", "nodeAgents.namespaces={kube-system,kube-system}"},
@@ -355,5 +374,96 @@ func TestChartValues(t *testing.T) {
 				t.Errorf("helm template %v succeeded", args)
 			}
 		})
+	}
+}
+
+// TestSysPtraceOptIn (issue 27, item 12): CAP_SYS_PTRACE is not granted by
+// default, by the overlays or the chart; the chart's sysPtrace=true and
+// the component deploy/components/sys-ptrace grant it, and render the same
+// DaemonSet.
+func TestSysPtraceOptIn(t *testing.T) {
+	helm := needHelm(t)
+	ctx := context.Background()
+	caps := func(t *testing.T, objs []*unstructured.Unstructured) []string {
+		t.Helper()
+		for _, o := range objs {
+			if o.GetKind() != "DaemonSet" {
+				continue
+			}
+			cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			add, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "securityContext", "capabilities", "add")
+			return add
+		}
+		t.Fatal("no DaemonSet")
+		return nil
+	}
+	for _, overlay := range []string{"audit", "enforce"} {
+		m, err := Render(overlay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := KustomizeObjects(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := caps(t, objs); slices.Contains(got, "SYS_PTRACE") || len(got) != 4 {
+			t.Errorf("overlay %s adds %v, want the four without SYS_PTRACE", overlay, got)
+		}
+	}
+	hobjs, err := RenderChart(ctx, helm, ChartNamespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := caps(t, hobjs); slices.Contains(got, "SYS_PTRACE") {
+		t.Errorf("chart defaults add %v", got)
+	}
+
+	dir := t.TempDir()
+	rel := func(p ...string) string {
+		r, err := filepath.Rel(dir, filepath.Join(append([]string{Dir()}, p...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- " + rel("overlays", "enforce") +
+		"\ncomponents:\n- " + rel("components", "sys-ptrace") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	m, err := RenderDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kobjs, err := KustomizeObjects(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hobjs, err = RenderChart(ctx, helm, ChartNamespace, "--set", "enforce=true", "--set", "sysPtrace=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, hc := caps(t, kobjs), caps(t, hobjs)
+	if !slices.Contains(kc, "SYS_PTRACE") || len(kc) != 5 {
+		t.Errorf("component sys-ptrace adds %v", kc)
+	}
+	if !slices.Equal(kc, hc) {
+		t.Errorf("capabilities differ: kustomize+component %v, chart sysPtrace=true %v", kc, hc)
+	}
+	var kds, hds *unstructured.Unstructured
+	for _, o := range kobjs {
+		if o.GetKind() == "DaemonSet" {
+			kds = o
+		}
+	}
+	for _, o := range hobjs {
+		if o.GetKind() == "DaemonSet" {
+			hds = o
+		}
+	}
+	Normalize(kds)
+	Normalize(hds)
+	if d := cmp.Diff(kds.Object, hds.Object); d != "" {
+		t.Errorf("DaemonSet differs (-kustomize+sys-ptrace +chart sysPtrace=true):\n%s", d)
 	}
 }

@@ -189,6 +189,9 @@ func sameFile(a, b string) (bool, error) {
 }
 
 func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]Finding, error) {
+	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
+		return nil, Skip("%s", why)
+	}
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode == string(kubeproxy.ModeNFTables) {
 		return nil, Skip("kube-proxy runs in nftables mode (%s): it does not use iptables", mode.note)

@@ -166,6 +166,9 @@ func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
 }
 
 func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) {
+	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
+		return nil, Skip("%s", why)
+	}
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
 		return nil, Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)

@@ -66,7 +66,15 @@ func (p privileges) missing() map[string]string {
 		out["conntrack"], out["iptables"], out["ipvs"], out["nftables"] = r, r, r, r
 	}
 	if !p.sysPtrace {
-		out["procs"] = "needs root / CAP_SYS_PTRACE to read other processes' locks and fds (" + who + " without it)"
+		// Without CAP_SYS_PTRACE the kernel refuses /proc/<pid>/exe, fd,
+		// fdinfo and root of every process with more capabilities than
+		// this one (ptrace_may_access): the lock holders, the executable a
+		// process really runs, and the host's and kube-proxy's files. The
+		// checks needing them are skipped, never judged on half the facts
+		// (deploy/README.md lists them).
+		hint := " (" + who + " without it; the chart's sysPtrace: true or deploy/components/sys-ptrace grants it)"
+		out["procs"] = "needs CAP_SYS_PTRACE to read other processes' exe, locks and fds" + hint
+		out[node.SubsystemHostRoot] = "needs CAP_SYS_PTRACE to read the host's and kube-proxy's files through /proc/<pid>/root" + hint
 	}
 	return out
 }
@@ -87,6 +95,9 @@ func applyPrivileges(n *node.Node, missing map[string]string) {
 			n.NFTables = nil
 		case "procs":
 			n.Procs = nil
+		case node.SubsystemHostRoot:
+			// No adapter: the detectors reading /proc/<pid>/root ask
+			// n.Unavailable.
 		default:
 			continue
 		}

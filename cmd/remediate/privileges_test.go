@@ -87,7 +87,7 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	want := map[string]string{
 		"conntrack":    "needs root / CAP_NET_ADMIN",
 		"iptables":     "needs root / CAP_NET_ADMIN",
-		"hung-restore": "needs root / CAP_SYS_PTRACE",
+		"hung-restore": "needs CAP_SYS_PTRACE",
 		// nft list table as uid 65534 was "Operation not permitted": a
 		// failed rule and exit 1 instead of a skip.
 		"leftovers":     "needs root / CAP_NET_ADMIN",

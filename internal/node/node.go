@@ -99,6 +99,13 @@ type Node struct {
 	Probe probe.Interface
 }
 
+// SubsystemHostRoot names, in Unavailable, the reading of other
+// processes' root filesystems through ProcRoot/<pid>/root (the host's as
+// PID 1's, kube-proxy's as its process's): the kernel allows it only with
+// CAP_SYS_PTRACE over processes more privileged than the reader. It has no
+// adapter; the detectors that need it check Unavailable.
+const SubsystemHostRoot = "hostroot"
+
 // Why returns the recorded reason a subsystem is unavailable, or a generic
 // one.
 func (n *Node) Why(subsystem string) string {

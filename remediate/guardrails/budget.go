@@ -34,7 +34,10 @@ type BudgetOptions struct {
 	// Node is this daemon's node name (the Lease holder identity).
 	Node string
 	// Prefix of the slot Lease names (default "remediate-budget"): slots
-	// are Prefix-0 .. Prefix-(N-1).
+	// are Prefix-0 .. Prefix-(N-1). deploy/'s admission policy lets the
+	// ServiceAccount write only Leases named remediate-budget-* (and its
+	// node's status Lease): another prefix must start with
+	// "remediate-budget-".
 	Prefix string
 	Clock  clock.WithTicker
 	Log    *zap.Logger

@@ -323,6 +323,7 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		t.Errorf("daemon on n1 cordoned n2: %v", err)
 	}
 	testOwnNodeFields(t, cp, n1)
+	testOwnNodeAttacks(t, cp)
 	testSubjectInAnotherNamespace(t, cp)
 	if _, err := n1.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
 		t.Errorf("secrets list: %v", err)
@@ -459,7 +460,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 	// A crashed holder's slot expires after its TTL.
 	short := func(n string) *guardrails.Budget {
 		return guardrails.NewBudget(daemonClient(t, cp, n).Interface,
-			guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-ttl"})
+			guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 1, TTL: 2 * time.Second, Node: n, Prefix: "remediate-budget-ttl"})
 	}
 	if err := short("n1").Check(ctx, req("r", "t", "X", true, false)); err != nil {
 		t.Fatal(err)
@@ -730,7 +731,7 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 		OptOut:    guardrails.NewOptOut(nw),
 		Freshness: guardrails.NewFreshness(view, "", nil),
 		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n1"}),
-		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-e2e"}),
+		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-budget-e2e"}),
 	}
 	p, err := policy.Parse("e2e.yaml", []byte(e2ePolicy), remediate.Catalog{})
 	if err != nil {
@@ -855,6 +856,143 @@ func testOwnNodeFields(t *testing.T, cp *controlplane.ControlPlane, n1 kubernete
 	}
 	if err := patch("KubeProxyDataplaneHealthy"); err != nil {
 		t.Errorf("setting its condition: %v", err)
+	}
+}
+
+// testOwnNodeAttacks (issue 27, item 10): with a real pod-bound token of
+// the ServiceAccount on n1, every write to its own Node beyond what the
+// daemon does is refused by the admission policy (status addresses,
+// allocatable and capacity, labels through nodes/status, a dangling
+// ownerReference or a finalizer that would let the garbage collector or a
+// stuck deletion take the Node, unschedulable without remediate's cordon
+// record, uncordoning someone else's cordon), and every write the daemon
+// makes, through its own code, still succeeds: kube.Cordon with its taint,
+// kube.Uncordon, the KubeProxyDataplaneHealthy condition as the Reporter
+// sets it, and its removal.
+func testOwnNodeAttacks(t *testing.T, cp *controlplane.ControlPlane) {
+	ctx := context.Background()
+	cs := kubernetes.NewForConfigOrDie(deploytest.AsBoundPod(t, cp, deploytest.Namespace, "remediate", "n1"))
+	dry := []string{metav1.DryRunAll}
+	denied := func(what string, err error, want string) {
+		t.Helper()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want denied with %q", what, err, want)
+		} else {
+			t.Logf("%s: refused: %v", what, err)
+		}
+	}
+	statusPatch := func(body string) error {
+		_, err := cs.CoreV1().Nodes().Patch(ctx, "n1", types.StrategicMergePatchType, []byte(body), metav1.PatchOptions{DryRun: dry}, "status")
+		return err
+	}
+	update := func(change func(n *corev1.Node)) error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(n)
+		_, err = cs.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{DryRun: dry})
+		return err
+	}
+	const statusMsg = "only the KubeProxyDataplaneHealthy condition of its Node's status"
+	const metaMsg = "no metadata of its Node but the remediate.dev/cordoned-by annotation"
+	const cordonMsg = "may set spec.unschedulable only with its remediate.dev/cordoned-by annotation"
+	denied("status.addresses", statusPatch(`{"status":{"addresses":[{"type":"InternalIP","address":"10.66.6.6"}]}}`), statusMsg)
+	denied("allocatable.pods=0", statusPatch(`{"status":{"allocatable":{"pods":"0"}}}`), statusMsg)
+	denied("capacity.pods=0", statusPatch(`{"status":{"capacity":{"pods":"0"}}}`), statusMsg)
+	denied("its condition together with addresses", statusPatch(
+		`{"status":{"conditions":[{"type":"KubeProxyDataplaneHealthy","status":"True","reason":"x"}],"addresses":[{"type":"Hostname","address":"evil"}]}}`), statusMsg)
+	denied("a label through nodes/status", statusPatch(`{"metadata":{"labels":{"node-restriction.kubernetes.io/pool":"trusted"}}}`), "may not change a Node's labels")
+	denied("a dangling ownerReference", update(func(n *corev1.Node) {
+		n.OwnerReferences = append(n.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap", Name: "gone", UID: "0b8c5f1e-0000-4000-8000-000000000027"})
+	}), metaMsg)
+	denied("a finalizer", update(func(n *corev1.Node) { n.Finalizers = append(n.Finalizers, "remediate.dev/hold") }), metaMsg)
+	denied("unschedulable without the cordon record", update(func(n *corev1.Node) { n.Spec.Unschedulable = true }), cordonMsg)
+	denied("the cordon record without unschedulable", update(func(n *corev1.Node) {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[kube.AnnotationCordonedBy] = `{"detector":"x"}`
+	}), cordonMsg)
+	denied("providerID", update(func(n *corev1.Node) { n.Spec.ProviderID = "evil://n1" }), "only spec.unschedulable and its own taints")
+
+	// Someone else's cordon is not remediate's to undo.
+	n, err := cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Unschedulable = true
+	if _, err := cp.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	denied("uncordoning an operator's cordon", update(func(n *corev1.Node) { n.Spec.Unschedulable = false }), cordonMsg)
+	denied("uncordoning an operator's cordon with a forged record", update(func(n *corev1.Node) {
+		n.Spec.Unschedulable = false
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[kube.AnnotationCordonedBy] = `{"detector":"x"}`
+	}), cordonMsg)
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "x"}); !errors.Is(err, kube.ErrCordonedByOther) {
+		t.Errorf("kube.Cordon of an operator's cordon: %v, want ErrCordonedByOther", err)
+	}
+	n, err = cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.Unschedulable = false
+	if _, err := cp.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the daemon does, for real, through its own code.
+	before, err := cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	taint := &corev1.Taint{Key: "remediate.dev/dataplane-unhealthy", Effect: corev1.TaintEffectNoSchedule}
+	if _, err := kube.Cordon(ctx, cs, "n1", kube.CordonRecord{Detector: "IPTablesRules", Target: "n1", Time: time.Now().UTC(), Taint: taint}); err != nil {
+		t.Fatalf("kube.Cordon with its taint: %v", err)
+	}
+	n, err = cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hasTaint := func(n *corev1.Node) bool {
+		for _, x := range n.Spec.Taints {
+			if x.Key == taint.Key && x.Effect == taint.Effect {
+				return true
+			}
+		}
+		return false
+	}
+	if rec, ours := kube.CordonedBy(n); !n.Spec.Unschedulable || !ours || rec.Taint == nil || !hasTaint(n) || len(n.Spec.Taints) != len(before.Spec.Taints)+1 {
+		t.Errorf("after kube.Cordon: unschedulable %v, record %+v (%v), taints %v", n.Spec.Unschedulable, rec, ours, n.Spec.Taints)
+	}
+	if changed, err := kube.Uncordon(ctx, cs, "n1"); err != nil || !changed {
+		t.Fatalf("kube.Uncordon: %v (changed %v)", err, changed)
+	}
+	n, err = cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ours := kube.CordonedBy(n); n.Spec.Unschedulable || ours || hasTaint(n) || len(n.Spec.Taints) != len(before.Spec.Taints) {
+		t.Errorf("after kube.Uncordon: unschedulable %v, record %v, taints %v", n.Spec.Unschedulable, ours, n.Spec.Taints)
+	}
+	rep := kubeexporter.New(cs, kubeexporter.Options{Node: "n1", Log: zaptest.NewLogger(t)})
+	if err := rep.Report(ctx, &remediate.Report{Time: time.Now()}); err != nil {
+		t.Fatalf("the Reporter's condition: %v", err)
+	}
+	n, err = cp.Client.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch := kube.RemoveConditionPatch(n, kubeexporter.DefaultConditionType)
+	if patch == nil {
+		t.Fatalf("the Reporter set no %s condition: %+v", kubeexporter.DefaultConditionType, n.Status.Conditions)
+	}
+	if _, err := cs.CoreV1().Nodes().PatchStatus(ctx, "n1", patch); err != nil {
+		t.Errorf("removing its condition: %v", err)
 	}
 }
 

@@ -7,17 +7,21 @@ package deploytest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/utils/ptr"
@@ -47,6 +51,51 @@ func AsDaemon(cp *controlplane.ControlPlane, node string) *rest.Config {
 		UserName: SAUser,
 		Groups:   saGroups,
 		Extra:    map[string][]string{NodeKey: {node}},
+	}
+	return cfg
+}
+
+// AsBoundPod returns a config that authenticates with a real pod-bound
+// ServiceAccount token, as the kubelet projects into the DaemonSet's pod:
+// it creates a pod of ServiceAccount namespace/sa on node (no kubelet runs
+// it) and requests a token bound to that pod (TokenRequest). The
+// apiserver itself then puts the node's name into the token's user extra
+// (NodeKey), as on a real node; the function checks that it did
+// (SelfSubjectReview). The pod is deleted in t.Cleanup.
+func AsBoundPod(t testing.TB, cp *controlplane.ControlPlane, namespace, sa, node string) *rest.Config {
+	t.Helper()
+	ctx := context.Background()
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: sa + "-" + node + "-", Namespace: namespace},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa,
+			Containers:                    []corev1.Container{{Name: "remediate", Image: "ghcr.io/remediate-dev/remediate:test"}},
+			TerminationGracePeriodSeconds: ptr.To[int64](0)},
+	}
+	pod, err := cp.Client.CoreV1().Pods(namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("pod of %s/%s on %s: %v", namespace, sa, node, err)
+	}
+	t.Cleanup(func() {
+		_ = cp.Client.CoreV1().Pods(namespace).Delete(context.Background(), pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+	})
+	tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To[int64](3600),
+		BoundObjectRef:    &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of %s/%s bound to pod %s: %v", namespace, sa, pod.Name, err)
+	}
+	cfg := rest.CopyConfig(cp.RestConfig)
+	cfg.BearerToken, cfg.BearerTokenFile = tr.Status.Token, ""
+	cfg.CertData, cfg.KeyData, cfg.CertFile, cfg.KeyFile = nil, nil, "", ""
+	cfg.Impersonate = rest.ImpersonationConfig{}
+	ssr, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("SelfSubjectReview with the bound token: %v", err)
+	}
+	ui := ssr.Status.UserInfo
+	if want := "system:serviceaccount:" + namespace + ":" + sa; ui.Username != want || fmt.Sprint(ui.Extra[NodeKey]) != "["+node+"]" {
+		t.Fatalf("bound token authenticates as %q with %s=%v, want %q on node %s", ui.Username, NodeKey, ui.Extra[NodeKey], want, node)
 	}
 	return cfg
 }
