@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test hostdeps test-vm test-node lint bench bench-load fuzz clean image
+.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load fuzz clean image
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -117,7 +117,13 @@ test-node: hostdeps helm-bin controlplane-bins node-bins
 	REMEDIATE_NODE_LANE=1 REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm \
 	  REMEDIATE_MKIMAGE=$(CURDIR)/$(MKIMAGE) REMEDIATE_NODE_ROOTFS=$$(tools/image/rootfs.sh amd64) \
 	  REMEDIATE_NODE_IMAGE=$(CURDIR)/_output/node/remediate-image-linux-amd64.tar \
-	  $(GO) test -count=1 -timeout 15m -v -run '$(NODE_RUN)' ./internal/testing/realnode/
+	  $(GO) test -count=1 -timeout 30m -v -run '$(NODE_RUN)' ./internal/testing/realnode/
+
+# What the chart's pod costs at idle on the real node (not a CI test):
+# CPU millicores and RSS from its pod cgroup over POD_COST_WINDOW.
+POD_COST_WINDOW ?= 10m
+pod-cost:
+	REMEDIATE_NODE_POD_COST=$(POD_COST_WINDOW) $(MAKE) --no-print-directory test-node NODE_RUN='^TestNodePodCost$$'
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
