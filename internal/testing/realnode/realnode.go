@@ -404,7 +404,7 @@ func (n *Node) ctr(ctx context.Context, args ...string) (string, error) {
 
 // ImportImage imports a docker-archive tarball into the node's containerd.
 func (n *Node) ImportImage(ctx context.Context, tarball string) error {
-	_, err := n.ctr(ctx, "images", "import", "--no-unpack=false", tarball)
+	_, err := n.ctr(ctx, "images", "import", tarball)
 	return err
 }
 
