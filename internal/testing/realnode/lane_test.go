@@ -52,9 +52,11 @@ func laneMain(m *testing.M) int {
 	}
 	cfg := realnode.Config{
 		BinDir: abs("REMEDIATE_CONTROLPLANE_BIN"), MkImage: abs("REMEDIATE_MKIMAGE"), Rootfs: abs("REMEDIATE_NODE_ROOTFS"),
-		Images: []string{abs("REMEDIATE_NODE_IMAGE")},
-		Dir:    fmt.Sprintf("/tmp/remediate-realnode-%d", os.Getpid()),
-		Logf:   func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		Dir:  fmt.Sprintf("/tmp/remediate-realnode-%d", os.Getpid()),
+		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+	}
+	if img := abs("REMEDIATE_NODE_IMAGE"); img != "" {
+		cfg.Images = append(cfg.Images, img)
 	}
 	pluginBin = filepath.Join(os.TempDir(), fmt.Sprintf("kubectl-remediate-%d", os.Getpid()))
 	defer os.Remove(pluginBin)
