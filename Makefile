@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test hostdeps test-vm lint bench bench-load fuzz clean image stress-procs
+.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load fuzz clean image stress-procs
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -23,17 +23,48 @@ build:
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/kubectl-remediate ./cmd/kubectl-remediate
 
 # Release binaries for the image's platforms, static, version stamped from
-# git, and one SPDX SBOM of the modules linked into them (tools/sbom).
-# deploy/Dockerfile builds the same for a container engine.
+# git, and one SPDX SBOM of the modules linked into them (tools/sbom); then
+# the image itself without a container engine or registry: deploy/Dockerfile's
+# runtime stage (Debian bookworm minbase + tools/image/packages.txt, built by
+# mmdebstrap in tools/image/rootfs.sh and cached outside the clone, keyed by
+# the package list) plus the binary and the SBOM, packed by tools/image/mkimage
+# (go-containerregistry, pinned in tools/image/go.mod) as a docker-archive
+# bin/remediate-image-linux-ARCH.tar named as the chart's default image
+# (`ctr -n k8s.io images import` or `docker load` it). deploy/image_test.go
+# checks that this build and deploy/Dockerfile agree.
+# Archives: amd64 only. arm64 would need mmdebstrap to run arm64 maintainer
+# scripts under qemu-user-static/binfmt_misc, which this machine lacks: arm64
+# gets its binary and the SBOM, and deploy/Dockerfile (buildx) builds its image.
+# Without root and without a cached rootfs, the archive is skipped (said so).
 IMAGE_ARCHES ?= amd64 arm64
+IMAGE_ARCHIVE_ARCHES ?= amd64
+IMAGE_REPO ?= ghcr.io/remediate-dev/remediate
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' deploy/helm/remediate/Chart.yaml)
+MKIMAGE := _output/bin/mkimage
+IMAGE_OUT ?= bin
 image:
-	@mkdir -p bin
+	@mkdir -p $(IMAGE_OUT)
 	@for arch in $(IMAGE_ARCHES); do \
-	  echo "bin/remediate-linux-$$arch ($(VERSION))"; \
+	  echo "$(IMAGE_OUT)/remediate-linux-$$arch ($(VERSION))"; \
 	  CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" \
-	    -o bin/remediate-linux-$$arch ./cmd/remediate || exit 1; \
+	    -o $(IMAGE_OUT)/remediate-linux-$$arch ./cmd/remediate || exit 1; \
 	done
-	$(GO) run ./tools/sbom -o bin/remediate.spdx.json $(addprefix bin/remediate-linux-,$(IMAGE_ARCHES))
+	$(GO) run ./tools/sbom -o $(IMAGE_OUT)/remediate.spdx.json $(addprefix $(IMAGE_OUT)/remediate-linux-,$(IMAGE_ARCHES))
+	@$(MAKE) --no-print-directory image-archive
+
+.PHONY: image-archive mkimage
+mkimage:
+	cd tools/image && GOFLAGS=-mod=readonly CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/$(MKIMAGE) ./mkimage
+
+image-archive: mkimage
+	@for arch in $(IMAGE_ARCHIVE_ARCHES); do \
+	  rootfs=$$(tools/image/rootfs.sh $$arch) || { \
+	    if [ "$$(id -u)" != 0 ]; then echo "not root and no cached rootfs: $(IMAGE_OUT)/remediate-image-linux-$$arch.tar skipped"; continue; fi; exit 1; }; \
+	  echo "$(IMAGE_OUT)/remediate-image-linux-$$arch.tar ($(IMAGE_REPO):$(IMAGE_TAG), rootfs $$rootfs)"; \
+	  $(MKIMAGE) -base $$rootfs -spec tools/image/image.json -srcdir $(IMAGE_OUT) -arch $$arch \
+	    -label org.opencontainers.image.version=$(VERSION) \
+	    -name $(IMAGE_REPO):$(IMAGE_TAG) -out $(IMAGE_OUT)/remediate-image-linux-$$arch.tar || exit 1; \
+	done
 
 # The main job: one detection pass on this machine with the example audit
 # policy, forced dry-run. Exit 2 means "findings present", which is a
@@ -52,6 +83,7 @@ test: hostdeps helm-bin
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; fi
 	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; fi
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-node; fi
 
 # The host's Debian packages the tests use (tools/hostdeps/packages.txt, the
 # same list .ci/run installs): as root, missing ones are installed; without
@@ -69,6 +101,27 @@ VM_PKGS ?= ./internal/ipvs ./internal/cpustat ./detect ./remediate/action
 test-vm:
 	GO=$(GO) tools/vm/run.sh $(VM_PKGS)
 	REMEDIATE_VM_KUBEPROXY=1 REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) $(GO) test -count=1 -timeout 20m -run '^TestIPVSKubeProxyInVM$$' ./remediate/action
+
+# The real-node lane (root): one real node (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, containerd + runc + the CNI bridge,
+# the kubelet; internal/testing/realnode) in a network namespace, the chart
+# installed with helm under the real kubelet, the scenarios of
+# internal/testing/realnode/lane_test.go, then everything torn down by PID.
+# The lane's image is built into _output/node (amd64 only), from the cached
+# rootfs (tools/image/rootfs.sh). NODE_RUN narrows the scenarios.
+NODE_RUN ?= .
+test-node: hostdeps helm-bin controlplane-bins node-bins
+	@$(MAKE) --no-print-directory image IMAGE_ARCHES=amd64 IMAGE_OUT=_output/node
+	REMEDIATE_NODE_LANE=1 REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm \
+	  REMEDIATE_MKIMAGE=$(CURDIR)/$(MKIMAGE) REMEDIATE_NODE_ROOTFS=$$(tools/image/rootfs.sh amd64) \
+	  REMEDIATE_NODE_IMAGE=$(CURDIR)/_output/node/remediate-image-linux-amd64.tar \
+	  $(GO) test -count=1 -timeout 30m -v -run '$(NODE_RUN)' ./internal/testing/realnode/
+
+# What the chart's pod costs at idle on the real node (not a CI test):
+# CPU millicores and RSS from its pod cgroup over POD_COST_WINDOW.
+POD_COST_WINDOW ?= 10m
+pod-cost:
+	REMEDIATE_NODE_POD_COST=$(POD_COST_WINDOW) $(MAKE) --no-print-directory test-node NODE_RUN='^TestNodePodCost$$'
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -222,3 +222,25 @@ func TestIPTablesVersionSkewRemembersBinaries(t *testing.T) {
 	cycle(4, skew)
 	cycle(4, skew)
 }
+
+// TestIPTablesVersionSkewHostRoot: with --host-root (the host's "/"
+// mounted read-only in the pod), the host's iptables is read there, not
+// through /proc/1/root, which needs ptrace access to PID 1 (a VM's
+// protected init refuses it even to root: "lstat /host/proc/1/root/usr:
+// permission denied", and the host party was unknown, so nothing compared).
+func TestIPTablesVersionSkewHostRoot(t *testing.T) {
+	pf := procs.NewFake(999)
+	pf.Add(fakeProc(50, 1, "kube-proxy", procT0.Add(-time.Hour), "S", "kube-proxy"))
+	n, _ := newIssue3Node(pf)
+	// PID 1's root is absent from the proc root (unreadable), kube-proxy's is there.
+	n.ProcRoot = fakeProcRoot(t, map[int]map[string]string{50: debianRoot("legacy", "1.8.7")})
+	n.HostRoot = fakeProcRoot(t, map[int]map[string]string{0: debianRoot("nft", "1.8.9")}) + "/0/root"
+	got, err := newIssue3Detector(t, "IPTablesVersionSkew", n, func(p any) { p.(*IPTablesVersionSkewParams).CheckKubeRulesBackend = false }).Detect(context.Background())
+	if err != nil || len(got) != 1 {
+		t.Fatalf("want one finding (host nft 1.8.9 vs kube-proxy legacy 1.8.7), got %v %+v", err, got)
+	}
+	host, _ := got[0].Evidence["host"].(map[string]any)
+	if host["root"] != n.HostRoot || host["backend"] != "nft" || host["version"] != "1.8.9" {
+		t.Fatalf("host evidence = %v", host)
+	}
+}

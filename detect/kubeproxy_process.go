@@ -20,7 +20,12 @@ import (
 
 // hostRoot is the host's root filesystem as PID 1 of the proc root sees
 // it (with hostPID, the node's init).
-func hostRoot(n *node.Node) string { return processRoot(n, 1) }
+func hostRoot(n *node.Node) string {
+	if n.HostRoot != "" {
+		return n.HostRoot
+	}
+	return processRoot(n, 1)
+}
 
 // processRoot is process pid's root filesystem as the proc root shows it
 // (/proc/<pid>/root: its mount namespace's "/", whatever its container).

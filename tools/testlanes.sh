@@ -8,6 +8,7 @@ if [ "$(id -u)" != 0 ]; then
 	echo "make test: skipping the real-kernel lane (network namespaces, iptables, nft, conntrack, the xtables lock): needs root (running as uid $(id -u))"
 	echo "make test: skipping the control-plane lane (real kube-apiserver, etcd, kube-proxy end to end): needs root for its network namespace; not built"
 	echo "make test: skipping the VM lane (make test-vm: IPVS, cgroup v2 in QEMU): needs root"
+	echo "make test: skipping the real-node lane (make test-node: kubelet, containerd, the chart's pod): needs root"
 	echo "make test: skipping the privilege tests (the binary run as another user): need root"
 fi
 # Host packages: a missing one skips the lanes packages.txt names for it.

@@ -32,6 +32,7 @@ type options struct {
 	nodeName     string
 	kubeconfig   string
 	procRoot     string
+	hostRoot     string
 	sysRoot      string
 	cniConfDir   string
 	cniBinDir    string
@@ -157,6 +158,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.nodeName, "node-name", "", "this node's name (default $NODE_NAME, else the hostname)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; without either, API-dependent checks are skipped)")
 	fs.StringVar(&o.procRoot, "proc-root", "/proc", "procfs root; every /proc and /proc/sys read goes through it")
+	fs.StringVar(&o.hostRoot, "host-root", "", "the host's root filesystem, read-only (the host's iptables install); empty: <proc-root>/1/root, which needs ptrace access to PID 1")
 	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "the host's CNI configuration directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the host's CNI plugin directory as mounted here (read-only; CNIConfig)")

@@ -70,6 +70,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	n := &node.Node{
 		Name:        w.o.nodeName,
 		ProcRoot:    w.o.procRoot,
+		HostRoot:    w.o.hostRoot,
 		XtablesLock: w.o.xtablesLock,
 		CNIConfDir:  w.o.cniConfDir,
 		CNIBinDir:   w.o.cniBinDir,

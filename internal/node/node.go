@@ -34,6 +34,11 @@ type Node struct {
 	// ProcRoot is the procfs mount to read (--proc-root, default /proc).
 	// Every /proc and /proc/sys read goes through it.
 	ProcRoot string
+	// HostRoot is the host's root filesystem (--host-root; the chart
+	// mounts the host's "/" read-only there). Empty: <ProcRoot>/1/root,
+	// which needs ptrace access to PID 1 (CAP_SYS_PTRACE, and a PID 1 that
+	// allows it: a VM's protected init does not).
+	HostRoot string
 	// XtablesLock is the xtables lock file (--xtables-lock).
 	XtablesLock string
 	// Clock is injected so tests control time.

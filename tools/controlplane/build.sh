@@ -16,6 +16,22 @@ cd "$here"
 # -trimpath: binaries do not depend on where the module cache lives.
 export GOFLAGS="${GOFLAGS:-} -mod=readonly -trimpath"
 export CGO_ENABLED=0
-go build -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-proxy
+# kube-apiserver and the node's binaries report v1.34.4 (a plain module
+# build says v0.0.0-master, which helm's kubeVersion check refuses); the
+# version only changes the link step. kube-proxy keeps the module's version.
+v=v1.34.4
+ver="-X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1"
+ver="$ver -X k8s.io/component-base/version.gitMinor=34 -X k8s.io/component-base/version.gitTreeState=clean"
+ver="$ver -X k8s.io/client-go/pkg/version.gitVersion=$v -X k8s.io/client-go/pkg/version.gitMajor=1"
+ver="$ver -X k8s.io/client-go/pkg/version.gitMinor=34"
+if [ "${NODE:-}" = 1 ]; then
+	# The real-node lane (make node-bins): kubelet, controller manager, scheduler.
+	go build -ldflags "$ver" -o "$out/" k8s.io/kubernetes/cmd/kubelet \
+		k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+	ls -l "$out/kubelet" "$out/kube-controller-manager" "$out/kube-scheduler"
+	exit 0
+fi
+go build -ldflags "$ver" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver
+go build -o "$out/" k8s.io/kubernetes/cmd/kube-proxy
 go build -o "$out/etcd" go.etcd.io/etcd/server/v3
 ls -l "$out/kube-apiserver" "$out/kube-proxy" "$out/etcd"

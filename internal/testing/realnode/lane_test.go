@@ -1,0 +1,295 @@
+package realnode_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/remediate-dev/remediate/deploy"
+	"github.com/remediate-dev/remediate/internal/testing/realnode"
+)
+
+// The real-node lane (make test-node) sets REMEDIATE_NODE_LANE=1 and says
+// where the pieces are; every other `go test` skips these tests (one node
+// is ~1 min to bring up and needs the lane's images):
+//
+//	REMEDIATE_NODE_LANE=1 REMEDIATE_CONTROLPLANE_BIN=_output/bin \
+//	REMEDIATE_NODE_ROOTFS=$(tools/image/rootfs.sh) REMEDIATE_NODE_IMAGE=bin/remediate-image-linux-amd64.tar \
+//	REMEDIATE_MKIMAGE=_output/bin/mkimage REMEDIATE_HELM=_output/bin/helm go test -v ./internal/testing/realnode/
+var (
+	node      *realnode.Node
+	nodeErr   string
+	repo      string
+	pluginBin string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(laneMain(m))
+}
+
+func laneMain(m *testing.M) int {
+	if os.Getenv("REMEDIATE_NODE_LANE") != "1" {
+		nodeErr = "the real-node lane runs with make test-node (REMEDIATE_NODE_LANE=1)"
+		return m.Run()
+	}
+	wd, _ := os.Getwd()
+	repo = filepath.Join(wd, "..", "..", "..")
+	abs := func(env string) string {
+		p := os.Getenv(env)
+		if p != "" && !filepath.IsAbs(p) {
+			p = filepath.Join(repo, p)
+		}
+		return p
+	}
+	cfg := realnode.Config{
+		BinDir: abs("REMEDIATE_CONTROLPLANE_BIN"), MkImage: abs("REMEDIATE_MKIMAGE"), Rootfs: abs("REMEDIATE_NODE_ROOTFS"),
+		Dir:  fmt.Sprintf("/tmp/remediate-realnode-%d", os.Getpid()),
+		Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+	}
+	if img := abs("REMEDIATE_NODE_IMAGE"); img != "" {
+		cfg.Images = append(cfg.Images, img)
+	}
+	pluginBin = filepath.Join(os.TempDir(), fmt.Sprintf("kubectl-remediate-%d", os.Getpid()))
+	defer os.Remove(pluginBin)
+	build := exec.Command("go", "build", "-o", pluginBin, "./cmd/kubectl-remediate")
+	build.Dir = repo
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build kubectl-remediate: %v: %s\n", err, out)
+		return 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	n, err := realnode.Start(ctx, cfg)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "real node: %v\n", err)
+		return 1
+	}
+	node = n
+	code := m.Run()
+	t0 := time.Now()
+	if err := n.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "real node teardown: %v\n", err)
+		code = 1
+	}
+	if left := n.Leftovers(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "real node left behind: %s\n", strings.Join(left, "; "))
+		code = 1
+	}
+	fmt.Fprintf(os.Stderr, "realnode: torn down in %.0fs\n", time.Since(t0).Seconds())
+	return code
+}
+
+func needNode(t *testing.T) *realnode.Node {
+	t.Helper()
+	if node == nil {
+		t.Skip(nodeErr)
+	}
+	return node
+}
+
+// run runs a program inside the node's namespace with the admin kubeconfig.
+func run(t *testing.T, n *realnode.Node, timeout time.Duration, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := n.Command(ctx, name, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.AdminKubeconfig, "HOME="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func helm(t *testing.T, n *realnode.Node, args ...string) string {
+	t.Helper()
+	bin, err := deploy.HelmBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, n, 5*time.Minute, bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// chartValues are the node's host paths: Debian's plugins are copied to the
+// node's folder (a scenario may break them), the conf dir is containerd's,
+// the xtables lock and the state dir are the node's own.
+func chartValues(n *realnode.Node) []string {
+	return []string{"--set", "host.cniConfDir=" + n.CNIConfDir, "--set", "host.cniBinDir=" + n.CNIBinDir,
+		"--set", "host.xtablesLock=" + n.XtablesLock, "--set", "host.stateDir=" + n.StateDir}
+}
+
+const releaseNS = "remediate"
+
+func waitRemediateReady(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	if err := n.Poll(context.Background(), "remediate pod Ready", 4*time.Minute, func(ctx context.Context) (bool, string) {
+		return n.PodsReady(ctx, releaseNS, "app.kubernetes.io/name=remediate")
+	}); err != nil {
+		t.Fatalf("%v\nkubelet log:\n%s", err, realnode.Tail(n.Log("kubelet"), 20))
+	}
+}
+
+// report is the --once -o json report (README: stable keys).
+type report struct {
+	Findings []struct{ Rule, Detector, Severity, Message string } `json:"findings"`
+	Skipped  []struct{ Rule, Detector, Reason string }            `json:"skipped"`
+	OK       []struct{ Rule, Detector, Judged string }            `json:"ok"`
+}
+
+// TestNodeChartAudit is scenario (a): the chart with its defaults (audit)
+// under a real kubelet: the pod Ready; its one-shot report (through the
+// kubectl plugin, scenario (b)) accounts for every rule of the policy, no
+// critical finding on this healthy node, and no check skipped for a reason
+// a correct pod spec would lift (permission denied, operation not
+// permitted: a capability, mount or securityContext the chart lacks);
+// metrics scraped; the Node condition set; the evidence bundle fetched;
+// `helm uninstall` leaves no condition, Lease or cluster-scoped object.
+func TestNodeChartAudit(t *testing.T) {
+	n := needNode(t)
+	ctx := context.Background()
+	helm(t, n, append([]string{"install", "remediate", deploy.ChartDir(), "-n", releaseNS, "--create-namespace"}, chartValues(n)...)...)
+	uninstalled := false
+	t.Cleanup(func() {
+		if !uninstalled {
+			bin, _ := deploy.HelmBin()
+			_, _ = run(t, n, 3*time.Minute, bin, "uninstall", "remediate", "-n", releaseNS, "--wait")
+		}
+	})
+	waitRemediateReady(t, n)
+
+	// Scenario (b): the kubectl plugin runs --once in the pod.
+	out, err := run(t, n, 3*time.Minute, pluginBin, realnode.NodeName, "-o", "json")
+	if err != nil && !strings.Contains(err.Error(), "exit status 2") {
+		t.Fatalf("kubectl remediate: %v", err)
+	}
+	var r report
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+		t.Fatalf("report: %v\n%s", err, out)
+	}
+	cm, err := n.Client.CoreV1().ConfigMaps(releaseNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := policyRules(t, cm.Items)
+	seen := map[string]int{}
+	for _, f := range r.Findings {
+		seen[f.Rule]++
+		t.Logf("finding %s/%s %s: %s", f.Rule, f.Detector, f.Severity, f.Message)
+		if f.Severity == "critical" {
+			t.Errorf("critical finding on a healthy node: %s: %s", f.Rule, f.Message)
+		}
+	}
+	for _, s := range r.Skipped {
+		seen[s.Rule]++
+		t.Logf("skipped %s/%s: %s", s.Rule, s.Detector, s.Reason)
+		for _, bad := range []string{"permission denied", "operation not permitted", "read-only file system"} {
+			if strings.Contains(strings.ToLower(s.Reason), bad) {
+				t.Errorf("%s skipped for a reason the pod spec should lift: %s", s.Rule, s.Reason)
+			}
+		}
+	}
+	for _, o := range r.OK {
+		seen[o.Rule]++
+	}
+	for _, rule := range rules {
+		if seen[rule] == 0 {
+			t.Errorf("rule %s is not in the report (findings, ok or skipped)", rule)
+		}
+	}
+	t.Logf("report: %d rules, %d ok, %d skipped, %d findings", len(rules), len(r.OK), len(r.Skipped), len(r.Findings))
+
+	// The plugin fetches the evidence bundle.
+	bundle := filepath.Join(t.TempDir(), "rn1.tar.gz")
+	if out, err := run(t, n, 3*time.Minute, pluginBin, realnode.NodeName, "--bundle", bundle); err != nil && !strings.Contains(err.Error(), "exit status 2") {
+		t.Fatalf("kubectl remediate --bundle: %v\n%s", err, out)
+	}
+	if st, err := os.Stat(bundle); err != nil || st.Size() == 0 {
+		t.Errorf("bundle not fetched: %v", err)
+	}
+
+	// Metrics, from the node's namespace (the pod is hostNetwork).
+	var metrics string
+	if err := n.Poll(ctx, "metrics", time.Minute, func(ctx context.Context) (bool, string) {
+		metrics, err = n.HTTPGet(ctx, "http://127.0.0.1:9808/metrics")
+		return err == nil && strings.Contains(metrics, "remediate_last_cycle_timestamp_seconds "), fmt.Sprint(err)
+	}); err != nil {
+		t.Error(err)
+	}
+
+	// The Node condition.
+	if err := n.Poll(ctx, "Node condition KubeProxyDataplaneHealthy=True", 2*time.Minute, func(ctx context.Context) (bool, string) {
+		c := nodeCondition(ctx, n)
+		return c != nil && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+	}); err != nil {
+		t.Error(err)
+	}
+
+	helm(t, n, "uninstall", "remediate", "-n", releaseNS, "--wait", "--timeout", "3m")
+	uninstalled = true
+	if c := nodeCondition(ctx, n); c != nil {
+		t.Errorf("helm uninstall left the Node condition: %+v", c)
+	}
+	leases, err := n.Client.CoordinationV1().Leases(releaseNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases.Items {
+		t.Errorf("helm uninstall left Lease %s/%s", l.Namespace, l.Name)
+	}
+	crs, err := n.Client.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=remediate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range crs.Items {
+		t.Errorf("helm uninstall left ClusterRole %s", c.Name)
+	}
+	ds, err := n.Client.AppsV1().DaemonSets(releaseNS).List(ctx, metav1.ListOptions{})
+	if err == nil && len(ds.Items) > 0 {
+		t.Errorf("helm uninstall left DaemonSet %s", ds.Items[0].Name)
+	}
+}
+
+func nodeCondition(ctx context.Context, n *realnode.Node) *corev1.NodeCondition {
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, realnode.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == "KubeProxyDataplaneHealthy" {
+			return &c
+		}
+	}
+	return nil
+}
+
+// policyRules are the rule names of the chart's policy ConfigMap.
+func policyRules(t *testing.T, cms []corev1.ConfigMap) []string {
+	t.Helper()
+	var rules []string
+	for _, cm := range cms {
+		for _, v := range cm.Data {
+			for _, line := range strings.Split(v, "\n") {
+				if s, ok := strings.CutPrefix(line, "- name:"); ok {
+					rules = append(rules, strings.Trim(strings.TrimSpace(s), `"`))
+				}
+			}
+		}
+	}
+	if len(rules) == 0 {
+		t.Fatal("no rules found in the chart's policy ConfigMap")
+	}
+	return rules
+}
