@@ -18,9 +18,10 @@ import (
 
 // newCleanupCmd is `remediate cleanup`: remove from nodes what remediate
 // put there (its Node condition; its cordon, taint and annotation), so an
-// uninstall leaves nothing stale. The chart runs it as a pre-delete hook.
+// uninstall leaves nothing stale; with --lease-namespace, also the daemons'
+// budget and storm Leases there. The chart runs it as a pre-delete hook.
 func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
-	var kubeconfig, node, cond string
+	var kubeconfig, node, cond, leaseNS string
 	var timeout time.Duration
 	cc := &cobra.Command{
 		Use:     "cleanup",
@@ -54,7 +55,18 @@ func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
 			for _, n := range names {
 				fmt.Fprintf(stdout, "%s: removed %s\n", n, strings.Join(done[n], ", "))
 			}
-			if len(done) == 0 && err == nil {
+			var leases []string
+			if leaseNS != "" {
+				var lerr error
+				leases, lerr = kube.CleanupLeases(ctx, c.Interface, leaseNS)
+				for _, l := range leases {
+					fmt.Fprintf(stdout, "lease %s/%s: deleted\n", leaseNS, l)
+				}
+				if err == nil {
+					err = lerr
+				}
+			}
+			if len(done) == 0 && len(leases) == 0 && err == nil {
 				fmt.Fprintln(stdout, "nothing to clean up")
 			}
 			if err != nil {
@@ -67,6 +79,7 @@ func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
 	cc.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: $KUBECONFIG, else the in-cluster config)")
 	cc.Flags().StringVar(&node, "node", "", "only this node (default: every node)")
 	cc.Flags().StringVar(&cond, "condition-type", kubeexporter.DefaultConditionType, "the Node condition remediate maintains")
+	cc.Flags().StringVar(&leaseNS, "lease-namespace", "", "also delete the daemons' Leases (remediate-budget-*, remediate-node-*) in this namespace (the chart's hook passes the release namespace)")
 	cc.Flags().DurationVar(&timeout, "timeout", 2*time.Minute, "give up after this long")
 	return cc
 }

@@ -8,6 +8,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -185,4 +186,41 @@ func Cleanup(ctx context.Context, cs kubernetes.Interface, node, conditionType s
 		}
 	}
 	return out, first
+}
+
+// OwnLeasePrefixes are the names of the Leases the daemons write in their
+// namespace: the cluster budget's slots and each node's storm status. An
+// uninstall deletes them (CleanupLeases); no other Lease is touched.
+var OwnLeasePrefixes = []string{"remediate-budget-", "remediate-node-"}
+
+// CleanupLeases deletes, in namespace, the Leases whose names start with one
+// of OwnLeasePrefixes and returns their names. It goes on after a Lease's
+// error and returns the first; a Lease already gone is not an error.
+func CleanupLeases(ctx context.Context, cs kubernetes.Interface, namespace string) ([]string, error) {
+	l, err := cs.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list leases in %s: %w", namespace, err)
+	}
+	var did []string
+	var first error
+	for _, lease := range l.Items {
+		own := false
+		for _, p := range OwnLeasePrefixes {
+			own = own || strings.HasPrefix(lease.Name, p)
+		}
+		if !own {
+			continue
+		}
+		err := cs.CoordinationV1().Leases(namespace).Delete(ctx, lease.Name, metav1.DeleteOptions{})
+		switch {
+		case err == nil:
+			did = append(did, lease.Name)
+		case apierrors.IsNotFound(err):
+		default:
+			if first == nil {
+				first = fmt.Errorf("delete lease %s/%s: %w", namespace, lease.Name, err)
+			}
+		}
+	}
+	return did, first
 }
