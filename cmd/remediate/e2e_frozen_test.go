@@ -112,6 +112,13 @@ func TestE2EFrozenKubeProxyDriftOnce(t *testing.T) {
 				if out, err := cmd.CombinedOutput(); err != nil {
 					t.Logf("kube-proxy --cleanup: %v\n%s", err, out)
 				}
+				// And its nat chains in any case (the marks of iptables mode).
+				flush := exec.Command("ip", "netns", "exec", cp.NetNS.Name, "iptables-legacy-restore", "-w", "5")
+				flush.Env = kp.Env()
+				flush.Stdin = strings.NewReader("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
+				if out, err := flush.CombinedOutput(); err != nil {
+					t.Errorf("flushing the nat table: %v\n%s", err, out)
+				}
 			})
 			freezeKubeProxy(t, kp)
 			ns := "frozen-" + mode
@@ -189,6 +196,8 @@ rules:
   verifyAfter: 10s
 - name: dataplane-drift
   detector: {type: DataplaneDrift, graceSyncPeriods: 1, families: [IPv4]}
+- name: kube-proxy-unreachable
+  detector: {type: KubeProxyUnreachable}
 `
 
 // TestE2ERestartFrozenKubeProxyByEngine runs the daemon in enforce mode
@@ -287,6 +296,11 @@ func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
 	// The finding the restart acted on: the process, its state, the drift.
 	if !logs.has(`"detector":"KubeProxyFrozen","target":"kube-proxy/frozen","severity":"critical"`) {
 		t.Errorf("no KubeProxyFrozen finding logged:\n%s", logs.String())
+	}
+	// The daemon reported the drift beside the unreachable kube-proxy.
+	if !logs.has(`"detector":"DataplaneDrift","target":"dataplane/IPv4/frozen-e2e/late:http"`) ||
+		!logs.has(`"detector":"KubeProxyUnreachable","target":"kube-proxy/metrics"`) {
+		t.Errorf("the daemon did not report the drift and the unreachable kube-proxy:\n%s", logs.String())
 	}
 	if !logs.has("state T (stopped (SIGSTOP))") || !logs.has("frozen-e2e/late:http (IPv4)") {
 		t.Errorf("the finding does not name the stopped process and the unprogrammed Service:\n%s", logs.String())
