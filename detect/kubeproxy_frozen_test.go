@@ -1,10 +1,13 @@
 package detect
 
 import (
+	"bufio"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -278,4 +281,84 @@ func TestKubeProxyFrozenParams(t *testing.T) {
 	if errs := p.Validate(); len(errs) != 2 {
 		t.Fatalf("%v", errs)
 	}
+}
+
+// hangingKubeProxy is a real listener that accepts connections, reads each
+// request line and never answers: a stopped kube-proxy's sockets as the
+// kernel keeps them. It records the paths asked.
+func hangingKubeProxy(t *testing.T) (addr string, asked func() []string) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var paths []string
+	var conns []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			go func() {
+				line, _ := bufio.NewReader(c).ReadString('\n')
+				if f := strings.Fields(line); len(f) > 1 {
+					mu.Lock()
+					paths = append(paths, f[1])
+					mu.Unlock()
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	return l.Addr().String(), func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), paths...)
+	}
+}
+
+// With the real client against a kube-proxy that accepts and never
+// answers, DataplaneDrift asks /proxyMode once (bounded), then neither
+// /configz nor /metrics (same server), and names the drift from the
+// node's marks; KubeProxyNotHearingAPI, sharing the observation, asks
+// nothing more. On main it skipped after waiting for /proxyMode.
+func TestDataplaneDriftRealClientFrozen(t *testing.T) {
+	addr, asked := hangingKubeProxy(t)
+	w := newDriftWorld(t)
+	w.freeze(t)
+	kc, err := kubeproxy.New(kubeproxy.Options{MetricsURL: "http://" + addr + "/metrics", HealthzURL: "http://" + addr + "/healthz",
+		ProxyModeURL: "http://" + addr + "/proxyMode", SyncPeriod: 10 * time.Second, Timeout: 500 * time.Millisecond, CacheTTL: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.n.KubeProxy = kc
+	d, k := newDriftDetectors(t, w)
+	w.addLate(t, 100*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	fs, err := d.Detect(ctx)
+	took := time.Since(start)
+	if err != nil || len(fs) != 1 || fs[0].Target != "dataplane/IPv4/team/late:http" {
+		t.Fatalf("frozen real kube-proxy: %v %s", err, driftTargets(fs))
+	}
+	if _, err := k.Detect(ctx); err == nil {
+		t.Fatal("KubeProxyNotHearingAPI judged a kube-proxy that does not answer")
+	}
+	if got := asked(); len(got) != 1 || got[0] != "/proxyMode" {
+		t.Fatalf("asked %v, want /proxyMode once", got)
+	}
+	t.Logf("DataplaneDrift with a hanging kube-proxy: %v (one /proxyMode request, client timeout 500ms)", took.Round(time.Millisecond))
 }
