@@ -98,14 +98,12 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Both endpoints, each with a bounded share of the detector's time
-	// (shared with KubeProxyUnreachable's reads of the cycle).
-	mctx, cancel := kubeProxyQueryCtx(ctx)
-	_, merr := kp.Metrics(mctx)
-	cancel()
-	hctx, cancel := kubeProxyQueryCtx(ctx)
-	_, herr := kp.Healthz(hctx)
-	cancel()
+	// Both endpoints, each bounded by the client's own timeout
+	// (kubeProxy.scrapeTimeout) and shared with KubeProxyUnreachable's
+	// reads of the cycle. Only that timeout counts as silence: the
+	// detector's own deadline ending first is "cannot tell".
+	_, merr := kp.Metrics(ctx)
+	_, herr := kp.Healthz(ctx)
 	if ctx.Err() != nil {
 		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
 	}
