@@ -101,7 +101,7 @@ func TestE2EFrozenKubeProxyDriftOnce(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
-			kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{Mode: mode, SyncPeriod: 10 * time.Second})
+			kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node-" + mode, Mode: mode, SyncPeriod: 10 * time.Second})
 			t.Cleanup(func() {
 				// The next mode starts on a clean node: kube-proxy's own
 				// cleanup of every mode's rules.
@@ -189,7 +189,7 @@ rules:
 - name: restart-frozen-kube-proxy
   detector: {type: KubeProxyFrozen, minSilence: 40s}
   for: 5s
-  action: {type: RestartKubeProxy, namespace: kube-system, labelSelector: k8s-app=kube-proxy, readyTimeout: 30s, pollInterval: 500ms}
+  action: {type: RestartKubeProxy, namespace: kube-system, labelSelector: k8s-app=kube-proxy, readyTimeout: 50s, pollInterval: 500ms}
   cooldown: 1h
   rateLimit: {max: 1, per: 1h}
   maxAttempts: 1
