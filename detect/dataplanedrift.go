@@ -24,8 +24,9 @@ type DataplaneDriftParams struct {
 	// Families to compare: IPv4, IPv6. A family kube-proxy has not
 	// programmed (no nat KUBE-SERVICES chain) is skipped.
 	Families []string `yaml:"families"`
-	// ProxyMode: auto (ask kube-proxy's /proxyMode), iptables, nftables or
-	// ipvs.
+	// ProxyMode: auto (ask kube-proxy's /proxyMode; when it does not
+	// answer, read it from the node: KUBE-SVC chains, its nftables table,
+	// kube-ipvs0), iptables, nftables or ipvs.
 	ProxyMode string `yaml:"proxyMode"`
 	// Backend is the iptables backend kube-proxy writes: auto (the one
 	// holding nat KUBE-SERVICES rules; the one with more KUBE-* rules if
@@ -105,9 +106,16 @@ func init() {
 
 // driftObservation is one comparison of programmed and desired state.
 type driftObservation struct {
-	at         time.Time
-	mode       string
-	syncPeriod time.Duration
+	at   time.Time
+	mode string
+	// modeSource is where mode came from: "the policy", "kube-proxy
+	// /proxyMode", or the node's marks ("node: table ip kube-proxy").
+	modeSource string
+	// kubeProxyErr is why kube-proxy's /proxyMode did not answer (nil when
+	// it did or was not asked): its metrics server is then not asked
+	// again in this observation (/configz, /metrics).
+	kubeProxyErr error
+	syncPeriod   time.Duration
 	// syncPeriodSource is "kube-proxy /configz" or "policy".
 	syncPeriodSource string
 	// configz is the period kube-proxy reported, when it differs from the
@@ -182,16 +190,17 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 		return nil, err
 	}
 	obs := &driftObservation{at: n.Clock.Now()}
-	obs.mode = p.ProxyMode
+	obs.mode, obs.modeSource = p.ProxyMode, "the policy"
 	if obs.mode == "auto" {
-		if n.KubeProxy == nil {
-			return nil, Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
-		}
-		m, err := n.KubeProxy.ProxyMode(ctx)
+		// kube-proxy's /proxyMode, asked with a bounded share of the
+		// detector's time; a frozen kube-proxy's mode is read from the
+		// node instead (its chains, table or kube-ipvs0), so the drift is
+		// judged exactly when it matters most.
+		ans, err := resolveKubeProxyMode(ctx, n, p.SaveTimeout.Duration)
 		if err != nil {
-			return nil, kubeProxyReadError("proxy mode", err)
+			return nil, err
 		}
-		obs.mode = string(m)
+		obs.mode, obs.modeSource, obs.kubeProxyErr = string(ans.mode), ans.source, ans.askErr
 	}
 	obs.syncPeriod, obs.syncPeriodSource = discoverSyncPeriod(ctx, n, obs)
 	switch obs.mode {
@@ -300,7 +309,15 @@ func discoverSyncPeriod(ctx context.Context, n *node.Node, obs *driftObservation
 	obs.policySyncPeriod = n.KubeProxy.SyncPeriod()
 	if cr, ok := n.KubeProxy.(kubeproxy.ConfigReader); ok {
 		obs.policySyncPeriod = cr.ConfiguredSyncPeriod()
-		if cz, err := cr.Configz(ctx); err == nil {
+		if obs.kubeProxyErr != nil {
+			// /configz is served next to /proxyMode, which just did not
+			// answer: do not wait for it a second time.
+			return obs.policySyncPeriod, "policy (kube-proxy did not answer /proxyMode)"
+		}
+		qctx, cancel := kubeProxyQueryCtx(ctx)
+		cz, err := cr.Configz(qctx)
+		cancel()
+		if err == nil {
 			obs.configzSyncPeriod = cz.SyncPeriod
 			return cz.SyncPeriod, "kube-proxy /configz"
 		}
@@ -415,8 +432,11 @@ func (d *dataplaneDrift) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	var lastSync map[kubeproxy.Family]float64
-	if d.n.KubeProxy != nil {
-		if sc, err := d.n.KubeProxy.Metrics(ctx); err == nil {
+	if d.n.KubeProxy != nil && obs.kubeProxyErr == nil {
+		qctx, cancel := kubeProxyQueryCtx(ctx)
+		sc, err := d.n.KubeProxy.Metrics(qctx)
+		cancel()
+		if err == nil {
 			lastSync = map[kubeproxy.Family]float64{}
 			for f, fm := range sc.Metrics.Families {
 				if fm.LastSync != nil {
@@ -455,6 +475,9 @@ func driftFindings(obs *driftObservation, p DataplaneDriftParams, now time.Time,
 			pd.name, pd.family, now.Sub(pd.changed).Round(time.Second), grace, strings.Join(parts, "; "))
 		if ls, ok := ev["kubeProxyLastSync"]; ok {
 			msg += fmt.Sprintf("; kube-proxy last synced at %s", ls)
+		}
+		if obs.kubeProxyErr != nil {
+			msg += fmt.Sprintf("; kube-proxy does not answer (see KubeProxyUnreachable): %s mode read from the %s", obs.mode, obs.modeSource)
 		}
 		out = append(out, Finding{Detector: "DataplaneDrift", Target: "dataplane/" + string(pd.family) + "/" + pd.name.String(),
 			Severity: sev, Message: msg, Evidence: ev})
@@ -518,9 +541,12 @@ func driftEvidence(pd portDrift, obs *driftObservation, grace time.Duration, now
 		diffs = append(diffs, m)
 	}
 	ev := map[string]any{
-		"servicePort": pd.name.String(), "family": string(pd.family), "proxyMode": obs.mode, "source": pd.source,
+		"servicePort": pd.name.String(), "family": string(pd.family), "proxyMode": obs.mode, "proxyModeSource": obs.modeSource, "source": pd.source,
 		"differences": diffs, "graceSeconds": grace.Seconds(), "syncPeriod": obs.syncPeriod.String(), "syncPeriodSource": obs.syncPeriodSource,
 		"changeAgeSeconds": now.Sub(pd.changed).Round(time.Second).Seconds(),
+	}
+	if obs.kubeProxyErr != nil {
+		ev["kubeProxyError"] = obs.kubeProxyErr.Error()
 	}
 	if pd.port != nil {
 		ev["lastChange"] = rfc3339(pd.changed)
@@ -568,7 +594,16 @@ func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	if obs.kubeProxyErr != nil {
+		// Deaf is judged from kube-proxy's own metrics (nothing queued);
+		// one that does not answer at all is not deaf but frozen or gone:
+		// DataplaneDrift names the drift, KubeProxyUnreachable and
+		// KubeProxyFrozen the cause.
+		return nil, Skip("kube-proxy does not answer (see KubeProxyUnreachable, KubeProxyFrozen; DataplaneDrift names the drift): %v", obs.kubeProxyErr)
+	}
+	qctx, cancel := kubeProxyQueryCtx(ctx)
+	defer cancel()
+	sc, err := kubeProxyScrape(qctx, d.n, kp)
 	if err != nil {
 		return nil, err
 	}
@@ -641,7 +676,7 @@ func deafFindings(obs *driftObservation, p DataplaneDriftParams, m *kubeproxy.Me
 	}
 	ev := map[string]any{
 		"driftedServicePorts": len(old), "servicePorts": ports, "graceSeconds": grace.Seconds(),
-		"syncPeriod": obs.syncPeriod.String(), "syncPeriodSource": obs.syncPeriodSource, "proxyMode": obs.mode,
+		"syncPeriod": obs.syncPeriod.String(), "syncPeriodSource": obs.syncPeriodSource, "proxyMode": obs.mode, "proxyModeSource": obs.modeSource,
 		"kubeProxyLastSync": rfc3339(seconds(lastSync)), "kubeProxyFamilies": families,
 		"lastQueuedBeforeOldestChange": lastQueued < float64(old[0].changed.Unix()),
 	}
