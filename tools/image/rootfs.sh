@@ -8,21 +8,41 @@
 # The cache lives outside the clone (CI runs in a fresh clone on the same
 # machine): $REMEDIATE_IMAGE_CACHE, else /var/cache/remediate/rootfs as root,
 # else ~/.cache/remediate/rootfs. The key hashes the package list, the
-# suite, the architecture and this script, so a change to any of them builds
-# a new rootfs; delete the directory to pick up Debian's newer updates.
+# suite, the architecture, the archive and the recipe, so a change to any of
+# them builds a new rootfs; delete the directory to pick up Debian's newer updates.
 #
 # Usage: tools/image/rootfs.sh [ARCH]   (ARCH: amd64 (default) or arm64)
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 arch=${1:-amd64}
 suite=bookworm
-mirror=${REMEDIATE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-security=${REMEDIATE_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
+# The Debian archive is the one apt uses on this machine (its deb822 sources,
+# else sources.list), or the environment's.
+apt_uri() { # apt_uri SUITE: the first archive URI apt lists for SUITE
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[ -r "$f" ] || continue
+		awk -v suite="$1" '
+			/^$/ { if (ok && uri != "") { print uri; exit } ok = 0; uri = "" }
+			/^URIs:/ { uri = $2 }
+			/^Suites:/ { for (i = 2; i <= NF; i++) if ($i == suite) ok = 1 }
+			END { if (ok && uri != "") print uri }' "$f"
+	done | head -n 1
+	[ -r /etc/apt/sources.list ] && awk -v suite="$1" '$1 == "deb" && $3 == suite { print $2; exit }' /etc/apt/sources.list
+}
+mirror=${REMEDIATE_DEBIAN_MIRROR:-$(apt_uri "$suite" | head -n 1)}
+security=${REMEDIATE_DEBIAN_SECURITY_MIRROR:-$(apt_uri "$suite-security" | head -n 1)}
+if [ -z "$mirror" ] || [ -z "$security" ]; then
+	echo "rootfs.sh: no Debian $suite archive in apt's sources; set REMEDIATE_DEBIAN_MIRROR and REMEDIATE_DEBIAN_SECURITY_MIRROR" >&2
+	exit 1
+fi
 pkgs=$(grep -v '^#' "$here/packages.txt" | awk 'NF{print $1}' | paste -sd, -)
 if [ -n "${REMEDIATE_IMAGE_CACHE:-}" ]; then cache=$REMEDIATE_IMAGE_CACHE
 elif [ "$(id -u)" = 0 ]; then cache=/var/cache/remediate/rootfs
 else cache=${XDG_CACHE_HOME:-$HOME/.cache}/remediate/rootfs; fi
-key=$( (echo "$suite $arch $pkgs $mirror $security"; cat "$0") | sha256sum | cut -c1-16)
+# What the rootfs is made of: the key changes with any of it (the hooks and
+# options below are part of it), not with comments or this script's layout.
+recipe="minbase; path-exclude man doc locale; hooks: no apt lists, no setuid/setgid, /var/lib/remediate /etc/remediate; $suite $suite-updates $suite-security main"
+key=$(echo "$suite $arch $pkgs $mirror $security $recipe" | sha256sum | cut -c1-16)
 out=$cache/rootfs-$suite-$arch-$key.tar
 if [ -s "$out" ]; then echo "$out"; exit 0; fi
 if [ "$(id -u)" != 0 ]; then
