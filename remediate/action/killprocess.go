@@ -281,6 +281,18 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 		return Result{}, err
 	}
 	pid, ct := ref.Pid, ref.CreateTimeMs
+	// The lock's holders before the first signal: after the kill, only
+	// one of them still holding it makes the kill a failure (a waiter that
+	// then takes the lock is the kill working).
+	var heldBefore map[procs.Ref]bool
+	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
+		if l, err := a.n.Procs.FileLocks(ctx, a.n.XtablesLock); err == nil {
+			heldBefore = map[procs.Ref]bool{}
+			for _, h := range l.Holders {
+				heldBefore[procs.Ref{Pid: h.Pid, CreateTimeMs: h.CreateTimeMs}] = true
+			}
+		}
+	}
 	goneNow := func() bool {
 		alive, err := procs.Alive(ctx, a.n.Procs, pid, ct)
 		return err == nil && !alive
@@ -297,7 +309,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 				return Result{}, err
 			}
 			if goneNow() {
-				return a.gone(ctx, ref, f, sent, start)
+				return a.gone(ctx, ref, f, sent, start, heldBefore)
 			}
 			// Still there but no longer eligible (exec'd into another
 			// program): a failure, not a skip.
@@ -306,7 +318,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 		if err := a.n.Procs.Signal(ctx, p.Pid, p.CreateTimeMs, step.sig); err != nil {
 			if errors.Is(err, procs.ErrNotFound) || errors.Is(err, procs.ErrNotSame) {
 				if len(sent) > 0 {
-					return a.gone(ctx, ref, f, sent, start)
+					return a.gone(ctx, ref, f, sent, start, heldBefore)
 				}
 				return Result{}, finding.Skip("pid %d is gone: %v", p.Pid, err)
 			}
@@ -318,7 +330,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", clip.Join(p.Cmdline, " ", clip.Max)))
 		}
 		if a.waitGone(ctx, p, step.wait) {
-			r, err := a.gone(ctx, ref, f, sent, start)
+			r, err := a.gone(ctx, ref, f, sent, start, heldBefore)
 			if err != nil {
 				return r, err
 			}
@@ -341,10 +353,10 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 // worked only if the xtables lock is released too: a process that started
 // before the kill and still holds it (flock's child, when the flock wrapper
 // was killed) makes the attempt a failure, so it is retried and escalates.
-func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding, sent []string, start time.Time) (Result, error) {
+func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding, sent []string, start time.Time, heldBefore map[procs.Ref]bool) (Result, error) {
 	pid, ct := ref.Pid, ref.CreateTimeMs
 	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
-		if err := a.lockReleased(ctx, pid, start); err != nil {
+		if err := a.lockReleased(ctx, pid, start, heldBefore); err != nil {
 			return Result{}, fmt.Errorf("pid %d is gone after %s, but %w", pid, strings.Join(sent, ", "), err)
 		}
 	}
@@ -359,9 +371,11 @@ func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding
 	}, nil
 }
 
-// lockReleased checks that nobody that existed before the kill (at start)
-// still holds the xtables lock.
-func (a *killProcess) lockReleased(ctx context.Context, pid int32, start time.Time) error {
+// lockReleased checks that none of the lock's holders before the kill
+// (heldBefore; when it could not be read, anybody that existed at start)
+// still holds the xtables lock. A waiter that took the lock after the kill
+// is not one of them: the lock moved on, which is what the kill was for.
+func (a *killProcess) lockReleased(ctx context.Context, pid int32, start time.Time, heldBefore map[procs.Ref]bool) error {
 	l, err := a.n.Procs.FileLocks(ctx, a.n.XtablesLock)
 	if err != nil {
 		return fmt.Errorf("whether the xtables lock was released is unknown: %w", err)
@@ -371,7 +385,11 @@ func (a *killProcess) lockReleased(ctx context.Context, pid int32, start time.Ti
 	}
 	var still []string
 	for _, h := range l.Holders {
-		if h.CreateTimeMs <= start.UnixMilli() {
+		before := h.CreateTimeMs <= start.UnixMilli()
+		if heldBefore != nil {
+			before = heldBefore[procs.Ref{Pid: h.Pid, CreateTimeMs: h.CreateTimeMs}]
+		}
+		if before {
 			still = append(still, fmt.Sprintf("%s (pid %d)", h.Name(), h.Pid))
 		}
 	}

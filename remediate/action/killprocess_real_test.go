@@ -163,7 +163,9 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 // (flock and its child sleep, allowed here by a configured program list).
 // Killing the flock wrapper leaves its child holding the lock: the kill is
 // a failure although the process is gone (it escalates instead of reading
-// as "executed"). Killing the child releases the lock and the waiter gets it.
+// as "executed"). Killing the child releases the lock and the waiter gets it:
+// a success, although the lock is held again (by the waiter, which was not a
+// holder before the kill).
 func TestRealKillLockHolder(t *testing.T) {
 	netnstest.NeedCommands(t, "flock")
 	ctx := context.Background()
@@ -174,7 +176,9 @@ func TestRealKillLockHolder(t *testing.T) {
 		fl, err := pr.FileLocks(ctx, lock)
 		return err == nil && len(fl.Holders) == 2
 	})
-	waiter := exec.Command("flock", lock, "true")
+	// The waiter holds the lock a while once it has it: the kill that
+	// releases the lock must not count the waiter's hold against itself.
+	waiter := exec.Command("flock", lock, "sleep", "2")
 	netnstest.StartGroup(t, waiter)
 
 	n := &node.Node{Name: "test", ProcRoot: "/proc", XtablesLock: lock, Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
