@@ -64,10 +64,6 @@ type modeAnswer struct {
 	askErr error
 }
 
-// fromNode says the mode was read from the node because kube-proxy did not
-// answer.
-func (a modeAnswer) fromNode() bool { return a.askErr != nil }
-
 // modeMark is one mode's mark found on the node.
 type modeMark struct {
 	mode kubeproxy.Mode

@@ -176,7 +176,13 @@ func TestNodeChartAudit(t *testing.T) {
 		t.Fatalf("kubectl remediate: %v", err)
 	}
 	var r report
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+	// The plugin's output: its own line, the pod's log lines (a JSON field
+	// may be on them), then the report, which starts on a line of its own.
+	start := strings.Index(out, "\n{\n")
+	if start < 0 {
+		t.Fatalf("no report in the plugin's output:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[start+1:]), &r); err != nil {
 		t.Fatalf("report: %v\n%s", err, out)
 	}
 	cm, err := n.Client.CoreV1().ConfigMaps(releaseNS).List(ctx, metav1.ListOptions{})
