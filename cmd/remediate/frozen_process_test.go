@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -60,8 +61,10 @@ func TestDaemonReportsFrozenKubeProxyProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	// A copy, not a symlink: this node's kube-proxy is a process whose
+	// executable (/proc/<pid>/exe) is named kube-proxy.
 	kpPath := filepath.Join(dir, "kube-proxy")
-	if err := os.Symlink(self, kpPath); err != nil {
+	if err := copyExecutable(self, kpPath); err != nil {
 		t.Fatal(err)
 	}
 	kp := exec.Command("ip", "netns", "exec", ns, kpPath)
@@ -125,4 +128,23 @@ rules:
 		t.Errorf("no KubeProxyUnreachable finding:\n%s", logs.String())
 	}
 	stop()
+}
+
+// copyExecutable copies the program at src to dst, mode 0755, closed before
+// it returns (no "text file busy" at exec).
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
