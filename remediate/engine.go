@@ -158,7 +158,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for k := range e.held {
-		if rule, _, _ := strings.Cut(k, "|"); !keep[rule] {
+		if !keep[guardrails.RuleOfKey(k)] {
 			e.releaseHeld(ctx, k)
 		}
 	}
@@ -410,7 +410,7 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 	// Not on a new detector instance's first run (daemon start, policy
 	// reload): a rate or hold-time detector has no baseline yet, and an
 	// escalated or verifying target must not be cleared by that.
-	prefix := r.Name + "|"
+	prefix := guardrails.TargetKey(r.Name, "")
 	warm := rr.warm
 	rr.warm = true
 	for k := range c.st.Targets {
@@ -435,7 +435,7 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 
 func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f finding.Finding, present bool, tm Timing, log *zap.Logger) {
 	r := rr.rule
-	key := r.Name + "|" + f.Target
+	key := guardrails.TargetKey(r.Name, f.Target)
 	prev := c.st.Targets[key]
 	now := c.e.opts.Clock.Now()
 	// With Once, Step makes the action due but keeps the target Pending,
@@ -576,8 +576,7 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 	}
 	for k, ts := range st.Targets {
 		if ts.Phase == PhaseEscalated {
-			rule, _, _ := strings.Cut(k, "|")
-			m.Escalated.WithLabelValues(rule).Inc()
+			m.Escalated.WithLabelValues(guardrails.RuleOfKey(k)).Inc()
 		}
 	}
 }

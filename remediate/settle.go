@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -44,7 +45,7 @@ func recordID(h ActionRecord) string {
 	if h.ID != "" {
 		return h.ID
 	}
-	return attemptID(h.Time, h.Rule+"|"+h.Target)
+	return attemptID(h.Time, guardrails.TargetKey(h.Rule, h.Target))
 }
 
 // Clamped is what ClampFuture changed.
@@ -162,7 +163,7 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
 	for _, i := range pending {
 		h := &st.History[i]
 		id := recordID(*h)
-		key := h.Rule + "|" + h.Target
+		key := guardrails.TargetKey(h.Rule, h.Target)
 		if out, ok := outcomes[id]; ok && out.Outcome != historyInterrupted {
 			e.adoptOutcome(st, h, key, out, rep)
 			continue

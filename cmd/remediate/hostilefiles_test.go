@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -54,32 +51,8 @@ func TestDaemonSurvivesHostilePolicyFiles(t *testing.T) {
 	pol := writePolicy(t, dir, "audit", 1)
 	addr := freeAddr(t)
 	cmd := mainCmd(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	logs := &logBuf{}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logs.add(sc.Text())
-		}
-	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	logs, _ := startLogged(t, cmd)
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	cyclesRE := regexp.MustCompile(`(?m)^remediate_cycle_duration_seconds_count (\d+)$`)
 	cycles := func() int {
 		_, m := get("/metrics")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -290,32 +289,8 @@ func TestDaemonLifecycle(t *testing.T) {
 	pol := writePolicy(t, dir, "audit", 1)
 	addr := freeAddr(t)
 	cmd := mainCmd(os.Args[0], "--policy", pol, "--state-dir", filepath.Join(dir, "state"), "--metrics-addr", addr, "--node-name", "node1")
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		}
-	})
-	logs := &logBuf{}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logs.add(sc.Text())
-		}
-	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	logs, _ := startLogged(t, cmd)
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	waitFor(t, "readyz", func() bool { c, _ := get("/readyz"); return c == 200 })
 	if c, _ := get("/healthz"); c != 200 {
 		t.Fatalf("healthz %d", c)
@@ -456,4 +431,16 @@ func TestOnceExitsOneWhenStateIsNotSaved(t *testing.T) {
 	if code != exitError || !strings.Contains(out, "persisting guardrail state") {
 		t.Fatalf("exit %d\n%s%s", code, out, errOut)
 	}
+}
+
+// httpGet is a GET of http://addr+path: the status and body, or 0 and the
+// error's text.
+func httpGet(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -181,12 +182,27 @@ func openFile(path string, max int64, extra int) (*File, error) {
 	return &File{f: f, max: max}, nil
 }
 
-// open opens path with flag|O_NONBLOCK|O_CLOEXEC under the deadline and
-// keeps it only if it is a regular file.
+// threadSelf is procfs's directory of the calling thread.
+const threadSelf = "/proc/thread-self/"
+
+// open opens path with flag|O_NONBLOCK|O_CLOEXEC under the deadline (a
+// /proc/thread-self path on the calling thread) and keeps it only if it is
+// a regular file.
 func open(path string, flag int, perm os.FileMode) (*os.File, error) {
-	f, err := blocking("opening "+path, func() (*os.File, error) {
-		return osOpenFile(path, flag|oNonblock, perm)
-	}, func(f *os.File) { f.Close() })
+	var f *os.File
+	var err error
+	if strings.HasPrefix(path, threadSelf) {
+		// /proc/thread-self names the calling thread (a caller that entered
+		// a network namespace has locked it to its goroutine): resolved on
+		// blocking's goroutine, another thread, it would be another
+		// namespace's file. A procfs open does not hang; the reads that
+		// follow go through the descriptor, bound at open.
+		f, err = osOpenFile(path, flag|oNonblock, perm)
+	} else {
+		f, err = blocking("opening "+path, func() (*os.File, error) {
+			return osOpenFile(path, flag|oNonblock, perm)
+		}, func(f *os.File) { f.Close() })
+	}
 	if err != nil {
 		return nil, err
 	}

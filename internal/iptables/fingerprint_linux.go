@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"io"
 	"os"
 	"runtime"
 	"sort"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // A fingerprint tells, without running a save command, whether a
@@ -128,21 +129,13 @@ func legacyTableNames(f Family) ([]string, error) {
 	if f == IPv6 {
 		name = "ip6_tables_names"
 	}
-	// Read on this thread, not through boundedfile: its deadline runs the
-	// read on another goroutine, whose thread is not in the namespace
-	// (/proc/thread-self is the caller's thread). procfs: no FIFO or link
-	// can be planted there; the read is bounded.
-	fh, err := os.Open("/proc/thread-self/net/" + name)
+	// boundedfile opens a /proc/thread-self path on this (locked) thread.
+	b, err := boundedfile.Read("/proc/thread-self/net/"+name, 64<<10)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
-	}
-	defer fh.Close()
-	b, err := io.ReadAll(io.LimitReader(fh, 64<<10))
-	if err != nil {
-		return nil, fmt.Errorf("reading %s: %w", fh.Name(), err)
 	}
 	names := strings.Fields(string(b))
 	sort.Strings(names)

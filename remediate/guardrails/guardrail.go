@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -30,8 +31,19 @@ type Request struct {
 	Now time.Time
 }
 
-// Key is the (rule, target) identity the request is about.
-func (r *Request) Key() string { return r.Rule.Name + "|" + r.Finding.Target }
+// Key is the (rule, target) identity the request is about (TargetKey).
+func (r *Request) Key() string { return TargetKey(r.Rule.Name, r.Finding.Target) }
+
+// TargetKey is the one spelling of a (rule, target) identity: the key of
+// the engine's target state, the guardrails' held resources and the
+// journal's attempt IDs.
+func TargetKey(rule, target string) string { return rule + "|" + target }
+
+// RuleOfKey is the rule of a TargetKey.
+func RuleOfKey(key string) string {
+	rule, _, _ := strings.Cut(key, "|")
+	return rule
+}
 
 // Guardrail is one check that may block an action. Check returns nil to
 // allow, a *Blocked to block with a reason; any other error also blocks
