@@ -146,7 +146,7 @@ bench-load:
 # Every real-process test of the process scan (internal/procs), STRESS_COUNT
 # times in one test binary (built once): a test that fails 1 in 50 runs is a
 # failing test. Run as root (other users' processes are read) and after any
-# change to the scan; the last run's counts are in README, "Development".
+# change to the scan; the last run's counts are in docs/TESTING.md.
 STRESS_COUNT ?= 300
 STRESS_PROCS_RUN := ^(TestReal.*|TestListProcInodes|TestScanConcurrent|TestScanCommsShared|TestFindRereadsAnArgvReadEmpty)$$
 stress-procs:

@@ -29,7 +29,7 @@ func TestPolicyTypesPrintsRunbookAnchors(t *testing.T) {
 		ids[m[1]] = true
 	}
 	printed := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^    runbook: ` + regexp.QuoteMeta(runbookFile) + `#(\S+)$`).FindAllStringSubmatch(out, -1) {
+	for _, m := range regexp.MustCompile(`(?m)^    runbook: `+regexp.QuoteMeta(runbookFile)+`#(\S+)$`).FindAllStringSubmatch(out, -1) {
 		printed[m[1]] = true
 	}
 	var want []string
