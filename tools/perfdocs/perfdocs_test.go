@@ -107,7 +107,7 @@ func TestParseAndRender(t *testing.T) {
 		"| command | `go test -bench .` |",
 		"\n## tools/perfdocs\n",
 		// median and range of three runs, each unit
-		"| `BenchmarkSample` | 3 | 2 ms (1 ms–3 ms) | 2 KiB | 11 (10–12) | 6 rules/op (5 rules/op–7 rules/op) | BenchmarkSample is what the test's sample input measures. |",
+		"| `BenchmarkSample` | 3 | 2 ms (1 ms–3 ms) | 2 KiB | 11 (10–12) | 6 (5–7) rules/op | BenchmarkSample is what the test's sample input measures. |",
 		"| `BenchmarkSample/sub` | 1 | 1.50 µs | – | – |  | BenchmarkSample is what the test's sample input measures. |",
 		"`BenchmarkNeedsRoot` skipped: bench_test.go:12: needs root",
 		"**Failed** (no figures): github.com/remediate-dev/remediate/internal/other",

@@ -129,7 +129,7 @@ func Render(rec *Record, in string, docs map[string]map[string]string) []byte {
 					if u == "ns/op" || u == "B/op" || u == "allocs/op" {
 						continue
 					}
-					other = append(other, summary(v[u], func(x float64) string { return num(x) + " " + u }))
+					other = append(other, summary(v[u], num)+" "+u)
 				}
 				base, _, _ := strings.Cut(name, "/")
 				fmt.Fprintf(&b, "| `%s` | %d | %s | %s | %s | %s | %s |\n", name, runs(v),
@@ -178,10 +178,11 @@ func summary(xs []float64, f func(float64) string) string {
 	} else {
 		med = (s[n/2-1] + s[n/2]) / 2
 	}
-	if len(s) == 1 || s[0] == s[len(s)-1] {
+	lo, hi := f(s[0]), f(s[len(s)-1])
+	if lo == hi {
 		return f(med)
 	}
-	return fmt.Sprintf("%s (%s–%s)", f(med), f(s[0]), f(s[len(s)-1]))
+	return fmt.Sprintf("%s (%s–%s)", f(med), lo, hi)
 }
 
 // duration formats nanoseconds.
