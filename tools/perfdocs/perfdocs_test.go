@@ -119,6 +119,19 @@ func TestParseAndRender(t *testing.T) {
 	}
 }
 
+func TestFirstSentence(t *testing.T) {
+	for doc, want := range map[string]string{
+		"BenchmarkX measures a thing. More.\n":                          "BenchmarkX measures a thing.",
+		"BenchmarkX is one cycle, each case:\n  - a: one\n  - b: two\n": "BenchmarkX is one cycle, each case",
+		"BenchmarkX is one cycle:\n- a\n":                               "BenchmarkX is one cycle",
+		"First line\ngoes on\n\nSecond paragraph.":                      "First line goes on",
+	} {
+		if got := firstSentence(doc); got != want {
+			t.Errorf("firstSentence(%q) = %q, want %q", doc, got, want)
+		}
+	}
+}
+
 func TestParseRefusesBadValues(t *testing.T) {
 	for _, in := range []string{
 		"BenchmarkX-2 10 abc ns/op\n",

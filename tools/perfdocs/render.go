@@ -64,11 +64,19 @@ func BenchmarkDocs(root string, pkgs []string) (map[string]map[string]string, er
 	return out, nil
 }
 
-// firstSentence is the doc's first paragraph up to its first full stop,
-// on one line, at most 240 characters.
+// firstSentence is the doc's first paragraph (up to a blank line or a
+// list) up to its first full stop, on one line, at most 240 characters.
 func firstSentence(doc string) string {
 	p, _, _ := strings.Cut(strings.TrimSpace(doc), "\n\n")
-	p = strings.Join(strings.Fields(p), " ")
+	// A list or an indented block ends the sentence's paragraph too.
+	var lines []string
+	for _, l := range strings.Split(p, "\n") {
+		if t := strings.TrimSpace(l); strings.HasPrefix(t, "- ") || strings.HasPrefix(t, "* ") || strings.HasPrefix(l, " ") || strings.HasPrefix(l, "\t") {
+			break
+		}
+		lines = append(lines, l)
+	}
+	p = strings.TrimSuffix(strings.Join(strings.Fields(strings.Join(lines, " ")), " "), ":")
 	if i := strings.Index(p, ". "); i >= 0 {
 		p = p[:i+1]
 	}
