@@ -135,6 +135,10 @@ Flags after -- go to remediate unchanged.`,
 			return remote(cmd.Context(), o, args[0], extra, stdout, stderr, d)
 		},
 	}
+	// `kubectl remediate NODE` stays as it was; a node named like a
+	// subcommand is reached with `kubectl remediate once NODE`.
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.AddCommand(fleetCmd(stdout, d), onceCmd(stdout, stderr, d))
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	fs := cmd.Flags()
@@ -243,10 +247,16 @@ func findPod(ctx context.Context, c kubernetes.Interface, ns, selector, nodeName
 	if err != nil {
 		return nil, fmt.Errorf("listing pods in namespace %s (selector %s) on node %s: %w", ns, selector, nodeName, err)
 	}
+	return pickPod(list.Items, ns, selector, nodeName)
+}
+
+// pickPod returns the one running pod of items (the remediate pods on
+// nodeName), or says why there is none.
+func pickPod(items []corev1.Pod, ns, selector, nodeName string) (*corev1.Pod, error) {
 	var running, other []string
 	var pod *corev1.Pod
-	for i := range list.Items {
-		p := &list.Items[i]
+	for i := range items {
+		p := &items[i]
 		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
 			running = append(running, p.Name)
 			pod = p
