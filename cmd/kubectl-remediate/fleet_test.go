@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
@@ -217,5 +220,20 @@ func TestFleetAgainstAPIServer(t *testing.T) {
 	}
 	if code := run(ctx, []string{"fleet", "--sort-by", "color"}, &out, &errb, d); code != 1 {
 		t.Errorf("bad --sort-by: exit %d", code)
+	}
+}
+
+// The README's command-line block names every plugin subcommand.
+func TestREADMEListsPluginCommands(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := &cobra.Command{Use: "x"}
+	root.AddCommand(fleetCmd(nil, deps{}), onceCmd(nil, nil, deps{}))
+	for _, c := range root.Commands() {
+		if !strings.Contains(string(b), "kubectl remediate "+c.Name()+" ") {
+			t.Errorf("README does not list `kubectl remediate %s`", c.Name())
+		}
 	}
 }
