@@ -203,6 +203,7 @@ func TestFleetAgainstAPIServer(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	txt := out.String()
+	t.Logf("kubectl remediate fleet --sort-by status:\n%s", txt)
 	for _, want := range []string{"FLEET PAUSED: upgrading to 1.35", "Budget slot remediate-budget-", "held by fv-sick for RestartKubeProxy on kube-proxy/ipv4",
 		"Unknown(stale,was True)", "RestartKubeProxy failed"} {
 		if !strings.Contains(txt, want) {
