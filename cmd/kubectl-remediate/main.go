@@ -10,6 +10,11 @@
 //	kubectl remediate node1 -o json --sample 30s
 //
 // The exit status is remediate's: 0 no findings, 2 findings, 1 error.
+//
+// Two subcommands look at the fleet (docs/FLEET.md):
+//
+//	kubectl remediate fleet [--sort-by status] [-o json]  # every node from what the daemons write, no exec
+//	kubectl remediate once --all-nodes [--parallel 4]     # --once on many nodes, one merged report, worst exit
 package main
 
 import (
@@ -113,7 +118,10 @@ limits and cooldowns are shared), forced dry-run unless --act, prints the
 report and exits with its status (0 no findings, 2 findings, 1 error). With
 --bundle FILE the evidence bundle is written in the pod's /tmp, copied here
 with cat over the exec stream, removed there, and checked.
-Flags after -- go to remediate unchanged.`,
+Flags after -- go to remediate unchanged.
+
+Subcommands: fleet (every node in one look, no exec) and once (--once on
+many nodes); a node named like one is reached with: kubectl remediate once NODE.`,
 		Example: `  kubectl remediate node1
   kubectl remediate node1 --bundle node1.tar.gz
   kubectl remediate node1 -o json --sample 30s -- --log-level=debug`,
@@ -135,6 +143,11 @@ Flags after -- go to remediate unchanged.`,
 			return remote(cmd.Context(), o, args[0], extra, stdout, stderr, d)
 		},
 	}
+	// `kubectl remediate NODE` stays as it was; a node named like a
+	// subcommand is reached with `kubectl remediate once NODE`.
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.CompletionOptions.DisableDefaultCmd = true
+	cmd.AddCommand(fleetCmd(stdout, d), onceCmd(stdout, stderr, d))
 	cmd.SetOut(stdout)
 	cmd.SetErr(stderr)
 	fs := cmd.Flags()
@@ -243,10 +256,16 @@ func findPod(ctx context.Context, c kubernetes.Interface, ns, selector, nodeName
 	if err != nil {
 		return nil, fmt.Errorf("listing pods in namespace %s (selector %s) on node %s: %w", ns, selector, nodeName, err)
 	}
+	return pickPod(list.Items, ns, selector, nodeName)
+}
+
+// pickPod returns the one running pod of items (the remediate pods on
+// nodeName), or says why there is none.
+func pickPod(items []corev1.Pod, ns, selector, nodeName string) (*corev1.Pod, error) {
 	var running, other []string
 	var pod *corev1.Pod
-	for i := range list.Items {
-		p := &list.Items[i]
+	for i := range items {
+		p := &items[i]
 		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
 			running = append(running, p.Name)
 			pod = p

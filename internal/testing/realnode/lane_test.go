@@ -3,10 +3,12 @@ package realnode_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -243,6 +245,34 @@ func TestNodeChartAudit(t *testing.T) {
 		t.Error(err)
 	}
 
+	// The fleet subcommands (docs/FLEET.md) on the real node: once
+	// --all-nodes through the real pods/exec, one merged report; fleet
+	// from what the running daemon wrote.
+	var merged struct {
+		Exit  int
+		Nodes []struct {
+			Node, Error string
+			Exit        int
+			Report      *report
+		}
+	}
+	if pluginJSON(t, n, []int{0, 2}, &merged, "once", "--all-nodes", "-n", releaseNS, "-o", "json") {
+		if len(merged.Nodes) != 1 || merged.Nodes[0].Node != realnode.NodeName || merged.Nodes[0].Report == nil || merged.Nodes[0].Exit != merged.Exit {
+			t.Errorf("once --all-nodes: %+v", merged)
+		}
+	}
+	var fleet struct {
+		Nodes []struct {
+			Name, Status             string
+			Heartbeat, DaemonRenewed *time.Time
+		}
+	}
+	if pluginJSON(t, n, []int{0}, &fleet, "fleet", "-n", releaseNS, "-o", "json") {
+		if len(fleet.Nodes) != 1 || fleet.Nodes[0].Name != realnode.NodeName || fleet.Nodes[0].Status != "True" || fleet.Nodes[0].Heartbeat == nil || fleet.Nodes[0].DaemonRenewed == nil {
+			t.Errorf("fleet: %+v", fleet)
+		}
+	}
+
 	helm(t, n, "uninstall", "remediate", "-n", releaseNS, "--wait", "--timeout", "3m")
 	uninstalled = true
 	if c := nodeCondition(ctx, n); c != nil {
@@ -266,6 +296,35 @@ func TestNodeChartAudit(t *testing.T) {
 	if err == nil && len(ds.Items) > 0 {
 		t.Errorf("helm uninstall left DaemonSet %s", ds.Items[0].Name)
 	}
+}
+
+// pluginJSON runs the plugin with args, wants one of the exit statuses
+// and decodes its stdout into v; false (and the test failed) otherwise.
+func pluginJSON(t *testing.T, n *realnode.Node, exits []int, v any, args ...string) bool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := n.Command(ctx, pluginBin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+n.AdminKubeconfig, "HOME="+t.TempDir())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("kubectl remediate %v: %v", args, err)
+	}
+	if !slices.Contains(exits, code) {
+		t.Errorf("kubectl remediate %v: exit %d, want %v\n%s\n%s", args, code, exits, out, stderr.String())
+		return false
+	}
+	if err := json.Unmarshal(out, v); err != nil {
+		t.Errorf("kubectl remediate %v: %v\n%s\n%s", args, err, out, stderr.String())
+		return false
+	}
+	return true
 }
 
 func nodeCondition(ctx context.Context, n *realnode.Node) *corev1.NodeCondition {
