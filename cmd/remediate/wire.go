@@ -185,6 +185,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		if k.pods != nil {
 			n.Pods = k.pods
 		}
+		// The kubelet's sandbox Events of a stuck pod, read on demand
+		// (PodsNetworkNotReady; one field-selected LIST per pod).
+		if k.events != nil {
+			n.PodEvents = k.events
+		}
 	} else {
 		n.Unavailable["kubernetes"] = k.noAccess
 	}

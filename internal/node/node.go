@@ -81,6 +81,9 @@ type Node struct {
 	// spec.nodeName); nil without cluster access. Callers check
 	// Pods.Freshness().
 	Pods cluster.PodView
+	// PodEvents reads the kubelet's sandbox Events of one of this node's
+	// pods (a field-selected, bounded LIST); nil without cluster access.
+	PodEvents cluster.PodEvents
 	// CNIConfDir and CNIBinDir are the host's CNI configuration and plugin
 	// directories as mounted here (--cni-conf-dir, --cni-bin-dir); empty
 	// means not configured.
