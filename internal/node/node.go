@@ -17,6 +17,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/cri"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -89,6 +90,13 @@ type Node struct {
 	// means not configured.
 	CNIConfDir string
 	CNIBinDir  string
+	// CNIIPAMDir is host-local IPAM's data directory as mounted here
+	// (--cni-ipam-dir; the host's /var/lib/cni/networks); empty means not
+	// configured.
+	CNIIPAMDir string
+	// CRI lists the container runtime's pod sandboxes through its CRI
+	// socket (--cri-socket; subsystem "cri"), read-only.
+	CRI cri.Interface
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
