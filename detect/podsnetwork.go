@@ -30,11 +30,16 @@ type PodsNetworkNotReadyParams struct {
 	// Agents are the CNI agents whose pods' state is added as evidence
 	// (default: the common agents, as CNIAgentUnhealthy).
 	Agents []cluster.Agent `yaml:"agents"`
+	// MaxEventPods is how many stuck pods (oldest first) have their
+	// kubelet sandbox Events (FailedCreatePodSandBox, FailedKillPod) read,
+	// one field-selected LIST each, to classify why their sandbox fails
+	// (default 10, at most 50; 0: Events are not read).
+	MaxEventPods int `yaml:"maxEventPods"`
 }
 
 // SetDefaults sets the defaults of PodsNetworkNotReady (registry.Defaulter).
 func (p *PodsNetworkNotReadyParams) SetDefaults() {
-	*p = PodsNetworkNotReadyParams{MinAge: policy.D(5 * time.Minute), MinPods: 1, MaxListed: 10, Agents: cluster.DefaultCNIAgents()}
+	*p = PodsNetworkNotReadyParams{MinAge: policy.D(5 * time.Minute), MinPods: 1, MaxListed: 10, Agents: cluster.DefaultCNIAgents(), MaxEventPods: 10}
 }
 
 // Validate implements policy.Validator.
@@ -48,6 +53,9 @@ func (p *PodsNetworkNotReadyParams) Validate() []policy.FieldError {
 	}
 	if p.MaxListed < 1 || p.MaxListed > 100 {
 		errs = append(errs, policy.FieldError{Field: "maxListed", Msg: "must be between 1 and 100"})
+	}
+	if p.MaxEventPods < 0 || p.MaxEventPods > 50 {
+		errs = append(errs, policy.FieldError{Field: "maxEventPods", Msg: "must be between 0 and 50"})
 	}
 	return append(errs, validateAgents(p.Agents)...)
 }
@@ -64,7 +72,7 @@ func validateAgents(agents []cluster.Agent) []policy.FieldError {
 
 func init() {
 	Define("PodsNetworkNotReady",
-		"pods of this node without a sandbox/network (PodReadyToStartContainers False, or ContainerCreating) for longer than minAge: one node finding counting them, with the CNI agent's, the xtables lock's and kube-proxy's state",
+		"pods of this node without a sandbox/network (PodReadyToStartContainers False, or ContainerCreating) for longer than minAge: one node finding counting them, with why (the kubelet's sandbox Events classified: IPAM exhausted, plugin missing, config, CNI agent unreachable, xtables lock) and the CNI agent's, the xtables lock's and kube-proxy's state",
 		newPodsNetworkNotReady, Targets(finding.KindNodePods))
 }
 
@@ -200,6 +208,7 @@ func (d *podsNetwork) Detect(ctx context.Context) ([]Finding, error) {
 	msg := fmt.Sprintf("%d pods on node %s have had no sandbox/network for more than %s (oldest %s for %s): %s%s",
 		len(stuck), d.n.Name, d.p.MinAge.Duration, stuck[0].pod.Key(), now.Sub(stuck[0].since).Round(time.Second), strings.Join(names, ", "), more)
 	msg += d.correlate(ctx, pods, ev)
+	msg += d.sandboxFailures(ctx, stuck, ev)
 	return []Finding{{Detector: "PodsNetworkNotReady", Target: cluster.NodePodsTarget, Severity: Warning, Message: msg, Evidence: ev}}, nil
 }
 

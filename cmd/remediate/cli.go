@@ -36,6 +36,8 @@ type options struct {
 	sysRoot      string
 	cniConfDir   string
 	cniBinDir    string
+	cniIPAMDir   string
+	criSocket    string
 	cgroupRoot   string
 	xtablesLock  string
 	metricsAddr  string
@@ -162,6 +164,8 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.sysRoot, "sys-root", "/sys", "sysfs root (conntrack hashsize: <sys-root>/module/nf_conntrack/parameters/hashsize)")
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "the host's CNI configuration directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the host's CNI plugin directory as mounted here (read-only; CNIConfig)")
+	fs.StringVar(&o.cniIPAMDir, "cni-ipam-dir", "/var/lib/cni/networks", "host-local IPAM's data directory as mounted here (read-only; HostLocalIPAM)")
+	fs.StringVar(&o.criSocket, "cri-socket", "", "the container runtime's CRI socket as mounted here (ListPodSandbox only: HostLocalIPAM's leak check; empty: skipped)")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
@@ -182,6 +186,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	_ = root.MarkFlagDirname("sys-root")
 	_ = root.MarkFlagDirname("cni-conf-dir")
 	_ = root.MarkFlagDirname("cni-bin-dir")
+	_ = root.MarkFlagDirname("cni-ipam-dir")
 	_ = root.MarkFlagDirname("cgroup-root")
 	_ = root.MarkFlagFilename("xtables-lock")
 	fixed := func(vals ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

@@ -81,6 +81,8 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// --- wire adapters here: one block per subsystem, setting the
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
 
+	wireCNIIPAM(n, w.o) // cri: host-local's store and the runtime's sandboxes
+
 	// procs: processes and file locks read through --proc-root. Signals go
 	// to PIDs of this process's PID namespace, so --proc-root must be that
 	// namespace's procfs (hostPID: true in the DaemonSet).
@@ -184,6 +186,11 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.Kube, n.Cluster = k.client.Interface, k.view
 		if k.pods != nil {
 			n.Pods = k.pods
+		}
+		// The kubelet's sandbox Events of a stuck pod, read on demand
+		// (PodsNetworkNotReady; one field-selected LIST per pod).
+		if k.events != nil {
+			n.PodEvents = k.events
 		}
 	} else {
 		n.Unavailable["kubernetes"] = k.noAccess

@@ -29,7 +29,8 @@ type kubeWiring struct {
 	client   *kube.Client
 	view     *kube.View
 	nodes    *kube.NodeWatch
-	pods     *kube.PodWatch // this node's pods (field selector spec.nodeName)
+	pods     *kube.PodWatch      // this node's pods (field selector spec.nodeName)
+	events   *kube.SandboxEvents // the sandbox Events of this node's stuck pods
 	reporter *kubeexporter.Reporter
 	storm    *guardrails.Storm
 	budget   *guardrails.Budget
@@ -109,6 +110,9 @@ func (w *wiring) kube() *kubeWiring {
 			k.pods = pw
 			pw.Start(ctx)
 		}
+		// The kubelet's sandbox Events of a stuck pod, read on demand by
+		// PodsNetworkNotReady (one field-selected LIST per pod, no watch).
+		k.events = kube.NewSandboxEvents(c.Interface, w.o.nodeName, 0)
 		// The fleet controls: not yet listed means unknown, and unknown
 		// allows (a node without the API keeps healing), so they are
 		// waited for with the rest: a daemon (re)started during a fleet

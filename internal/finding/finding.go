@@ -97,6 +97,10 @@ const (
 	KindNodeAgent Kind = "node-agent"
 	// KindCNIConfig: the node's CNI configuration ("cni/config").
 	KindCNIConfig Kind = "cni-config"
+	// KindCNIIPAM: host-local IPAM's store of one network
+	// ("cni-ipam/<network>", its leaked addresses
+	// "cni-ipam/<network>/leaked").
+	KindCNIIPAM Kind = "cni-ipam"
 	// KindServicePath: the path through one Service port of one family,
 	// as a connection from the node sees it
 	// ("service-path/IPv4/default/kubernetes:443"; probe.Ref).

@@ -17,6 +17,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/cri"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -81,11 +82,21 @@ type Node struct {
 	// spec.nodeName); nil without cluster access. Callers check
 	// Pods.Freshness().
 	Pods cluster.PodView
+	// PodEvents reads the kubelet's sandbox Events of one of this node's
+	// pods (a field-selected, bounded LIST); nil without cluster access.
+	PodEvents cluster.PodEvents
 	// CNIConfDir and CNIBinDir are the host's CNI configuration and plugin
 	// directories as mounted here (--cni-conf-dir, --cni-bin-dir); empty
 	// means not configured.
 	CNIConfDir string
 	CNIBinDir  string
+	// CNIIPAMDir is host-local IPAM's data directory as mounted here
+	// (--cni-ipam-dir; the host's /var/lib/cni/networks); empty means not
+	// configured.
+	CNIIPAMDir string
+	// CRI lists the container runtime's pod sandboxes through its CRI
+	// socket (--cri-socket; subsystem "cri"), read-only.
+	CRI cri.Interface
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface

@@ -196,8 +196,12 @@ func testPermissions(t *testing.T, cp *controlplane.ControlPlane) {
 		// it).
 		{"list", "", "pods", "", ""}, {"watch", "", "pods", "", ""},
 		{"create", "events.k8s.io", "events", "", "kube-system"}, {"patch", "events.k8s.io", "events", "", "kube-system"},
+		// PodsNetworkNotReady: a stuck pod's kubelet Events (one LIST by
+		// involvedObject.uid; no watch, no get).
+		{"list", "", "events", "", ""}, {"list", "", "events", "", "default"},
 	}
 	refused := []ra{
+		{"watch", "", "events", "", ""}, {"get", "", "events", "", "default"}, {"delete", "", "events", "", "default"},
 		// Pod delete outside the node agents' namespaces, refused by RBAC
 		// alone (whether or not the admission policy is installed):
 		// calico-system only with its component (testNodePods adds it).

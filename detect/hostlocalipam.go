@@ -1,0 +1,262 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
+	"github.com/remediate-dev/remediate/internal/cni"
+	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/hostlocal"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/policy"
+)
+
+// HostLocalIPAMParams are the thresholds of HostLocalIPAM.
+type HostLocalIPAMParams struct {
+	// WarnPercent is the share of a range set's addresses allocated that
+	// makes a warning before exhaustion (default 90); all of them
+	// allocated is critical.
+	WarnPercent int `yaml:"warnPercent"`
+	// LeakGrace is how old an allocation of a container ID the runtime
+	// does not have must be to count as leaked (default 5m: a sandbox
+	// being set up has its address before the runtime lists it).
+	LeakGrace policy.Duration `yaml:"leakGrace"`
+	// MaxListed bounds the leaked addresses named in a finding (default
+	// 10); the count is always complete (within the store's read bounds).
+	MaxListed int `yaml:"maxListed"`
+}
+
+// SetDefaults sets the defaults of HostLocalIPAM (registry.Defaulter).
+func (p *HostLocalIPAMParams) SetDefaults() {
+	*p = HostLocalIPAMParams{WarnPercent: 90, LeakGrace: policy.D(5 * time.Minute), MaxListed: 10}
+}
+
+// Validate implements policy.Validator.
+func (p *HostLocalIPAMParams) Validate() []policy.FieldError {
+	var errs []policy.FieldError
+	if p.WarnPercent < 1 || p.WarnPercent > 100 {
+		errs = append(errs, policy.FieldError{Field: "warnPercent", Msg: "must be between 1 and 100"})
+	}
+	if p.LeakGrace.Duration < 0 {
+		errs = append(errs, policy.FieldError{Field: "leakGrace", Msg: "must be >= 0"})
+	}
+	if p.MaxListed < 1 || p.MaxListed > 100 {
+		errs = append(errs, policy.FieldError{Field: "maxListed", Msg: "must be between 1 and 100"})
+	}
+	return errs
+}
+
+func init() {
+	Define("HostLocalIPAM",
+		"host-local IPAM of the CNI configuration in use (--cni-ipam-dir): a range set allocated at warnPercent or more (warning) or full (critical: new pods get no address), and addresses leaked to container IDs the runtime (--cri-socket, ListPodSandbox) does not have; report only",
+		newHostLocalIPAM, Targets(finding.KindCNIIPAM))
+}
+
+// IPAMTarget is the target of a network's usage finding; its leaked
+// addresses' finding adds "/leaked".
+func IPAMTarget(network string) string { return "cni-ipam/" + network }
+
+type hostLocalIPAM struct {
+	p HostLocalIPAMParams
+	n *node.Node
+	judgement
+}
+
+func newHostLocalIPAM(p *HostLocalIPAMParams, n *node.Node) (Detector, error) {
+	return &hostLocalIPAM{p: *p, n: n}, nil
+}
+
+func (d *hostLocalIPAM) Detect(ctx context.Context) ([]Finding, error) {
+	if d.n.CNIConfDir == "" {
+		return nil, Skip("no CNI configuration directory configured (--cni-conf-dir)")
+	}
+	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
+	f := dir.InUse()
+	if dir.ConfDirErr != nil || f == nil || f.Err != "" {
+		return nil, Skip("no loadable CNI configuration in %s (CNIConfig reports it)", d.n.CNIConfDir)
+	}
+	b, err := boundedfile.Read(filepath.Join(dir.ConfDir, f.Name), cni.MaxFileSize)
+	if err != nil {
+		return nil, fmt.Errorf("reading CNI configuration %s/%s: %w", dir.ConfDir, f.Name, err)
+	}
+	confs, err := hostlocal.ParseConfig(b)
+	if err != nil {
+		return nil, Skip("CNI configuration %s/%s: %v", dir.ConfDir, f.Name, err)
+	}
+	if len(confs) == 0 {
+		return nil, Skip("network %s (%s/%s) does not use host-local IPAM", f.Network, dir.ConfDir, f.Name)
+	}
+	if d.n.CNIIPAMDir == "" && confs[0].DataDir == "" {
+		return nil, Skip("no host-local data directory configured (--cni-ipam-dir)")
+	}
+	live, leakSkip := d.sandboxes(ctx)
+	now := nowOf(d.n)
+	var out []Finding
+	var judged []string
+	for _, c := range confs {
+		fs, j, err := d.network(c, f.Name, live, leakSkip, now)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, fs...)
+		judged = append(judged, j)
+	}
+	d.set("%s", strings.Join(judged, "; "))
+	return out, nil
+}
+
+// sandboxes is the set of the runtime's sandbox IDs, or why the leak
+// check is skipped.
+func (d *hostLocalIPAM) sandboxes(ctx context.Context) (map[string]bool, string) {
+	if d.n.CRI == nil {
+		return nil, d.n.Why("cri")
+	}
+	sbs, err := d.n.CRI.ListPodSandboxes(ctx)
+	if err != nil {
+		return nil, err.Error()
+	}
+	live := make(map[string]bool, len(sbs))
+	for _, s := range sbs {
+		live[s.ID] = true
+	}
+	return live, ""
+}
+
+func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string]bool, leakSkip string, now time.Time) ([]Finding, string, error) {
+	dataDir := d.n.CNIIPAMDir
+	if c.DataDir != "" && c.DataDir != hostlocal.DefaultDataDir {
+		dataDir = c.DataDir // the configuration's own dataDir, as the plugin sees it
+	}
+	st, err := hostlocal.ReadNetwork(dataDir, c.Network, hostlocal.Limits{})
+	if hostlocal.IsNotExist(err) {
+		return nil, fmt.Sprintf("network %s: no host-local store in %s yet (nothing allocated)", c.Network, dataDir), nil
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	ev := map[string]any{"network": c.Network, "config": file, "store": st.Dir, "allocated": len(st.Allocations)}
+	if st.Truncated {
+		ev["truncated"] = fmt.Sprintf("listing stopped at %d entries: the counts are lower bounds", st.Entries)
+	}
+	if st.Unread > 0 {
+		ev["unread"] = st.Unread
+	}
+	if len(st.Other) > 0 {
+		ev["otherEntries"] = st.Other
+	}
+	if c.Unknown != "" {
+		ev["rangesUnknown"] = c.Unknown
+	}
+	var out []Finding
+	var sets []map[string]any
+	worst, worstPct, worstSet := Severity(""), -1.0, ""
+	for _, rs := range c.RangeSets {
+		n := 0
+		for _, a := range st.Allocations {
+			if rs.Contains(a.IP) {
+				n++
+			}
+		}
+		size := rs.Size()
+		pct := 100 * float64(n) / float64(max(size, 1))
+		sets = append(sets, map[string]any{"ranges": rs.String(), "size": size, "allocated": n, "percent": round1(pct)})
+		sev := Severity("")
+		switch {
+		case size > 0 && uint64(n) >= size:
+			sev = Critical
+		case pct >= float64(d.p.WarnPercent):
+			sev = Warning
+		}
+		if pct > worstPct {
+			worstPct, worstSet = pct, fmt.Sprintf("%d of %d addresses of %s", n, size, rs)
+			if sev != "" {
+				worst = sev
+			}
+		}
+	}
+	ev["rangeSets"] = sets
+	leaked, leakNote := d.leaks(st, live, leakSkip, now)
+	ev["leakCheck"] = leakNote
+	if len(leaked) > 0 {
+		ev["leaked"] = len(leaked)
+	}
+	judged := fmt.Sprintf("network %s: %d allocated in %s (%s); %s", c.Network, len(st.Allocations), st.Dir, worstSet, leakNote)
+	if worst != "" {
+		what := "nearly exhausted"
+		if worst == Critical {
+			what = "exhausted: new pods get no address (\"no IP addresses available in range set\")"
+		}
+		msg := fmt.Sprintf("host-local IPAM of network %s on node %s %s: %s allocated (%.1f%%)", c.Network, d.n.Name, what, worstSet, worstPct)
+		if len(leaked) > 0 {
+			msg += fmt.Sprintf(", %d of them leaked to container IDs the runtime does not have", len(leaked))
+		}
+		out = append(out, Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(c.Network), Severity: worst, Message: msg, Evidence: ev})
+	}
+	if len(leaked) > 0 {
+		out = append(out, d.leakFinding(c.Network, st, leaked, now))
+	}
+	return out, judged, nil
+}
+
+// leaks are the allocations (read, well-formed) of a container ID the
+// runtime does not have, older than LeakGrace; the note says how the check
+// went.
+func (d *hostLocalIPAM) leaks(st hostlocal.Network, live map[string]bool, skip string, now time.Time) ([]hostlocal.Allocation, string) {
+	if live == nil {
+		return nil, "leak check skipped: " + skip
+	}
+	var out []hostlocal.Allocation
+	young, unreadable := 0, 0
+	for _, a := range st.Allocations {
+		if !a.Read || a.Err != "" {
+			unreadable++
+			continue
+		}
+		if live[a.ContainerID] {
+			continue
+		}
+		if !a.ModTime.IsZero() && now.Sub(a.ModTime) < d.p.LeakGrace.Duration {
+			young++
+			continue
+		}
+		out = append(out, a)
+	}
+	note := fmt.Sprintf("leak check: %d of %d allocations belong to no sandbox of the runtime's %d", len(out), len(st.Allocations), len(live))
+	if young > 0 {
+		note += fmt.Sprintf(", %d more younger than %s", young, d.p.LeakGrace.Duration)
+	}
+	if unreadable > 0 {
+		note += fmt.Sprintf(", %d not read or unreadable", unreadable)
+	}
+	return out, note
+}
+
+func (d *hostLocalIPAM) leakFinding(network string, st hostlocal.Network, leaked []hostlocal.Allocation, now time.Time) Finding {
+	sort.Slice(leaked, func(i, j int) bool { return leaked[i].ModTime.Before(leaked[j].ModTime) })
+	var list []map[string]any
+	var names []string
+	for _, a := range leaked[:min(len(leaked), d.p.MaxListed)] {
+		id := a.ContainerID
+		if len(id) > 12 {
+			id = id[:12]
+		}
+		list = append(list, map[string]any{"ip": a.IP.String(), "containerID": a.ContainerID, "ifName": a.IfName,
+			"since": a.ModTime.UTC().Format(time.RFC3339), "ageSeconds": durSeconds(now.Sub(a.ModTime))})
+		names = append(names, a.IP.String()+" ("+id+")")
+	}
+	more := ""
+	if len(leaked) > len(names) {
+		more = fmt.Sprintf(" and %d more", len(leaked)-len(names))
+	}
+	return Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(network) + "/leaked", Severity: Warning,
+		Message: fmt.Sprintf("host-local IPAM of network %s on node %s: %d addresses allocated to container IDs the runtime does not have (leaked: a CNI DEL that never ran): %s%s",
+			network, d.n.Name, len(leaked), strings.Join(names, ", "), more),
+		Evidence: map[string]any{"network": network, "store": st.Dir, "leaked": len(leaked), "addresses": list, "leakGrace": d.p.LeakGrace.Duration.String()}}
+}
+
+func round1(f float64) float64 { return float64(int64(f*10+0.5)) / 10 }

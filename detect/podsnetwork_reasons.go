@@ -1,0 +1,95 @@
+package detect
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/remediate-dev/remediate/internal/cni"
+)
+
+// maxEventsPerPod bounds the sandbox Events taken from one pod.
+const maxEventsPerPod = 20
+
+// FailureCorrelates names, per sandbox failure kind, the detector whose
+// finding shows the cause on this node (none for Unknown).
+var FailureCorrelates = map[cni.FailureKind]string{
+	cni.FailureIPAMExhausted:    "HostLocalIPAM",
+	cni.FailurePluginMissing:    "CNIConfig",
+	cni.FailureConfig:           "CNIConfig",
+	cni.FailureAgentUnreachable: "CNIAgentUnhealthy",
+	cni.FailureXtablesLock:      "XtablesLockContention",
+}
+
+// sandboxFailures reads the kubelet's sandbox Events of the oldest stuck
+// pods (at most MaxEventPods; host-network pods need no CNI and are
+// skipped), classifies their messages and adds, under
+// "sandboxFailures", the top kind, its count, one sanitised message, the
+// counts by kind and the detector the kind correlates with. It returns a
+// message suffix. Events that cannot be read are said so in the evidence;
+// they never stop the finding.
+func (d *podsNetwork) sandboxFailures(ctx context.Context, stuck []stuckPod, ev map[string]any) string {
+	if d.p.MaxEventPods == 0 {
+		return ""
+	}
+	if d.n.PodEvents == nil {
+		ev["sandboxFailures"] = "not read: " + d.n.Why("kubernetes")
+		return ""
+	}
+	var tally cni.FailureTally
+	read, failed, withEvents := 0, 0, 0
+	var firstErr error
+	for _, s := range stuck {
+		if read+failed >= d.p.MaxEventPods {
+			break
+		}
+		if s.pod.HostNetwork {
+			continue
+		}
+		evs, err := d.n.PodEvents.SandboxEvents(ctx, s.pod, maxEventsPerPod)
+		if err != nil {
+			failed++
+			if firstErr == nil {
+				firstErr = err
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		read++
+		if len(evs) > 0 {
+			withEvents++
+		}
+		for _, e := range evs {
+			tally.Add(e.Message, e.Count, e.Last.Unix())
+		}
+	}
+	top, ok := tally.Top()
+	if !ok {
+		if failed > 0 {
+			ev["sandboxFailures"] = fmt.Sprintf("not read: %d of %d pods' events failed: %v", failed, read+failed, firstErr)
+			return ""
+		}
+		if read > 0 {
+			ev["sandboxFailures"] = fmt.Sprintf("no FailedCreatePodSandBox or FailedKillPod event for the %d pods read", read)
+		}
+		return ""
+	}
+	kinds := map[string]int{}
+	for _, c := range tally.Counts() {
+		kinds[string(c.Kind)] = c.Count
+	}
+	sf := map[string]any{"topKind": string(top.Kind), "count": top.Count, "message": top.Example,
+		"kinds": kinds, "podsRead": read, "podsWithEvents": withEvents}
+	if failed > 0 {
+		sf["podsNotRead"] = failed
+		sf["readError"] = firstErr.Error()
+	}
+	see := ""
+	if c := FailureCorrelates[top.Kind]; c != "" {
+		sf["correlatesWith"] = c
+		see = " (see " + c + ")"
+	}
+	ev["sandboxFailures"] = sf
+	return fmt.Sprintf("; sandbox failures: %s x%d in the events of %d pods%s: %s", top.Kind, top.Count, withEvents, see, top.Example)
+}
