@@ -386,7 +386,7 @@ func TestDashboardWithRealPrometheus(t *testing.T) {
 	base := "http://" + addr
 	// Rates need two samples of each target inside the window.
 	ready := func() bool {
-		s, err := promQuery(base, `count_over_time(remediate_node_info[1m]) >= 3`)
+		s, err := promQuery(base, `count_over_time(up{job="remediate"}[1m]) >= 3`)
 		return err == nil && len(s) == 2
 	}
 	deadline := time.Now().Add(3 * time.Minute)
