@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -123,5 +124,94 @@ func TestHostdepsSaysWhatItInstalls(t *testing.T) {
 	script, _, env = ensureCopy(t, "coreutils   always there\n", 0)
 	if out, code := run(script, env, false); code != 0 || out != "" {
 		t.Errorf("all present: exit %d, output %q, want silence", code, out)
+	}
+}
+
+// TestVMLaneProgramsListed: every host program the VM lane needs
+// (tools/vm/run.sh's checks, its PROGRAMS, and the VM_EXTRA_PROGRAMS the
+// IPVS kube-proxy test adds: ipset, which `make test-vm` once missed with
+// a hint naming other packages) comes from a package of
+// tools/hostdeps/packages.txt, or from one every Debian has (Essential or
+// Priority required). The owning package is asked of dpkg on this host.
+func TestVMLaneProgramsListed(t *testing.T) {
+	if _, err := exec.LookPath("dpkg-query"); err != nil {
+		t.Skip("not a Debian-like system (no dpkg-query)")
+	}
+	run, err := os.ReadFile("vm/run.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vmTest, err := os.ReadFile("../remediate/action/ipvs_kubeproxy_vm_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progs []string
+	for _, re := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^for c in (.*) \$PROGRAMS; do$`),
+		regexp.MustCompile(`(?m)^PROGRAMS="([^"$]*)`),
+	} {
+		m := re.FindSubmatch(run)
+		if m == nil {
+			t.Fatalf("tools/vm/run.sh: no match for %s", re)
+		}
+		progs = append(progs, strings.Fields(string(m[1]))...)
+	}
+	m := regexp.MustCompile(`"VM_EXTRA_PROGRAMS=([^"]*)"`).FindSubmatch(vmTest)
+	if m == nil {
+		t.Fatal("ipvs_kubeproxy_vm_test.go: no VM_EXTRA_PROGRAMS")
+	}
+	progs = append(progs, strings.Fields(string(m[1]))...)
+	if !slices.Contains(progs, "ipset") || len(progs) < 10 {
+		t.Fatalf("programs read: %v", progs)
+	}
+	listed := map[string]bool{}
+	pk, err := os.ReadFile("hostdeps/packages.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(pk), "\n") {
+		if f := strings.Fields(l); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			listed[f[0]] = true
+		}
+	}
+	// One dpkg -S for every path (each also without its /usr: merged-/usr
+	// systems record either); it lists what it finds, "package: path".
+	paths := map[string]string{}
+	var args []string
+	for _, p := range progs {
+		path, err := exec.LookPath(p)
+		if err != nil {
+			t.Logf("%s: not installed here, cannot ask dpkg which package has it", p)
+			continue
+		}
+		paths[p] = path
+		args = append(args, path, strings.TrimPrefix(path, "/usr"))
+	}
+	out, _ := exec.Command("dpkg", append([]string{"-S"}, args...)...).Output()
+	owners := map[string]string{}
+	for _, l := range strings.Split(string(out), "\n") {
+		if pkg, path, ok := strings.Cut(l, ": "); ok {
+			owners[path] = strings.SplitN(pkg, ",", 2)[0]
+			owners["/usr"+path] = owners[path]
+		}
+	}
+	for _, p := range progs {
+		path, ok := paths[p]
+		if !ok {
+			continue
+		}
+		owner := owners[path]
+		if owner == "" {
+			t.Errorf("%s (%s): dpkg knows no package with it", p, path)
+			continue
+		}
+		if listed[owner] {
+			continue
+		}
+		out, _ := exec.Command("dpkg-query", "-W", "-f=${Essential} ${Priority}", owner).Output()
+		if f := strings.Fields(string(out)); len(f) == 2 && (f[0] == "yes" || f[1] == "required") {
+			continue
+		}
+		t.Errorf("the VM lane needs %s, from Debian package %s (%s), which tools/hostdeps/packages.txt does not list", p, owner, out)
 	}
 }
