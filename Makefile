@@ -132,6 +132,29 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 
+# docs/PERFORMANCE.md from benchmark output (never edited by hand): the
+# benchmarks of PERF_PKGS matching PERF_BENCH, PERF_COUNT runs each, are
+# recorded with the machine and the date in docs/perf/bench.txt (the
+# input, kept), then tools/perfdocs renders the page from it; its test
+# fails when the page is not what the recorded input renders to.
+# `make perf-docs-render` re-renders from the recorded input only. The
+# real-kernel benchmarks need root; a full run takes tens of minutes.
+PERF_PKGS ?= $(PKGS)
+PERF_BENCH ?= .
+PERF_COUNT ?= 5
+PERF_IN := docs/perf/bench.txt
+.PHONY: perf-docs perf-docs-render
+perf-docs:
+	@mkdir -p $(dir $(PERF_IN))
+	{ echo "date: $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; echo "kernel: $$(uname -sr)"; echo "cores: $$(nproc)"; \
+	  echo "go: $$($(GO) env GOVERSION)"; echo "loadavg: $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "command: go test -run '^$$' -bench '$(PERF_BENCH)' -benchmem -count $(PERF_COUNT) $(PERF_PKGS)"; \
+	  $(GO) test -run '^$$' -bench '$(PERF_BENCH)' -benchmem -count $(PERF_COUNT) -timeout 60m $(PERF_PKGS); } > $(PERF_IN).tmp
+	mv $(PERF_IN).tmp $(PERF_IN)
+	@$(MAKE) --no-print-directory perf-docs-render
+perf-docs-render:
+	$(GO) run ./tools/perfdocs -in $(PERF_IN) -out docs/PERFORMANCE.md
+
 # The real binary on a loaded node (root): ~20k kube-proxy-shaped nat rules
 # in iptables-legacy in a namespace of its own, 1,000 extra processes, no
 # kube-proxy, no cluster access; prints CPU per cycle (own + children) and
@@ -146,7 +169,7 @@ bench-load:
 # Every real-process test of the process scan (internal/procs), STRESS_COUNT
 # times in one test binary (built once): a test that fails 1 in 50 runs is a
 # failing test. Run as root (other users' processes are read) and after any
-# change to the scan; the last run's counts are in README, "Development".
+# change to the scan; the last run's counts are in docs/TESTING.md.
 STRESS_COUNT ?= 300
 STRESS_PROCS_RUN := ^(TestReal.*|TestListProcInodes|TestScanConcurrent|TestScanCommsShared|TestFindRereadsAnArgvReadEmpty)$$
 stress-procs:

@@ -15,19 +15,34 @@ import (
 
 // TestMetricsMatchREADME runs the real binary (this test binary as main)
 // and scrapes /metrics as soon as it answers, before the first cycle: every
-// remediate_* family the README names is exported, with the policy's label
-// values at 0, and every remediate_* family exported is in the README.
+// remediate_* family docs/METRICS.md (the list) or any other document
+// (README.md, docs/*.md) names is exported, with the policy's label values
+// at 0, and every remediate_* family exported is in docs/METRICS.md.
 func TestMetricsMatchREADME(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	names := func(file string) map[string]bool {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, m := range regexp.MustCompile("`(remediate_[a-z_]+)").FindAllStringSubmatch(string(b), -1) {
+			out[m[1]] = true
+		}
+		return out
+	}
+	documented := names("../../docs/METRICS.md")
+	if len(documented) < 8 {
+		t.Fatalf("docs/METRICS.md names only %d metrics", len(documented))
+	}
+	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	documented := map[string]bool{}
-	for _, m := range regexp.MustCompile("`(remediate_[a-z_]+)").FindAllStringSubmatch(string(readme), -1) {
-		documented[m[1]] = true
-	}
-	if len(documented) < 8 {
-		t.Fatalf("README names only %d metrics", len(documented))
+	named := map[string]string{}
+	for _, f := range append(docs, "../../README.md") {
+		for m := range names(f) {
+			named[m] = strings.TrimPrefix(f, "../../")
+		}
 	}
 
 	dir := t.TempDir()
@@ -70,6 +85,11 @@ func TestMetricsMatchREADME(t *testing.T) {
 			missing = append(missing, m)
 		}
 	}
+	for m, f := range named {
+		if !exported[m] && !documented[m] {
+			missing = append(missing, m+" ("+f+")")
+		}
+	}
 	for m := range exported {
 		if !documented[m] {
 			undocumented = append(undocumented, m)
@@ -78,7 +98,7 @@ func TestMetricsMatchREADME(t *testing.T) {
 	sort.Strings(missing)
 	sort.Strings(undocumented)
 	if len(missing) > 0 || len(undocumented) > 0 {
-		t.Errorf("README and /metrics disagree: documented but not exported at start %v; exported but not in the README %v\n%s", missing, undocumented, body)
+		t.Errorf("the docs and /metrics disagree: documented but not exported at start %v; exported but not in docs/METRICS.md %v\n%s", missing, undocumented, body)
 	}
 	// Known label values at 0 before any event.
 	for _, s := range []string{

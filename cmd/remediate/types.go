@@ -25,6 +25,7 @@ func writeTypes(w io.Writer) error {
 		fmt.Fprintf(w, "\n  %s\n", t.Name)
 		writeWrapped(w, "    ", t.Doc)
 		fmt.Fprintf(w, "    reports: %s\n", remediate.KindList(t.Targets))
+		fmt.Fprintf(w, "    runbook: %s\n", runbookAnchor("detector", t.Name))
 		writeParams(w, t.NewParams())
 	}
 	fmt.Fprintln(w, "\nACTIONS (rules[].action.type):")
@@ -36,6 +37,7 @@ func writeTypes(w io.Writer) error {
 		}
 		writeWrapped(w, "    ", d)
 		fmt.Fprintf(w, "    acts on: %s\n", remediate.ActsOn(t))
+		fmt.Fprintf(w, "    runbook: %s\n", runbookAnchor("action", t.Name))
 		writeParams(w, t.NewParams())
 	}
 	fmt.Fprintln(w, "\nPAIRS (action <- detectors whose findings can feed it; `policy check` refuses other pairs):")

@@ -79,7 +79,7 @@ func TestNoImportFromAHigherFloor(t *testing.T) {
 		pkg := filepath.ToSlash(rel)
 		from, fromKey, ok := floorOf(pkg)
 		if !ok {
-			t.Errorf("%s: package %s has no floor: add it to floors and the README", path, pkg)
+			t.Errorf("%s: package %s has no floor: add it to floors and docs/DESIGN.md (Code layout)", path, pkg)
 			return nil
 		}
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
