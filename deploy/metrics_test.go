@@ -118,6 +118,12 @@ func dashboardExprs(t *testing.T) map[string]string {
 // It returns the metrics base URL once a cycle has completed.
 func startDaemon(t *testing.T) string {
 	t.Helper()
+	return startDaemonOn(t, "metrics-test")
+}
+
+// startDaemonOn is startDaemon with node as its --node-name.
+func startDaemonOn(t *testing.T, node string) string {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "remediate")
 	build := exec.Command("go", "build", "-o", bin, "./cmd/remediate")
@@ -145,7 +151,7 @@ func startDaemon(t *testing.T) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "--policy", filepath.Join(dir, "policy.yaml"), "--state-dir", filepath.Join(dir, "state"),
-		"--node-name", "metrics-test", "--dry-run", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
+		"--node-name", node, "--dry-run", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port), "--log-level", "warn")
 	logf, err := os.Create(filepath.Join(dir, "log"))
 	if err != nil {
 		t.Fatal(err)

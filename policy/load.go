@@ -13,7 +13,9 @@ import (
 	"strings"
 
 	goccy "github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/lexer"
 	goccyparser "github.com/goccy/go-yaml/parser"
+	"github.com/goccy/go-yaml/token"
 	"github.com/hashicorp/go-multierror"
 	"gopkg.in/yaml.v3"
 )
@@ -201,13 +203,17 @@ func (d *decoder) checkPairs(p *Policy) {
 }
 
 // yamlSyntaxError is a syntax error at the parser's own position. yaml.v3
-// names a line only, and for most parser errors it is the 0-based line of
-// the enclosing collection's start (an unclosed '{' on line 6 read "line
-// 5", a bad indent on line 8 "line 4"): the position is taken from a
-// second parser (goccy/go-yaml) that keeps the offending token's line and
-// column; yaml.v3's message is kept (it names what was expected). Should
-// that parser accept what yaml.v3 refused, yaml.v3's line is said as it
-// is, without a column.
+// names a line only, and for parser errors it is the 0-based line of the
+// error's context (the collection being parsed), column always 1: an
+// unclosed '{' at 6:13 read "line 5", a bad indent at 8:4 "line 4". The
+// position is taken from a second parser (goccy/go-yaml) that keeps the
+// offending token's line and column; yaml.v3's message is kept (it names
+// what was expected). When yaml.v3's context is an unclosed flow
+// collection ("did not find expected ',' or '}'"), its own position is
+// the answer: the '{' or '[' that is not closed, on yaml.v3's context line
+// (unclosedFlow), and the message says where the parser stopped. Should
+// goccy/go-yaml accept what yaml.v3 refused, yaml.v3's line is said as
+// it is, without a column.
 func yamlSyntaxError(name string, data []byte, err error) *Error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	near := 0
@@ -222,6 +228,12 @@ func yamlSyntaxError(name string, data []byte, err error) *Error {
 	e := &Error{File: name, Msg: msg}
 	if line, col, ok := syntaxPosition(data); ok {
 		e.Line, e.Column = line, col
+		if kind, open := flowCloserExpected(msg); open {
+			if ol, oc, ok := unclosedFlow(data, kind, line, col, near+1); ok {
+				e.Line, e.Column = ol, oc
+				e.Msg = fmt.Sprintf("%s (the '%c' here is not closed before %d:%d)", msg, kind, line, col)
+			}
+		}
 	} else if near > 0 {
 		e.Msg = fmt.Sprintf("%s (near line %d)", msg, near)
 	}
@@ -248,6 +260,75 @@ func syntaxPosition(data []byte) (line, col int, ok bool) {
 		return 0, 0, false
 	}
 	return tk.Position.Line, max(tk.Position.Column, 1), true
+}
+
+// flowCloserExpected reports which flow collection a yaml.v3 message says
+// is not closed: '{' for "did not find expected ',' or '}'", '[' for
+// "... or ']'".
+func flowCloserExpected(msg string) (open byte, ok bool) {
+	switch msg {
+	case "did not find expected ',' or '}'":
+		return '{', true
+	case "did not find expected ',' or ']'":
+		return '[', true
+	}
+	return 0, false
+}
+
+// unclosedFlow is the position (1-based) of the flow collection still open
+// where the parser stopped (stopLine:stopCol, goccy/go-yaml's position):
+// the innermost '{' or '[' opened before it and not closed. It is the
+// answer only if it is of the kind yaml.v3 expected to close (open) and on
+// yaml.v3's context line (contextLine, 1-based; yaml.v3 names no line for a
+// context on line 1); otherwise false, and the caller keeps the stop
+// position. data has parsed once already (syntaxPosition), so tokenizing
+// it again is bounded the same way; a panic is no position.
+func unclosedFlow(data []byte, open byte, stopLine, stopCol, contextLine int) (line, col int, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			line, col, ok = 0, 0, false
+		}
+	}()
+	type opener struct {
+		kind      byte
+		line, col int
+	}
+	var stack []opener
+	for _, tk := range lexer.Tokenize(string(data)) {
+		if tk == nil || tk.Position == nil {
+			continue
+		}
+		if p := tk.Position; p.Line > stopLine || (p.Line == stopLine && p.Column >= stopCol) {
+			break
+		}
+		switch tk.Type {
+		case token.MappingStartType:
+			stack = append(stack, opener{'{', tk.Position.Line, tk.Position.Column})
+		case token.SequenceStartType:
+			stack = append(stack, opener{'[', tk.Position.Line, tk.Position.Column})
+		case token.MappingEndType, token.SequenceEndType:
+			if len(stack) > 0 {
+				stack = stack[:len(stack)-1]
+			}
+		}
+	}
+	if len(stack) == 0 {
+		return 0, 0, false
+	}
+	top := stack[len(stack)-1]
+	if top.kind != open || top.line < 1 || top.col < 1 || (top.line != contextLine && top.line != 1) {
+		return 0, 0, false
+	}
+	// The lexer's column counts runes; said only if the file has that very
+	// bracket there (after a tag, for one, the lexer's column is off).
+	lines := bytes.Split(data, []byte("\n"))
+	if top.line > len(lines) {
+		return 0, 0, false
+	}
+	if l := []rune(string(lines[top.line-1])); top.col > len(l) || l[top.col-1] != rune(open) {
+		return 0, 0, false
+	}
+	return top.line, top.col, true
 }
 
 type decoder struct {

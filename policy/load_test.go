@@ -295,6 +295,43 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// FuzzSyntaxPosition: whatever the bytes, a syntax error's position is
+// never a crash, and an unclosed flow collection is said where that very
+// '{' or '[' stands in the file.
+func FuzzSyntaxPosition(f *testing.F) {
+	const head = "apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\nmode: audit\nrules:\n- name: a\n"
+	f.Add([]byte(head + "  detector: {type: KubeProxyRuleBloat\n  action: {type: X}\n"))
+	f.Add([]byte(head + "  detector: {type: [a, b}\n"))
+	f.Add([]byte(head + "  detector: {a: b, c: {d: e}\n  x: y\n"))
+	f.Add([]byte(head + "  detector: {type: '{[', x: \"}]\"\n  action: {type: X}\n"))
+	f.Add([]byte("a: {b: 1\nc: 2\n"))
+	f.Add([]byte("a: [[{\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > MaxSize {
+			return
+		}
+		var n yaml.Node
+		err := yaml.Unmarshal(data, &n)
+		if err == nil {
+			return
+		}
+		e := yamlSyntaxError("f.yaml", data, err)
+		kind, open := flowCloserExpected(e.Msg[:max(0, strings.Index(e.Msg, " (the '"))])
+		if !open || !strings.Contains(e.Msg, " (the '") {
+			return
+		}
+		lines := strings.Split(string(data), "\n")
+		if e.Line < 1 || e.Line > len(lines) {
+			t.Fatalf("%q: line %d of %d", data, e.Line, len(lines))
+		}
+		// goccy/go-yaml's columns count characters (runes).
+		l := []rune(lines[e.Line-1])
+		if e.Column < 1 || e.Column > len(l) || byte(l[e.Column-1]) != kind {
+			t.Fatalf("%q: %d:%d is not a '%c' (%v)", data, e.Line, e.Column, kind, e)
+		}
+	})
+}
+
 // TestHostilePolicyRejectedCheaply: 1 MiB of YAML aliases took 570 MB and
 // 27 s to reject (issue 13); a billion-laughs nest of anchors would expand
 // without bound. Both are refused before decoding, allocating under 50 MiB.
@@ -330,16 +367,27 @@ func TestHostilePolicyRejectedCheaply(t *testing.T) {
 }
 
 // Syntax errors are said at the parser's position, line and column: an
-// unclosed '{' where the next key starts, a bad indent where it is (yaml.v3
-// alone said 5:1 and 4:1: its 0-based line of the enclosing collection,
-// column always 1).
+// unclosed '{' or '[' where it opens (yaml.v3's own context, which it
+// said as "line 5" for line 6, column always 1; goccy/go-yaml alone said
+// where the next key starts, 7:3), a bad indent where it is (yaml.v3 said
+// 4:1 for 8:4).
 func TestSyntaxErrorPosition(t *testing.T) {
 	const head = "apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\nmode: audit\nrules:\n- name: a\n"
 	for _, c := range []struct{ name, body, want string }{
-		{"unclosed brace", head + "  detector: {type: KubeProxyRuleBloat\n  action: {type: X}\n", "p.yaml:7:3: did not find expected ',' or '}'"},
+		// The issue's two cases.
+		{"unclosed brace", head + "  detector: {type: KubeProxyRuleBloat\n  action: {type: X}\n", "p.yaml:6:13: did not find expected ',' or '}' (the '{' here is not closed before 7:3)"},
 		{"bad indent", head + "  detector:\n    type: KubeProxyRuleBloat\n   x: 1\n", "p.yaml:8:4: did not find expected key"},
-		{"unclosed list", "a: [", "p.yaml:1:4: did not find expected node content"},
+		{"unclosed bracket", head + "  detector: [a, b\n  action: {type: X}\n", "p.yaml:6:13: did not find expected ',' or ']' (the '[' here is not closed before 7:3)"},
+		{"unclosed outer brace, inner closed", head + "  detector: {a: b, c: {d: e}\n  x: y\n", "p.yaml:6:13: did not find expected ',' or '}' (the '{' here is not closed before 7:3)"},
+		{"bracket closed by a brace", head + "  detector: {type: [a, b}\n", "p.yaml:6:20: did not find expected ',' or ']' (the '[' here is not closed before 6:25)"},
+		{"unclosed brace on line 1", "a: {b: 1\nc: 2\n", "p.yaml:1:4: did not find expected ',' or '}' (the '{' here is not closed before 2:1)"},
+		{"braces in quotes are not flow", head + "  detector: {type: '{[', x: \"}]\"\n  action: {type: X}\n", "p.yaml:6:13: did not find expected ',' or '}' (the '{' here is not closed before 7:3)"},
+		{"unclosed list at end", "a: [", "p.yaml:1:4: did not find expected node content"},
+		{"unclosed list after a comma", "a:\n  b: [1, 2,\n", "p.yaml:2:6: did not find expected node content"},
 		{"tab indent", head + "  detector:\n\ttype: X\n", "p.yaml:7:1: found character that cannot start any token"},
+		{"unclosed quote", head + "  detector: 'abc\n  action: x\n", "p.yaml:6:13: found unexpected end of stream"},
+		{"extra closing brace", "a: {b: 1}}\n", "p.yaml:1:10: did not find expected key"},
+		{"list item among keys", "a:\n  - b\n  c: d\n", "p.yaml:3:3: did not find expected '-' indicator"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := Parse("p.yaml", []byte(c.body), testCatalog{})

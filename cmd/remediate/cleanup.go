@@ -41,6 +41,10 @@ func newCleanupCmd(stdout, stderr io.Writer) *cobra.Command {
 			}
 			c, err := kube.Connect(kube.Options{Kubeconfig: kubeconfig})
 			if err != nil {
+				if kubeconfig == "" {
+					// Neither the flag nor $KUBECONFIG: say both.
+					err = fmt.Errorf("%w, $KUBECONFIG unset", err)
+				}
 				fmt.Fprintf(stderr, "remediate cleanup: %v\n", err)
 				return exitStatus(exitError)
 			}

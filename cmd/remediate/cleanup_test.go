@@ -50,3 +50,17 @@ func TestCleanupUsesKUBECONFIG(t *testing.T) {
 		t.Errorf("$KUBECONFIG with two files: exit %d, stderr %q", code, errb.String())
 	}
 }
+
+// Out of a pod with neither --kubeconfig nor $KUBECONFIG, cleanup names
+// both ways of giving it a cluster (it said only "no --kubeconfig given",
+// though $KUBECONFIG works too).
+func TestCleanupWithoutClusterNamesKUBECONFIG(t *testing.T) {
+	t.Setenv("KUBECONFIG", "")
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	var out, errb bytes.Buffer
+	code := Run(context.Background(), []string{"cleanup"}, &out, &errb)
+	want := "remediate cleanup: no cluster access: not running in a pod (KUBERNETES_SERVICE_HOST/PORT unset) and no --kubeconfig given, $KUBECONFIG unset\n"
+	if code != exitError || errb.String() != want {
+		t.Errorf("exit %d, stderr %q, want %q", code, errb.String(), want)
+	}
+}

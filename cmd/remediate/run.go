@@ -101,6 +101,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	reg.MustRegister(newKubeProxySyncDurationCollector(w.lastKubeProxyScrape, w.kubeProxySyncPeriod))
 	reg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
 	reg.MustRegister(newTrendCollector(w.trendSources()))
+	reg.MustRegister(newNodeInfo(o.nodeName))
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
 		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
