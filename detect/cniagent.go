@@ -209,5 +209,6 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 		Severity: sev,
 		Message:  fmt.Sprintf("CNI agent %s pod %s on node %s: %s", a.Agent, p.Key(), d.n.Name, strings.Join(problems, "; ")),
 		Evidence: ev,
+		Subject:  finding.Subject{Agent: &finding.Agent{PodUID: p.UID}},
 	}, true
 }

@@ -419,6 +419,7 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []F
 				b.entries, proto, strings.Join(services, ", "), b.key.Backend, strings.Join(reasons, "; "),
 				ix.now.Sub(b.oldest).Round(time.Second), ix.grace, hint),
 			Evidence: ev,
+			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.entries}},
 		})
 	}
 	return out

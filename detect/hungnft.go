@@ -102,7 +102,8 @@ func hungNFTFindings(found []procs.Process, p HungNFTParams, nodeNetNS string, n
 			sev = Info
 			msg += "; not a target: " + why
 		}
-		out = append(out, Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev})
+		out = append(out, Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev,
+			Subject: finding.Subject{AgeSeconds: durSeconds(age), Process: &finding.Process{}}})
 	}
 	return out
 }

@@ -111,6 +111,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 	for _, p := range old {
 		age := p.Age(now)
 		ev := processEvidence(p, now)
+		sp := &finding.Process{}
 		msg := fmt.Sprintf("%s (pid %d) has been running for %s", p.Name(), p.Pid, age.Round(time.Second))
 		sev := Warning
 		if p.Blocked() {
@@ -137,6 +138,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			}
 			ev["waitsOnXtablesLock"] = waits
 			ev["holdsXtablesLock"] = holds
+			sp.WaitsOnXtablesLock, sp.HoldsXtablesLock = waits, holds
 			ev["xtablesLock"] = d.n.XtablesLock
 			if holds {
 				sev = Critical
@@ -158,6 +160,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  finding.Subject{AgeSeconds: durSeconds(age), Process: sp},
 		})
 	}
 	return out, nil

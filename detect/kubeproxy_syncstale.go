@@ -183,6 +183,7 @@ func staleSyncFindings(m *kubeproxy.Metrics, pendingSince map[kubeproxy.Family]f
 			Severity: Critical,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  finding.Subject{AgeSeconds: age.Seconds()},
 		})
 	}
 	return out

@@ -258,6 +258,7 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 		}
 		var msg string
 		sev := Critical
+		sub := finding.Subject{AgeSeconds: durSeconds(hold)}
 		if k == unknownHolder {
 			msg = fmt.Sprintf("xtables lock %s held by a process not visible here (/proc/locks pid %v) %s", d.n.XtablesLock, l.LockPIDs, why)
 		} else {
@@ -271,6 +272,7 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 			}
 			msg = fmt.Sprintf("xtables lock %s held by %s (pid %d) %s", d.n.XtablesLock, name, h.Pid, why)
 			ev["holdsXtablesLock"] = true
+			sub.Process = &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: durSeconds(hold)}
 			if notTarget := outOfReach(h, procs.NetfilterPrograms, d.n.Procs.SelfNetNS(), ev); notTarget != "" {
 				sev = Info
 				msg += "; this holder is not a target: " + notTarget
@@ -282,6 +284,7 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  sub,
 		})
 	}
 	return out, nil

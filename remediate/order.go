@@ -6,6 +6,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // maxTargetsPerDetector is how many findings of one rule a cycle keeps;
@@ -19,7 +20,7 @@ const summaryTarget = "findings/over-limit"
 
 // orderTargets returns findings in the order they are acted on, so that
 // when a rate limit or budget allows only some, the most urgent get it:
-// severity (critical first), then evidence (a lock holder, then a lock
+// severity (critical first), then the subject (a lock holder, then a lock
 // waiter, then the rest), then age (oldest first), then target name for a
 // stable order. The input is not modified.
 func orderTargets(findings []detect.Finding) []detect.Finding {
@@ -53,22 +54,23 @@ func severityRank(s detect.Severity) int {
 }
 
 func lockRank(f detect.Finding) int {
+	p := f.Subject.Process
 	switch {
-	case f.Evidence["holdsXtablesLock"] == true:
+	case p == nil:
+	case p.HoldsXtablesLock:
 		return 2
-	case f.Evidence["waitsOnXtablesLock"] == true:
+	case p.WaitsOnXtablesLock:
 		return 1
 	}
 	return 0
 }
 
-// age is the finding's evidence of how long its target has been in this
-// state: holdSeconds (lock holders) or ageSeconds (processes); 0 if none.
+// age is how long the finding's target has been in this state
+// (finding.Subject.AgeSeconds: a holder's hold, a process's age); 0 if
+// not known.
 func age(f detect.Finding) float64 {
-	for _, k := range []string{"holdSeconds", "ageSeconds"} {
-		if v, ok := f.Evidence[k].(float64); ok && v == v {
-			return v
-		}
+	if v := f.Subject.AgeSeconds; v == v {
+		return v
 	}
 	return 0
 }
@@ -99,6 +101,17 @@ func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
 			len(rest), maxTargetsPerDetector, counts[detect.Critical], counts[detect.Warning], counts[detect.Info]),
 		Evidence: map[string]any{"omitted": len(rest), "limit": maxTargetsPerDetector, "firstOmittedTarget": rest[0].Target},
 	})
+}
+
+// withKind fills in the kind of the finding's subject from its detector
+// type's declaration (detect.Targets) when the detector left it empty and
+// declared exactly one kind. The summary finding of capTargets is about no
+// target and gets none.
+func withKind(f detect.Finding, declared []finding.Kind) detect.Finding {
+	if f.Subject.Kind == "" && len(declared) == 1 && f.Target != summaryTarget {
+		f.Subject.Kind = declared[0]
+	}
+	return f
 }
 
 // boundFinding clips what a detector copied from outside (a command line, a

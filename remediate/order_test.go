@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // TestOrderTargets: the issue-13 case. Two warning-level processes with
@@ -14,14 +15,17 @@ import (
 // restore waiting on the lock must come first, and among equals the holder
 // before the waiter before the rest, then the oldest.
 func TestOrderTargets(t *testing.T) {
+	proc := func(age float64, holds, waits bool) finding.Subject {
+		return finding.Subject{Kind: finding.KindProcess, AgeSeconds: age, Process: &finding.Process{HoldsXtablesLock: holds, WaitsOnXtablesLock: waits}}
+	}
 	in := []detect.Finding{
-		{Target: "process/100@1", Severity: detect.Warning, Evidence: map[string]any{"ageSeconds": 900.0}},
-		{Target: "process/101@1", Severity: detect.Warning, Evidence: map[string]any{"ageSeconds": 800.0}},
-		{Target: "process/300@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 60.0, "waitsOnXtablesLock": true}},
-		{Target: "process/301@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 30.0, "holdsXtablesLock": true}},
-		{Target: "process/302@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 90.0, "waitsOnXtablesLock": true}},
-		{Target: "process/303@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 999.0}},
-		{Target: "process/50@1", Severity: detect.Info, Evidence: map[string]any{"ageSeconds": 9999.0}},
+		{Target: "process/100@1", Severity: detect.Warning, Subject: proc(900, false, false)},
+		{Target: "process/101@1", Severity: detect.Warning, Subject: proc(800, false, false)},
+		{Target: "process/300@1", Severity: detect.Critical, Subject: proc(60, false, true)},
+		{Target: "process/301@1", Severity: detect.Critical, Subject: proc(30, true, false)},
+		{Target: "process/302@1", Severity: detect.Critical, Subject: proc(90, false, true)},
+		{Target: "process/303@1", Severity: detect.Critical, Subject: proc(999, false, false)},
+		{Target: "process/50@1", Severity: detect.Info, Subject: finding.Subject{AgeSeconds: 9999}},
 	}
 	var got []string
 	for _, f := range orderTargets(in) {
@@ -71,5 +75,28 @@ func TestBoundFinding(t *testing.T) {
 	}
 	if f.Evidence["pid"] != int32(7) || f.Evidence["holdSeconds"] != 31.0 || f.Evidence["holdsXtablesLock"] != true {
 		t.Errorf("scalars changed: %v", f.Evidence)
+	}
+}
+
+// TestWithKind: the engine fills in a finding's kind from its detector
+// type's one declared kind, and leaves a kind the detector set, a type of
+// several kinds and the over-limit summary alone.
+func TestWithKind(t *testing.T) {
+	one := []finding.Kind{finding.KindKubeProxy}
+	two := []finding.Kind{finding.KindIPVSRealServer, finding.KindConntrackBackend}
+	for _, tc := range []struct {
+		f        detect.Finding
+		declared []finding.Kind
+		want     finding.Kind
+	}{
+		{detect.Finding{Target: "kube-proxy/IPv4"}, one, finding.KindKubeProxy},
+		{detect.Finding{Target: "pod/a/b", Subject: finding.Subject{Kind: finding.KindPod}}, one, finding.KindPod},
+		{detect.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.244.1.5:53"}, two, ""},
+		{detect.Finding{Target: summaryTarget}, one, ""},
+		{detect.Finding{Target: "x"}, nil, ""},
+	} {
+		if got := withKind(tc.f, tc.declared).Subject.Kind; got != tc.want {
+			t.Errorf("withKind(%s, %v) = %q, want %q", tc.f.Target, tc.declared, got, tc.want)
+		}
 	}
 }

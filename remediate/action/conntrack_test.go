@@ -12,6 +12,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -268,11 +269,12 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 		t.Fatalf("nothing left: plan should skip, got %v", err)
 	}
 	// A finding that carries its detector's count of this cycle
-	// (ConntrackStaleServiceEntries' "entries") is planned from it: the
-	// table is not dumped a second time.
+	// (ConntrackStaleServiceEntries' Subject.Conntrack.Entries) is planned
+	// from it: the table is not dumped a second time.
 	counts := f.Calls["CountUDPByReplySource"]
-	seen := detect.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53, "entries": 1}}
-	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != int64(1) {
+	seen := detect.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53},
+		Subject: finding.Subject{Kind: finding.KindConntrackBackend, Conntrack: &finding.Conntrack{Entries: 1}}}
+	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != 1 {
 		t.Fatalf("plan from the detector's count = %+v, %v", p, err)
 	}
 	if f.Calls["CountUDPByReplySource"] != counts {

@@ -112,6 +112,14 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 	if len(ws) != 1 || ws[0]["pid"] != restorePID {
 		t.Errorf("waiters = %v", ws)
 	}
+	// What the engine's order and KillProcess read, typed: the waiter and
+	// the holder with its measured hold (the Subject the detectors fill).
+	if sp := hf.Subject.Process; sp == nil || !sp.WaitsOnXtablesLock || sp.HoldsXtablesLock || hf.Subject.AgeSeconds <= 0 {
+		t.Errorf("hung restore subject = %+v (process %+v)", hf.Subject, sp)
+	}
+	if sp := cf[0].Subject.Process; sp == nil || !sp.HoldsXtablesLock || !sp.HoldMeasured || sp.HoldSeconds != cf[0].Evidence["holdSeconds"] {
+		t.Errorf("lock holder subject = %+v (process %+v), evidence %v", cf[0].Subject, sp, cf[0].Evidence)
+	}
 
 	ty, _ := Lookup("KillProcess")
 	kp := ty.NewParams().(*KillProcessParams)

@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -60,8 +61,9 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	return a
 }
 
-func procFinding(pid int32, ct int64, ev map[string]any) detect.Finding {
-	return detect.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct), Evidence: ev}
+func procFinding(pid int32, ct int64, sp *finding.Process) detect.Finding {
+	return detect.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct),
+		Subject: finding.Subject{Kind: finding.KindProcess, Process: sp}}
 }
 
 func sigs(f *procs.Fake) []syscall.Signal {
@@ -146,12 +148,12 @@ func TestKillProcessExecute(t *testing.T) {
 			p := restoreProc(200)
 			p.NetNS = "net:[4026532999]"
 			f.Add(p)
-		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": false, "holdsXtablesLock": false}), wantSkip: "not the node's", wantAlive: true},
+		}, f: procFinding(200, ct, &finding.Process{}), wantSkip: "not the node's", wantAlive: true},
 		{name: "another network namespace, waiting on the node's lock", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.NetNS = "net:[4026532999]"
 			f.Add(p)
-		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": true}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+		}, f: procFinding(200, ct, &finding.Process{WaitsOnXtablesLock: true}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "proc root of another PID namespace", setup: func(f *procs.Fake) {
 			f.Add(restoreProc(200))
 			f.PIDNamespaceErr = errors.New("proc root /host/proc shows this process as pid 4242")
@@ -163,9 +165,9 @@ func TestKillProcessExecute(t *testing.T) {
 		{name: "not a process target", setup: func(f *procs.Fake) {},
 			f: detect.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
 		{name: "lock holder under minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: procFinding(200, ct, map[string]any{"holdSeconds": 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
-		{name: "lock holder over minHoldTime (JSON number)", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: procFinding(200, ct, map[string]any{"holdSeconds": float64(31)}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+			f: procFinding(200, ct, &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
+		{name: "lock holder over minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
+			f: procFinding(200, ct, &finding.Process{HoldMeasured: true, HoldSeconds: 31}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "execs another program after SIGTERM: no SIGKILL", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.IgnoreTERM = true
