@@ -44,7 +44,7 @@ type Options struct {
 	Cluster guardrails.Cluster
 	// Guardrails are extra guardrails, checked after the storm guard and
 	// before the budget (guardrails.Cluster.Extra).
-	Guardrails []Guardrail
+	Guardrails []guardrails.Guardrail
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
 	// Metrics, if set, are updated every cycle.
@@ -77,8 +77,8 @@ type Engine struct {
 }
 
 type heldGuard struct {
-	h   Holder
-	req Request
+	h   guardrails.Holder
+	req guardrails.Request
 }
 
 type ruleRuntime struct {
