@@ -14,6 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
@@ -32,11 +33,11 @@ type world struct {
 	actErr   map[string]error
 	actPanic map[string]bool
 	actHang  map[string]bool
-	actBlock map[string]chan struct{}   // Execute waits for it, ignoring ctx
-	actHook  map[string]func()          // called as Execute begins
-	starts   int                        // Execute calls begun
-	fixes    map[string]bool            // executing the action removes the target
-	severity map[string]detect.Severity // target -> severity (default critical)
+	actBlock map[string]chan struct{}    // Execute waits for it, ignoring ctx
+	actHook  map[string]func()           // called as Execute begins
+	starts   int                         // Execute calls begun
+	fixes    map[string]bool             // executing the action removes the target
+	severity map[string]finding.Severity // target -> severity (default critical)
 }
 
 var w = &world{}
@@ -48,7 +49,7 @@ func resetWorld() {
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	w.actBlock, w.starts, w.actHook = map[string]chan struct{}{}, 0, map[string]func(){}
-	w.severity = map[string]detect.Severity{}
+	w.severity = map[string]finding.Severity{}
 }
 
 type fakeParams struct {
@@ -57,11 +58,11 @@ type fakeParams struct {
 
 type fakeDetector struct{ key string }
 
-func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
+func (d fakeDetector) Detect(ctx context.Context) ([]finding.Finding, error) {
 	w.mu.Lock()
 	hang, fail, pan := w.hang[d.key], w.fail[d.key], w.panicky[d.key]
 	targets := append([]string(nil), w.present[d.key]...)
-	sev := map[string]detect.Severity{}
+	sev := map[string]finding.Severity{}
 	for k, v := range w.severity {
 		sev[k] = v
 	}
@@ -75,24 +76,24 @@ func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 	if fail != nil {
 		return nil, fail
 	}
-	var out []detect.Finding
+	var out []finding.Finding
 	for _, t := range targets {
-		s := detect.Critical
+		s := finding.Critical
 		if v, ok := sev[t]; ok {
 			s = v
 		}
-		out = append(out, detect.Finding{Target: t, Severity: s, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
+		out = append(out, finding.Finding{Target: t, Severity: s, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
 	}
 	return out, nil
 }
 
 type fakeAction struct{ key string }
 
-func (a fakeAction) Plan(_ context.Context, f detect.Finding) (action.Plan, error) {
+func (a fakeAction) Plan(_ context.Context, f finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "fix " + f.Target}, nil
 }
 
-func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Result, error) {
+func (a fakeAction) Execute(ctx context.Context, f finding.Finding) (action.Result, error) {
 	w.mu.Lock()
 	w.starts++
 	pan, hang, err, fixes, block, hook := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key], w.actHook[a.key]
@@ -743,11 +744,11 @@ func TestOnceDoesNotShortenDaemonFor(t *testing.T) {
 
 type refusingAction struct{}
 
-func (refusingAction) Plan(context.Context, detect.Finding) (action.Plan, error) {
+func (refusingAction) Plan(context.Context, finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "kill it"}, nil
 }
-func (refusingAction) Execute(context.Context, detect.Finding) (action.Result, error) {
-	return action.Result{}, detect.Skip("process exited before SIGTERM")
+func (refusingAction) Execute(context.Context, finding.Finding) (action.Result, error) {
+	return action.Result{}, finding.Skip("process exited before SIGTERM")
 }
 
 func init() {
@@ -1041,7 +1042,7 @@ func TestCriticalTargetGetsTheRateLimit(t *testing.T) {
 	p := mustPolicy(t, strings.Replace(enforceRule, "rateLimit: {max: 10, per: 1h}", "rateLimit: {max: 2, per: 1h}", 1))
 	setPresent("a", "process/100@1", "process/101@1", "process/300@1")
 	w.mu.Lock()
-	w.severity["process/100@1"], w.severity["process/101@1"] = detect.Warning, detect.Warning
+	w.severity["process/100@1"], w.severity["process/101@1"] = finding.Warning, finding.Warning
 	w.mu.Unlock()
 	rep := h.cycle(h.engine(p))
 	got := executed()

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/finding"
 )
@@ -23,8 +22,8 @@ const summaryTarget = "findings/over-limit"
 // severity (critical first), then the subject (a lock holder, then a lock
 // waiter, then the rest), then age (oldest first), then target name for a
 // stable order. The input is not modified.
-func orderTargets(findings []detect.Finding) []detect.Finding {
-	out := append([]detect.Finding(nil), findings...)
+func orderTargets(findings []finding.Finding) []finding.Finding {
+	out := append([]finding.Finding(nil), findings...)
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
 		if sa, sb := severityRank(a.Severity), severityRank(b.Severity); sa != sb {
@@ -41,19 +40,19 @@ func orderTargets(findings []detect.Finding) []detect.Finding {
 	return out
 }
 
-func severityRank(s detect.Severity) int {
+func severityRank(s finding.Severity) int {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return 3
-	case detect.Warning:
+	case finding.Warning:
 		return 2
-	case detect.Info:
+	case finding.Info:
 		return 1
 	}
 	return 0
 }
 
-func lockRank(f detect.Finding) int {
+func lockRank(f finding.Finding) int {
 	p := f.Subject.Process
 	switch {
 	case p == nil:
@@ -68,7 +67,7 @@ func lockRank(f detect.Finding) int {
 // age is how long the finding's target has been in this state
 // (finding.Subject.AgeSeconds: a holder's hold, a process's age); 0 if
 // not known.
-func age(f detect.Finding) float64 {
+func age(f finding.Finding) float64 {
 	if v := f.Subject.AgeSeconds; v == v {
 		return v
 	}
@@ -77,28 +76,28 @@ func age(f detect.Finding) float64 {
 
 // capTargets keeps the first maxTargetsPerDetector findings (in acting
 // order) and replaces the rest by one summary finding.
-func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
+func capTargets(detector string, ordered []finding.Finding) []finding.Finding {
 	if len(ordered) <= maxTargetsPerDetector {
 		return ordered
 	}
-	kept := append([]detect.Finding(nil), ordered[:maxTargetsPerDetector]...)
+	kept := append([]finding.Finding(nil), ordered[:maxTargetsPerDetector]...)
 	rest := ordered[maxTargetsPerDetector:]
-	counts := map[detect.Severity]int{}
+	counts := map[finding.Severity]int{}
 	for _, f := range rest {
 		counts[f.Severity]++
 	}
-	sev := detect.Info
-	for _, s := range []detect.Severity{detect.Warning, detect.Critical} {
+	sev := finding.Info
+	for _, s := range []finding.Severity{finding.Warning, finding.Critical} {
 		if counts[s] > 0 {
 			sev = s
 		}
 	}
-	return append(kept, detect.Finding{
+	return append(kept, finding.Finding{
 		Detector: detector,
 		Target:   summaryTarget,
 		Severity: sev,
 		Message: fmt.Sprintf("%d more findings not listed (at most %d targets per detector and cycle): %d critical, %d warning, %d info",
-			len(rest), maxTargetsPerDetector, counts[detect.Critical], counts[detect.Warning], counts[detect.Info]),
+			len(rest), maxTargetsPerDetector, counts[finding.Critical], counts[finding.Warning], counts[finding.Info]),
 		Evidence: map[string]any{"omitted": len(rest), "limit": maxTargetsPerDetector, "firstOmittedTarget": rest[0].Target},
 	})
 }
@@ -107,7 +106,7 @@ func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
 // type's declaration (detect.Targets) when the detector left it empty and
 // declared exactly one kind. The summary finding of capTargets is about no
 // target and gets none.
-func withKind(f detect.Finding, declared []finding.Kind) detect.Finding {
+func withKind(f finding.Finding, declared []finding.Kind) finding.Finding {
 	if f.Subject.Kind == "" && len(declared) == 1 && f.Target != summaryTarget {
 		f.Subject.Kind = declared[0]
 	}
@@ -119,7 +118,7 @@ func withKind(f detect.Finding, declared []finding.Kind) detect.Finding {
 // and the Node: the message and every evidence string to clip.Max bytes,
 // evidence lists and maps to 64 elements. Numbers and booleans, which
 // actions read, are kept as they are.
-func boundFinding(f detect.Finding) detect.Finding {
+func boundFinding(f finding.Finding) finding.Finding {
 	f.Target = clip.String(f.Target, 1024)
 	f.Message = clip.String(f.Message, clip.Max)
 	f.Evidence = clip.Values(f.Evidence, clip.Max)

@@ -37,13 +37,7 @@ const (
 // are matched on the reply source only (as `conntrack -D --reply-src`), so
 // direct, un-NATed UDP flows to the dead pod IP go too; they are as stale.
 //
-// The keys are conntrack.BackendRef's encoding; these names stay for
-// compatibility.
-const (
-	EvidenceBackendIP   = conntrack.EvidenceBackendIP
-	EvidenceBackendPort = conntrack.EvidenceBackendPort
-	EvidenceProtocol    = conntrack.EvidenceProtocol
-)
+// The backend is conntrack.BackendRef's encoding.
 
 // RaiseConntrackMaxParams bound RaiseConntrackMax.
 type RaiseConntrackMaxParams struct {
@@ -323,7 +317,7 @@ func localAddr(ip netip.Addr) (bool, error) {
 func backendFromEvidence(ev map[string]any) (conntrack.Backend, error) {
 	r, err := conntrack.DecodeBackendRef(ev)
 	if err == nil && r.Protocol != "" && r.Protocol != "UDP" {
-		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[EvidenceProtocol])
+		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[conntrack.EvidenceProtocol])
 	}
 	return r.Backend, err
 }

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -61,8 +60,8 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	return a
 }
 
-func procFinding(pid int32, ct int64, sp *finding.Process) detect.Finding {
-	return detect.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct),
+func procFinding(pid int32, ct int64, sp *finding.Process) finding.Finding {
+	return finding.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct),
 		Subject: finding.Subject{Kind: finding.KindProcess, Process: sp}}
 }
 
@@ -99,7 +98,7 @@ func TestKillProcessExecute(t *testing.T) {
 		name      string
 		setup     func(f *procs.Fake)
 		params    func(*KillProcessParams)
-		f         detect.Finding
+		f         finding.Finding
 		wantSigs  []syscall.Signal
 		wantSkip  string // substring of the skip reason
 		wantErr   string // substring of a non-skip error
@@ -163,7 +162,7 @@ func TestKillProcessExecute(t *testing.T) {
 		{name: "never itself", setup: func(f *procs.Fake) { f.Add(restoreProc(selfPID)) },
 			f: procFinding(selfPID, ct, nil), wantSkip: "itself", wantAlive: true},
 		{name: "not a process target", setup: func(f *procs.Fake) {},
-			f: detect.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
+			f: finding.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
 		{name: "lock holder under minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
 			f: procFinding(200, ct, &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
 		{name: "lock holder over minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
@@ -185,7 +184,7 @@ func TestKillProcessExecute(t *testing.T) {
 			c.setup(f)
 			a := newKill(t, f, c.params)
 			res, err := a.Execute(context.Background(), c.f)
-			reason, skip := detect.IsSkip(err)
+			reason, skip := finding.IsSkip(err)
 			switch {
 			case c.wantSkip != "":
 				if !skip || !strings.Contains(reason, c.wantSkip) {
@@ -257,7 +256,7 @@ func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
 	a := newKill(t, f, nil)
 	if _, err := a.Execute(ctx, procFinding(701, t0.Add(-2*time.Minute).UnixMilli(), nil)); err == nil {
 		t.Fatal("an nft whose parent is bash was signalled")
-	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, `has parent "bash"`) {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, `has parent "bash"`) {
 		t.Fatalf("refusal %v", err)
 	}
 	if len(f.Signals()) != 0 {
@@ -321,7 +320,7 @@ func TestKillProcessNFTParentIdentity(t *testing.T) {
 				}
 				return
 			}
-			if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, tc.want) || !strings.Contains(r, `its parent "kube-proxy" (pid 60) is not a real kube-proxy`) {
+			if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, tc.want) || !strings.Contains(r, `its parent "kube-proxy" (pid 60) is not a real kube-proxy`) {
 				t.Fatalf("refusal %v, want a skip saying %q", err, tc.want)
 			}
 			if len(f.Signals()) != 0 {

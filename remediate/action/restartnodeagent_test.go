@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -174,7 +173,7 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 	n := &node.Node{Name: "n1", Kube: cs}
 	a := newRestartAgent(t, n, 2*time.Second)
 	const target = "node-agent/calico-system/calico-node"
-	ev := func(target, uid string) detect.Finding {
+	ev := func(target, uid string) finding.Finding {
 		f := kindFinding(finding.KindNodeAgent, target)
 		f.Subject.Agent = &finding.Agent{PodUID: uid}
 		return f
@@ -229,6 +228,6 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 
 // kindFinding is a finding about target, of kind (the engine fills the
 // kind in from the detector type's declaration).
-func kindFinding(kind finding.Kind, target string) detect.Finding {
-	return detect.Finding{Target: target, Subject: finding.Subject{Kind: kind}}
+func kindFinding(kind finding.Kind, target string) finding.Finding {
+	return finding.Finding{Target: target, Subject: finding.Subject{Kind: kind}}
 }

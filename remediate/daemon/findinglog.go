@@ -4,7 +4,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
@@ -17,11 +17,11 @@ type findingLog struct {
 	last map[string]remediate.ReportFinding // guardrails.TargetKey → last seen
 }
 
-func levelOf(s detect.Severity) zapcore.Level {
+func levelOf(s finding.Severity) zapcore.Level {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return zapcore.ErrorLevel
-	case detect.Warning:
+	case finding.Warning:
 		return zapcore.WarnLevel
 	}
 	return zapcore.InfoLevel
