@@ -15,6 +15,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -116,7 +117,7 @@ func (w *causeWatch) sampleCPU(ctx context.Context, n *node.Node, now time.Time,
 
 // attach ranks the causes for each finding's IP family (Unlabelled: all)
 // and puts them in the findings' evidence.
-func (w *causeWatch) attach(ctx context.Context, n *node.Node, sc *kubeproxy.Scrape, fam func(Finding) kubeproxy.Family, span time.Duration, out []Finding) {
+func (w *causeWatch) attach(ctx context.Context, n *node.Node, sc *kubeproxy.Scrape, fam func(finding.Finding) kubeproxy.Family, span time.Duration, out []finding.Finding) {
 	if len(out) == 0 {
 		return
 	}
@@ -355,7 +356,7 @@ func (w *causeWatch) nodePodCIDRs(ctx context.Context, n *node.Node) ([]netip.Pr
 }
 
 // familyOfTarget is the IP family a kube-proxy finding is about.
-func familyOfTarget(f Finding) kubeproxy.Family {
+func familyOfTarget(f finding.Finding) kubeproxy.Family {
 	fam, err := kubeproxy.FamilyFromTarget(f.Target)
 	if err != nil {
 		return kubeproxy.Unlabelled

@@ -18,6 +18,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -67,8 +68,8 @@ func TestE2EThrottledKubeProxyUnderChurn(t *testing.T) {
 			}
 		})
 	}
-	cycle := func() map[string]Finding {
-		out := map[string]Finding{}
+	cycle := func() map[string]finding.Finding {
+		out := map[string]finding.Finding{}
 		for name, d := range dets {
 			dctx, dcancel := context.WithTimeout(ctx, 8*time.Second)
 			fs, err := d.Detect(dctx)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cpustat"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -40,7 +41,7 @@ func TestVMCgroupV2ThrottlingCause(t *testing.T) {
 	d := newDetector(t, "KubeProxySyncSlow", n, func(p any) { p.(*KubeProxySyncSlowParams).Window.Duration = time.Minute })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	detect := func() (Finding, *causes.Cause, []causes.Cause) {
+	detect := func() (finding.Finding, *causes.Cause, []causes.Cause) {
 		t.Helper()
 		fs, err := d.Detect(ctx)
 		if err != nil || len(fs) != 1 {
@@ -54,7 +55,7 @@ func TestVMCgroupV2ThrottlingCause(t *testing.T) {
 			}
 		}
 		t.Fatalf("no throttling cause: %+v", fs[0].Evidence)
-		return Finding{}, nil, nil
+		return finding.Finding{}, nil, nil
 	}
 
 	kp.SetMetrics(slowMetrics(100, 0, 10))

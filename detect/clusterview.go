@@ -5,6 +5,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -35,10 +36,10 @@ func UsesClusterView() Option {
 // maximum age (cluster.Freshness.Usable).
 func clusterViewGate(n *node.Node, what string) error {
 	if n.Cluster == nil {
-		return Skip("%s", n.Why("kubernetes"))
+		return finding.Skip("%s", n.Why("kubernetes"))
 	}
 	if _, skip := n.Cluster.Freshness().Usable(nowOf(n)); skip != "" {
-		return Skip("%s: %s", skip, what)
+		return finding.Skip("%s: %s", skip, what)
 	}
 	return nil
 }
@@ -67,13 +68,13 @@ type viewAged struct {
 }
 
 // Detect implements Detector.
-func (v *viewAged) Detect(ctx context.Context) ([]Finding, error) {
+func (v *viewAged) Detect(ctx context.Context) ([]finding.Finding, error) {
 	fs, err := v.d.Detect(ctx)
 	if len(fs) == 0 {
 		return fs, err
 	}
 	if note := viewNote(v.n); note != "" {
-		out := make([]Finding, len(fs))
+		out := make([]finding.Finding, len(fs))
 		for i, f := range fs {
 			f.Evidence = maps.Clone(f.Evidence)
 			if f.Evidence == nil {

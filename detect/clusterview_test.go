@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // TestClusterViewAge: with the API server unreachable, a check that
@@ -46,7 +47,7 @@ func TestClusterViewAge(t *testing.T) {
 		w := ipvsCoreDNSRollout(t)
 		w.view.SetFreshness(cluster.Freshness{Synced: true, LastError: boom, CurrentAt: time.Now().Add(-3 * time.Minute), MaxAge: 2 * time.Minute})
 		_, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, nil).Detect(context.Background())
-		if skip, ok := IsSkip(err); !ok || !strings.Contains(skip, "cluster view 3m0s old, older than its 2m0s limit") {
+		if skip, ok := finding.IsSkip(err); !ok || !strings.Contains(skip, "cluster view 3m0s old, older than its 2m0s limit") {
 			t.Fatalf("err %v, want a skip naming the view's age and limit", err)
 		}
 	})
@@ -54,7 +55,7 @@ func TestClusterViewAge(t *testing.T) {
 		w := ipvsCoreDNSRollout(t)
 		w.view.SetFreshness(cluster.Freshness{Synced: true, Connected: true, OverBudget: "cluster view over its memory budget (--cluster-view-memory 1Mi): 3 Services/EndpointSlices are not held"})
 		_, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, nil).Detect(context.Background())
-		if skip, ok := IsSkip(err); !ok || !strings.Contains(skip, "--cluster-view-memory 1Mi") {
+		if skip, ok := finding.IsSkip(err); !ok || !strings.Contains(skip, "--cluster-view-memory 1Mi") {
 			t.Fatalf("err %v, want a skip naming the budget", err)
 		}
 	})

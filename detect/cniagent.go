@@ -78,7 +78,7 @@ func newCNIAgentUnhealthy(p *CNIAgentUnhealthyParams, n *node.Node) (Detector, e
 	return &cniAgent{p: *p, n: n, seen: map[string]restartTrack{}}, nil
 }
 
-func (d *cniAgent) Detect(context.Context) ([]Finding, error) {
+func (d *cniAgent) Detect(context.Context) ([]finding.Finding, error) {
 	view, err := podView(d.n)
 	if err != nil {
 		return nil, err
@@ -91,9 +91,9 @@ func (d *cniAgent) Detect(context.Context) ([]Finding, error) {
 		for i, a := range d.p.Agents {
 			names[i] = a.Name
 		}
-		return nil, Skip("no pod of a configured CNI agent (%s) on node %s", strings.Join(names, ", "), d.n.Name)
+		return nil, finding.Skip("no pod of a configured CNI agent (%s) on node %s", strings.Join(names, ", "), d.n.Name)
 	}
-	var out []Finding
+	var out []finding.Finding
 	var ok []string
 	for _, a := range agents {
 		f, bad := d.judge(a, now)
@@ -131,10 +131,10 @@ func (d *cniAgent) track(agents []cluster.AgentPod, now time.Time) {
 	}
 }
 
-func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
+func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (finding.Finding, bool) {
 	p := a.Pod
 	var problems []string
-	sev := Warning
+	sev := finding.Warning
 	notReady := false
 	switch {
 	case p.Ready.IsFalse():
@@ -151,7 +151,7 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 		problems = append(problems, fmt.Sprintf("no Ready condition %s after creation (phase %s)", now.Sub(p.Created).Round(time.Second), p.Phase))
 	}
 	if notReady {
-		sev = Critical
+		sev = finding.Critical
 	}
 	d.mu.Lock()
 	rose := d.seen[p.UID].rose
@@ -171,7 +171,7 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 		problems = append(problems, fmt.Sprintf("OOM-killed (container %s): its memory limit is too low for this node", last.Name))
 	}
 	if len(problems) == 0 {
-		return Finding{}, false
+		return finding.Finding{}, false
 	}
 	ev := map[string]any{
 		cluster.EvidenceAgent:  a.Agent,
@@ -203,11 +203,12 @@ func (d *cniAgent) judge(a cluster.AgentPod, now time.Time) (Finding, bool) {
 	// restart replaces the pod, and the engine's cooldown, escalation and
 	// verification, kept per target, must follow the agent to the
 	// replacement. The pod's name and UID are evidence.
-	return Finding{
+	return finding.Finding{
 		Detector: "CNIAgentUnhealthy",
 		Target:   a.Ref().String(),
 		Severity: sev,
 		Message:  fmt.Sprintf("CNI agent %s pod %s on node %s: %s", a.Agent, p.Key(), d.n.Name, strings.Join(problems, "; ")),
 		Evidence: ev,
+		Subject:  finding.Subject{Agent: &finding.Agent{PodUID: p.UID}},
 	}, true
 }

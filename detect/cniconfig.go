@@ -45,30 +45,30 @@ func newCNIConfig(p *CNIConfigParams, n *node.Node) (Detector, error) {
 	return &cniConfig{p: *p, n: n}, nil
 }
 
-func (d *cniConfig) Detect(ctx context.Context) ([]Finding, error) {
+func (d *cniConfig) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.CNIConfDir == "" {
-		return nil, Skip("no CNI configuration directory configured (--cni-conf-dir)")
+		return nil, finding.Skip("no CNI configuration directory configured (--cni-conf-dir)")
 	}
 	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
 	ev := map[string]any{"confDir": dir.ConfDir, "binDir": dir.BinDir}
-	found := func(sev finding.Severity, format string, args ...any) ([]Finding, error) {
+	found := func(sev finding.Severity, format string, args ...any) ([]finding.Finding, error) {
 		if len(dir.Files) > 0 {
 			ev["files"] = dir.Files
 		}
 		if dir.Omitted > 0 {
 			ev["filesOmitted"] = dir.Omitted
 		}
-		return []Finding{{Detector: "CNIConfig", Target: CNIConfigTarget, Severity: sev,
+		return []finding.Finding{{Detector: "CNIConfig", Target: CNIConfigTarget, Severity: sev,
 			Message: fmt.Sprintf(format, args...), Evidence: ev}}, nil
 	}
 	if dir.ConfDirErr != nil {
 		if errors.Is(dir.ConfDirErr, fs.ErrNotExist) {
 			why, ok := d.kubernetesNode(ctx)
 			if !ok {
-				return nil, Skip("CNI configuration directory %s does not exist and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
+				return nil, finding.Skip("CNI configuration directory %s does not exist and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
 			}
 			ev["kubernetesNode"] = why
-			return found(Critical, "CNI configuration directory %s does not exist on node %s (or the host path is not mounted here): the runtime cannot set up any pod network", dir.ConfDir, d.n.Name)
+			return found(finding.Critical, "CNI configuration directory %s does not exist on node %s (or the host path is not mounted here): the runtime cannot set up any pod network", dir.ConfDir, d.n.Name)
 		}
 		return nil, fmt.Errorf("reading CNI configuration directory %s: %w", dir.ConfDir, dir.ConfDirErr)
 	}
@@ -76,14 +76,14 @@ func (d *cniConfig) Detect(ctx context.Context) ([]Finding, error) {
 	if f == nil {
 		why, ok := d.kubernetesNode(ctx)
 		if !ok {
-			return nil, Skip("CNI configuration directory %s holds no network configuration and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
+			return nil, finding.Skip("CNI configuration directory %s holds no network configuration and this is not evidently a Kubernetes node (%s)", dir.ConfDir, why)
 		}
 		ev["kubernetesNode"] = why
-		return found(Critical, "CNI configuration directory %s on node %s holds no network configuration (*.conf, *.conflist, *.json): new pods get no sandbox", dir.ConfDir, d.n.Name)
+		return found(finding.Critical, "CNI configuration directory %s on node %s holds no network configuration (*.conf, *.conflist, *.json): new pods get no sandbox", dir.ConfDir, d.n.Name)
 	}
 	ev["inUse"] = f.Name
 	if f.Err != "" {
-		return found(Critical, "CNI configuration in use %s/%s cannot be loaded: %s (the runtime reads the first file by name; a truncated or overwritten file breaks every new pod's network)", dir.ConfDir, f.Name, f.Err)
+		return found(finding.Critical, "CNI configuration in use %s/%s cannot be loaded: %s (the runtime reads the first file by name; a truncated or overwritten file breaks every new pod's network)", dir.ConfDir, f.Name, f.Err)
 	}
 	if d.p.RequirePlugins && len(f.MissingPlugins) > 0 {
 		why := ""
@@ -91,7 +91,7 @@ func (d *cniConfig) Detect(ctx context.Context) ([]Finding, error) {
 			why = fmt.Sprintf(" (%v)", dir.BinDirErr)
 		}
 		ev["missingPlugins"] = f.MissingPlugins
-		return found(Critical, "CNI configuration %s/%s (network %s) names plugins missing from %s%s: %s",
+		return found(finding.Critical, "CNI configuration %s/%s (network %s) names plugins missing from %s%s: %s",
 			dir.ConfDir, f.Name, f.Network, dir.BinDir, why, strings.Join(f.MissingPlugins, ", "))
 	}
 	var broken []string
@@ -101,7 +101,7 @@ func (d *cniConfig) Detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	if len(broken) > 0 {
-		return found(Warning, "CNI configuration %s/%s is loadable but other files in %s are not (unused while %s sorts first): %s",
+		return found(finding.Warning, "CNI configuration %s/%s is loadable but other files in %s are not (unused while %s sorts first): %s",
 			dir.ConfDir, f.Name, dir.ConfDir, f.Name, strings.Join(broken, "; "))
 	}
 	d.set("CNI configuration %s/%s (network %s, plugins %s) loadable, plugins present in %s", dir.ConfDir, f.Name, f.Network, strings.Join(f.Plugins, ", "), dir.BinDir)

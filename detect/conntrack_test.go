@@ -11,6 +11,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/conntrack/conntracktest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -83,18 +84,18 @@ func TestJudgeConntrack(t *testing.T) {
 		r         ctRates
 		haveRates bool
 		reasons   int
-		sev       Severity
+		sev       finding.Severity
 	}{
 		{"healthy", u(1000, 262144), ctRates{}, true, 0, ""},
 		{"just below", u(79, 100), ctRates{}, false, 0, ""},
-		{"at threshold", u(80, 100), ctRates{}, false, 1, Warning},
-		{"critical", u(96, 100), ctRates{}, false, 1, Critical},
+		{"at threshold", u(80, 100), ctRates{}, false, 1, finding.Warning},
+		{"critical", u(96, 100), ctRates{}, false, 1, finding.Critical},
 		{"max unknown", u(96, 0), ctRates{}, false, 0, ""},
-		{"drops make it critical", u(10, 100), ctRates{EarlyDrop: 0.2}, true, 1, Critical},
+		{"drops make it critical", u(10, 100), ctRates{EarlyDrop: 0.2}, true, 1, finding.Critical},
 		{"drops ignored without rates", u(10, 100), ctRates{EarlyDrop: 5}, false, 0, ""},
-		{"insert_failed warns", u(10, 100), ctRates{InsertFailed: 3}, true, 1, Warning},
+		{"insert_failed warns", u(10, 100), ctRates{InsertFailed: 3}, true, 1, finding.Warning},
 		{"small insert_failed ok", u(10, 100), ctRates{InsertFailed: 0.5}, true, 0, ""},
-		{"all", u(99, 100), ctRates{Drop: 1, InsertFailed: 5}, true, 3, Critical},
+		{"all", u(99, 100), ctRates{Drop: 1, InsertFailed: 5}, true, 3, finding.Critical},
 	} {
 		reasons, sev := judgeConntrack(p, tc.u, tc.r, tc.haveRates)
 		if len(reasons) != tc.reasons || sev != tc.sev {
@@ -140,14 +141,14 @@ func TestConntrackExhaustionDetect(t *testing.T) {
 		t.Fatalf("full: %v, %v", got, err)
 	}
 	fd := got[0]
-	if fd.Target != ConntrackTableTarget || fd.Severity != Critical || fd.Evidence["max"] != uint64(1000) ||
+	if fd.Target != ConntrackTableTarget || fd.Severity != finding.Critical || fd.Evidence["max"] != uint64(1000) ||
 		fd.Evidence["utilization"] != 0.9 || fd.Evidence["earlyDropRate"] != 1.0 {
 		t.Fatalf("finding = %+v", fd)
 	}
 	// Drops stopped, still above threshold: warning.
 	clk.SetTime(clk.Now().Add(30 * time.Second))
 	got, _ = d.Detect(ctx)
-	if len(got) != 1 || got[0].Severity != Warning || got[0].Evidence["dropRate"] != 0.0 {
+	if len(got) != 1 || got[0].Severity != finding.Warning || got[0].Evidence["dropRate"] != 0.0 {
 		t.Fatalf("no more drops: %+v", got)
 	}
 }
@@ -178,7 +179,7 @@ func TestConntrackExhaustionDrift(t *testing.T) {
 func TestConntrackExhaustionSkipsAndErrors(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Now())
 	_, err := newCTDetector(t, nil, clk).Detect(context.Background())
-	if reason, ok := IsSkip(err); !ok || reason != "nf_conntrack is not loaded" {
+	if reason, ok := finding.IsSkip(err); !ok || reason != "nf_conntrack is not loaded" {
 		t.Fatalf("nil adapter: %v", err)
 	}
 	f := conntrack.NewFake(100, 25)

@@ -128,7 +128,7 @@ type driftObservation struct {
 // done returns the observation, or a Skip when no family could be compared.
 func (obs *driftObservation) done() (*driftObservation, error) {
 	if len(obs.families) == 0 {
-		return nil, Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
+		return nil, finding.Skip("no family to compare: %s", strings.Join(obs.notes, "; "))
 	}
 	return obs, nil
 }
@@ -210,16 +210,16 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 	case "nftables":
 		return observeNFTables(ctx, n, p, obs)
 	default:
-		return nil, Skip("kube-proxy runs in %q mode", obs.mode)
+		return nil, finding.Skip("kube-proxy runs in %q mode", obs.mode)
 	}
 	if n.IPTables == nil {
-		return nil, Skip("%s", n.Why("iptables"))
+		return nil, finding.Skip("%s", n.Why("iptables"))
 	}
 	for _, fs := range p.Families {
 		fam := iptables.Family(fs)
 		snap, err := saveForDrift(ctx, n, fam, p)
 		if err != nil {
-			if reason, ok := IsSkip(err); ok {
+			if reason, ok := finding.IsSkip(err); ok {
 				obs.notes = append(obs.notes, fs+": "+reason)
 				continue
 			}
@@ -243,7 +243,7 @@ func observeNow(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*dri
 // (listed read-only, shared with the nftables detectors of the cycle).
 func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs *driftObservation) (*driftObservation, error) {
 	if n.NFTables == nil {
-		return nil, Skip("%s", n.Why("nftables"))
+		return nil, finding.Skip("%s", n.Why("nftables"))
 	}
 	for _, fs := range p.Families {
 		fam := nftables.FamilyIP
@@ -256,7 +256,7 @@ func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, 
 			obs.notes = append(obs.notes, fmt.Sprintf("%s: no table %s %s: kube-proxy does not program this family", fs, fam, nftables.KubeProxyTableName))
 			continue
 		case errors.Is(err, nftables.ErrUnavailable):
-			return nil, Skip("%v", err)
+			return nil, finding.Skip("%v", err)
 		case err != nil:
 			return nil, fmt.Errorf("listing kube-proxy's nftables table for the drift comparison: %w", err)
 		}
@@ -273,7 +273,7 @@ func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, 
 // destinations, each bounded by ctx).
 func observeIPVS(ctx context.Context, n *node.Node, p DataplaneDriftParams, obs *driftObservation) (*driftObservation, error) {
 	if n.IPVS == nil {
-		return nil, Skip("%s", n.Why("ipvs"))
+		return nil, finding.Skip("%s", n.Why("ipvs"))
 	}
 	vss, err := n.IPVS.VirtualServers(ctx)
 	if err != nil {
@@ -349,7 +349,7 @@ func saveForDrift(ctx context.Context, n *node.Node, fam iptables.Family, p Data
 		}
 	}
 	if best == nil {
-		return nil, Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
+		return nil, finding.Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
 	}
 	return best, nil
 }
@@ -426,7 +426,7 @@ type dataplaneDrift struct {
 	firstSeen map[string]time.Time
 }
 
-func (d *dataplaneDrift) Detect(ctx context.Context) ([]Finding, error) {
+func (d *dataplaneDrift) Detect(ctx context.Context) ([]finding.Finding, error) {
 	obs, err := observe(ctx, d.n, d.p)
 	if err != nil {
 		return nil, err
@@ -453,15 +453,15 @@ func (d *dataplaneDrift) Detect(ctx context.Context) ([]Finding, error) {
 // driftFindings is DataplaneDrift's decision: one finding per Service port
 // whose differences are older than the grace, and a warning when
 // kube-proxy's /configz syncPeriod differs from the policy's.
-func driftFindings(obs *driftObservation, p DataplaneDriftParams, now time.Time, firstSeen map[string]time.Time, lastSync map[kubeproxy.Family]float64) []Finding {
+func driftFindings(obs *driftObservation, p DataplaneDriftParams, now time.Time, firstSeen map[string]time.Time, lastSync map[kubeproxy.Family]float64) []finding.Finding {
 	grace := time.Duration(p.GraceSyncPeriods * float64(obs.syncPeriod))
-	var out []Finding
+	var out []finding.Finding
 	for _, pd := range oldDrift(obs, grace, now, firstSeen) {
-		sev := Warning
+		sev := finding.Warning
 		var parts []string
 		for _, df := range pd.diffs {
 			if df.Problem != dataplane.WrongVerdict || df.Want == dataplane.Forward {
-				sev = Critical
+				sev = finding.Critical
 			}
 			parts = append(parts, describeDiff(df))
 		}
@@ -479,11 +479,11 @@ func driftFindings(obs *driftObservation, p DataplaneDriftParams, now time.Time,
 		if obs.kubeProxyErr != nil {
 			msg += fmt.Sprintf("; kube-proxy does not answer (see KubeProxyUnreachable): %s mode read from the %s", obs.mode, obs.modeSource)
 		}
-		out = append(out, Finding{Detector: "DataplaneDrift", Target: "dataplane/" + string(pd.family) + "/" + pd.name.String(),
+		out = append(out, finding.Finding{Detector: "DataplaneDrift", Target: "dataplane/" + string(pd.family) + "/" + pd.name.String(),
 			Severity: sev, Message: msg, Evidence: ev})
 	}
 	if obs.configzSyncPeriod > 0 && obs.policySyncPeriod > 0 && obs.configzSyncPeriod != obs.policySyncPeriod {
-		out = append(out, Finding{Detector: "DataplaneDrift", Target: "kube-proxy/syncPeriod", Severity: Warning,
+		out = append(out, finding.Finding{Detector: "DataplaneDrift", Target: "kube-proxy/syncPeriod", Severity: finding.Warning,
 			Message: fmt.Sprintf("kube-proxy's /configz says syncPeriod %s but the policy says %s: thresholds relative to syncPeriod use %s; fix kubeProxy.syncPeriod in the policy",
 				obs.configzSyncPeriod, obs.policySyncPeriod, obs.configzSyncPeriod),
 			Evidence: map[string]any{"configzSyncPeriod": obs.configzSyncPeriod.String(), "policySyncPeriod": obs.policySyncPeriod.String()}})
@@ -585,7 +585,7 @@ type restSample struct {
 	errors float64
 }
 
-func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -599,7 +599,7 @@ func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]Finding, error) {
 		// one that does not answer at all is not deaf but frozen or gone:
 		// DataplaneDrift names the drift, KubeProxyUnreachable and
 		// KubeProxyFrozen the cause.
-		return nil, Skip("kube-proxy does not answer (see KubeProxyUnreachable, KubeProxyFrozen; DataplaneDrift names the drift): %v", obs.kubeProxyErr)
+		return nil, finding.Skip("kube-proxy does not answer (see KubeProxyUnreachable, KubeProxyFrozen; DataplaneDrift names the drift): %v", obs.kubeProxyErr)
 	}
 	qctx, cancel := kubeProxyQueryCtx(ctx)
 	defer cancel()
@@ -621,7 +621,7 @@ func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]Finding, error) {
 // nothing queued and no change pending. A kube-proxy that had heard of the
 // change would have queued a sync (KubeProxySyncStale reports one that does
 // not complete); with nothing queued it does not know.
-func deafFindings(obs *driftObservation, p DataplaneDriftParams, m *kubeproxy.Metrics, prev *restSample, now time.Time) []Finding {
+func deafFindings(obs *driftObservation, p DataplaneDriftParams, m *kubeproxy.Metrics, prev *restSample, now time.Time) []finding.Finding {
 	grace := time.Duration(p.GraceSyncPeriods * float64(obs.syncPeriod))
 	var old []portDrift
 	for _, pd := range oldDrift(obs, grace, now, nil) {
@@ -700,10 +700,10 @@ func deafFindings(obs *driftObservation, p DataplaneDriftParams, m *kubeproxy.Me
 	if len(old) > len(names) {
 		more = fmt.Sprintf(" and %d more", len(old)-len(names))
 	}
-	return []Finding{{
+	return []finding.Finding{{
 		Detector: "KubeProxyNotHearingAPI",
 		Target:   "kube-proxy/api-updates",
-		Severity: Critical,
+		Severity: finding.Critical,
 		Message: fmt.Sprintf("kube-proxy is not receiving API updates: %s%s changed more than %s ago and is not programmed, while kube-proxy has nothing queued (last sync %s)",
 			strings.Join(names, ", "), more, grace, rfc3339(seconds(lastSync))),
 		Evidence: ev,

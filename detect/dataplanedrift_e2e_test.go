@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -173,8 +174,8 @@ func TestE2EDataplaneDrift(t *testing.T) {
 		return []Detector{newDetector(t, "DataplaneDrift", n, params), newDetector(t, "KubeProxyNotHearingAPI", n, params)}
 	}
 	dets := newDets()
-	cycle := func(dets []Detector) map[string]Finding {
-		out := map[string]Finding{}
+	cycle := func(dets []Detector) map[string]finding.Finding {
+		out := map[string]finding.Finding{}
 		for _, d := range dets {
 			dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 			fs, err := d.Detect(dctx)
@@ -191,7 +192,7 @@ func TestE2EDataplaneDrift(t *testing.T) {
 		}
 		return out
 	}
-	keys := func(m map[string]Finding) string {
+	keys := func(m map[string]finding.Finding) string {
 		var k []string
 		for key, f := range m {
 			k = append(k, key+": "+f.Message)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -82,7 +83,7 @@ rest_client_requests_total{code="200",host="10.0.0.1:6443",method="GET"} 8
 `, lastSync.Unix(), lastQueued.Unix(), pending))
 }
 
-func (w *driftWorld) detect(t *testing.T, d Detector) []Finding {
+func (w *driftWorld) detect(t *testing.T, d Detector) []finding.Finding {
 	t.Helper()
 	sharedObservation.Lock()
 	sharedObservation.m = map[observationKey]*observationSlot{}
@@ -115,7 +116,7 @@ func newDriftDetectors(t *testing.T, w *driftWorld) (Detector, Detector) {
 	return d, k
 }
 
-func driftTargets(fs []Finding) string {
+func driftTargets(fs []finding.Finding) string {
 	var out []string
 	for _, f := range fs {
 		out = append(out, f.Detector+" "+f.Target)
@@ -150,7 +151,7 @@ func TestDataplaneDriftNewServiceNotProgrammed(t *testing.T) {
 	}
 	w.clock.Step(15 * time.Second) // 35 s > 30 s
 	fs := w.detect(t, d)
-	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/team/late:http" || fs[0].Severity != Critical ||
+	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/team/late:http" || fs[0].Severity != finding.Critical ||
 		!strings.Contains(fs[0].Message, "team/late:http") || !strings.Contains(fs[0].Message, "10.244.0.9:8080") ||
 		!strings.Contains(fs[0].Message, "kube-proxy last synced") || fs[0].Evidence["serviceCreated"] == nil {
 		t.Fatalf("drift: %s %+v", driftTargets(fs), fs)
@@ -244,7 +245,7 @@ func TestDataplaneDriftSkips(t *testing.T) {
 	w.kp.SetMode(kubeproxy.ModeIPVS, nil)
 	if _, err := d.Detect(context.Background()); err == nil {
 		t.Fatal("ipvs mode not skipped")
-	} else if _, ok := IsSkip(err); !ok {
+	} else if _, ok := finding.IsSkip(err); !ok {
 		t.Fatalf("not a skip: %v", err)
 	}
 	w = newDriftWorld(t)

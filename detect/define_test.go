@@ -17,7 +17,7 @@ func (p *defineTestParams) SetDefaults() { p.Limit = 7 }
 
 type defineTestDetector struct{ limit int }
 
-func (d defineTestDetector) Detect(context.Context) ([]Finding, error) { return nil, nil }
+func (d defineTestDetector) Detect(context.Context) ([]finding.Finding, error) { return nil, nil }
 
 // TestDefine: the one-line registration takes its defaults from the
 // parameter type, hands the factory the typed parameters, records the

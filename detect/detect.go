@@ -29,35 +29,11 @@ import (
 	"github.com/remediate-dev/remediate/internal/registry"
 )
 
-// Compatibility aliases: the shared types live in package finding (the
-// leaf every layer may import). New code should use finding.* directly.
-type (
-	// Severity is finding.Severity.
-	Severity = finding.Severity
-	// Finding is finding.Finding.
-	Finding = finding.Finding
-	// SkipError is finding.SkipError.
-	SkipError = finding.SkipError
-)
-
-// Compatibility aliases of the finding severities.
-const (
-	Info     = finding.Info
-	Warning  = finding.Warning
-	Critical = finding.Critical
-)
-
-// Skip is finding.Skip (compatibility forwarder).
-func Skip(format string, args ...any) error { return finding.Skip(format, args...) }
-
-// IsSkip is finding.IsSkip (compatibility forwarder).
-func IsSkip(err error) (string, bool) { return finding.IsSkip(err) }
-
 // Detector observes the node and reports what is wrong now. Detect must
 // honour ctx (it has a deadline) and must not block on the kernel without
 // one. An empty result means "healthy"; an error means "could not tell".
 type Detector interface {
-	Detect(ctx context.Context) ([]Finding, error)
+	Detect(ctx context.Context) ([]finding.Finding, error)
 }
 
 // Type describes a registered detector type.

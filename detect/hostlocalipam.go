@@ -71,14 +71,14 @@ func newHostLocalIPAM(p *HostLocalIPAMParams, n *node.Node) (Detector, error) {
 	return &hostLocalIPAM{p: *p, n: n}, nil
 }
 
-func (d *hostLocalIPAM) Detect(ctx context.Context) ([]Finding, error) {
+func (d *hostLocalIPAM) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.CNIConfDir == "" {
-		return nil, Skip("no CNI configuration directory configured (--cni-conf-dir)")
+		return nil, finding.Skip("no CNI configuration directory configured (--cni-conf-dir)")
 	}
 	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
 	f := dir.InUse()
 	if dir.ConfDirErr != nil || f == nil || f.Err != "" {
-		return nil, Skip("no loadable CNI configuration in %s (CNIConfig reports it)", d.n.CNIConfDir)
+		return nil, finding.Skip("no loadable CNI configuration in %s (CNIConfig reports it)", d.n.CNIConfDir)
 	}
 	b, err := boundedfile.Read(filepath.Join(dir.ConfDir, f.Name), cni.MaxFileSize)
 	if err != nil {
@@ -86,17 +86,17 @@ func (d *hostLocalIPAM) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	confs, err := hostlocal.ParseConfig(b)
 	if err != nil {
-		return nil, Skip("CNI configuration %s/%s: %v", dir.ConfDir, f.Name, err)
+		return nil, finding.Skip("CNI configuration %s/%s: %v", dir.ConfDir, f.Name, err)
 	}
 	if len(confs) == 0 {
-		return nil, Skip("network %s (%s/%s) does not use host-local IPAM", f.Network, dir.ConfDir, f.Name)
+		return nil, finding.Skip("network %s (%s/%s) does not use host-local IPAM", f.Network, dir.ConfDir, f.Name)
 	}
 	if d.n.CNIIPAMDir == "" && confs[0].DataDir == "" {
-		return nil, Skip("no host-local data directory configured (--cni-ipam-dir)")
+		return nil, finding.Skip("no host-local data directory configured (--cni-ipam-dir)")
 	}
 	live, leakSkip := d.sandboxes(ctx)
 	now := nowOf(d.n)
-	var out []Finding
+	var out []finding.Finding
 	var judged []string
 	for _, c := range confs {
 		fs, j, err := d.network(c, f.Name, live, leakSkip, now)
@@ -127,7 +127,7 @@ func (d *hostLocalIPAM) sandboxes(ctx context.Context) (map[string]bool, string)
 	return live, ""
 }
 
-func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string]bool, leakSkip string, now time.Time) ([]Finding, string, error) {
+func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string]bool, leakSkip string, now time.Time) ([]finding.Finding, string, error) {
 	dataDir := d.n.CNIIPAMDir
 	if c.DataDir != "" && c.DataDir != hostlocal.DefaultDataDir {
 		dataDir = c.DataDir // the configuration's own dataDir, as the plugin sees it
@@ -152,9 +152,9 @@ func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string
 	if c.Unknown != "" {
 		ev["rangesUnknown"] = c.Unknown
 	}
-	var out []Finding
+	var out []finding.Finding
 	var sets []map[string]any
-	worst, worstPct, worstSet := Severity(""), -1.0, ""
+	worst, worstPct, worstSet := finding.Severity(""), -1.0, ""
 	for _, rs := range c.RangeSets {
 		n := 0
 		for _, a := range st.Allocations {
@@ -165,12 +165,12 @@ func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string
 		size := rs.Size()
 		pct := 100 * float64(n) / float64(max(size, 1))
 		sets = append(sets, map[string]any{"ranges": rs.String(), "size": size, "allocated": n, "percent": round1(pct)})
-		sev := Severity("")
+		sev := finding.Severity("")
 		switch {
 		case size > 0 && uint64(n) >= size:
-			sev = Critical
+			sev = finding.Critical
 		case pct >= float64(d.p.WarnPercent):
-			sev = Warning
+			sev = finding.Warning
 		}
 		if pct > worstPct {
 			worstPct, worstSet = pct, fmt.Sprintf("%d of %d addresses of %s", n, size, rs)
@@ -188,14 +188,14 @@ func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string
 	judged := fmt.Sprintf("network %s: %d allocated in %s (%s); %s", c.Network, len(st.Allocations), st.Dir, worstSet, leakNote)
 	if worst != "" {
 		what := "nearly exhausted"
-		if worst == Critical {
+		if worst == finding.Critical {
 			what = "exhausted: new pods get no address (\"no IP addresses available in range set\")"
 		}
 		msg := fmt.Sprintf("host-local IPAM of network %s on node %s %s: %s allocated (%.1f%%)", c.Network, d.n.Name, what, worstSet, worstPct)
 		if len(leaked) > 0 {
 			msg += fmt.Sprintf(", %d of them leaked to container IDs the runtime does not have", len(leaked))
 		}
-		out = append(out, Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(c.Network), Severity: worst, Message: msg, Evidence: ev})
+		out = append(out, finding.Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(c.Network), Severity: worst, Message: msg, Evidence: ev})
 	}
 	if len(leaked) > 0 {
 		out = append(out, d.leakFinding(c.Network, st, leaked, now))
@@ -236,7 +236,7 @@ func (d *hostLocalIPAM) leaks(st hostlocal.Network, live map[string]bool, skip s
 	return out, note
 }
 
-func (d *hostLocalIPAM) leakFinding(network string, st hostlocal.Network, leaked []hostlocal.Allocation, now time.Time) Finding {
+func (d *hostLocalIPAM) leakFinding(network string, st hostlocal.Network, leaked []hostlocal.Allocation, now time.Time) finding.Finding {
 	sort.Slice(leaked, func(i, j int) bool { return leaked[i].ModTime.Before(leaked[j].ModTime) })
 	var list []map[string]any
 	var names []string
@@ -253,7 +253,7 @@ func (d *hostLocalIPAM) leakFinding(network string, st hostlocal.Network, leaked
 	if len(leaked) > len(names) {
 		more = fmt.Sprintf(" and %d more", len(leaked)-len(names))
 	}
-	return Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(network) + "/leaked", Severity: Warning,
+	return finding.Finding{Detector: "HostLocalIPAM", Target: IPAMTarget(network) + "/leaked", Severity: finding.Warning,
 		Message: fmt.Sprintf("host-local IPAM of network %s on node %s: %d addresses allocated to container IDs the runtime does not have (leaked: a CNI DEL that never ran): %s%s",
 			network, d.n.Name, len(leaked), strings.Join(names, ", "), more),
 		Evidence: map[string]any{"network": network, "store": st.Dir, "leaked": len(leaked), "addresses": list, "leakGrace": d.p.LeakGrace.Duration.String()}}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,7 +96,7 @@ func TestHostLocalIPAM(t *testing.T) {
 	}
 	warn := newIssue3Detector(t, "HostLocalIPAM", n, func(p any) { p.(*HostLocalIPAMParams).WarnPercent = 70 })
 	fs, err = warn.Detect(ctx)
-	if err != nil || len(fs) != 1 || fs[0].Severity != Warning || fs[0].Target != "cni-ipam/tiny" || !strings.Contains(fs[0].Message, "nearly exhausted: 3 of 4 addresses") {
+	if err != nil || len(fs) != 1 || fs[0].Severity != finding.Warning || fs[0].Target != "cni-ipam/tiny" || !strings.Contains(fs[0].Message, "nearly exhausted: 3 of 4 addresses") {
 		t.Fatalf("warn: %+v %v", fs, err)
 	}
 	// Full; the fourth container is not in the runtime (leaked), but
@@ -104,7 +105,7 @@ func TestHostLocalIPAM(t *testing.T) {
 		t.Fatal(err)
 	}
 	fs, err = d.Detect(ctx)
-	if err != nil || len(fs) != 1 || fs[0].Severity != Critical || !strings.Contains(fs[0].Message, "exhausted: new pods get no address") {
+	if err != nil || len(fs) != 1 || fs[0].Severity != finding.Critical || !strings.Contains(fs[0].Message, "exhausted: new pods get no address") {
 		t.Fatalf("full: %+v %v", fs, err)
 	}
 	if !strings.Contains(fmt.Sprint(fs[0].Evidence["leakCheck"]), "1 more younger than 5m0s") {

@@ -69,9 +69,9 @@ type hungNFT struct {
 	n *node.Node
 }
 
-func (d *hungNFT) Detect(ctx context.Context) ([]Finding, error) {
+func (d *hungNFT) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.Procs == nil {
-		return nil, Skip("%s", d.n.Why("procs"))
+		return nil, finding.Skip("%s", d.n.Why("procs"))
 	}
 	found, err := d.n.Procs.Find(ctx, d.p.Names)
 	if err != nil {
@@ -82,27 +82,28 @@ func (d *hungNFT) Detect(ctx context.Context) ([]Finding, error) {
 
 // hungNFTFindings is the decision: the watched children of the watched
 // parents older than MinAge.
-func hungNFTFindings(found []procs.Process, p HungNFTParams, nodeNetNS string, now time.Time) []Finding {
-	var out []Finding
+func hungNFTFindings(found []procs.Process, p HungNFTParams, nodeNetNS string, now time.Time) []finding.Finding {
+	var out []finding.Finding
 	for _, pr := range found {
 		age := pr.Age(now)
 		if age < p.MinAge.Duration || !slices.Contains(p.Parents, pr.ParentName) {
 			continue
 		}
-		sev := Warning
+		sev := finding.Warning
 		msg := fmt.Sprintf("%s (pid %d), a child of %s (pid %d), has been running for %s: kube-proxy's sync waits for it, so Service changes are not programmed",
 			pr.Name(), pr.Pid, pr.ParentName, pr.PPid, age.Round(time.Second))
 		if pr.Blocked() {
-			sev = Critical
+			sev = finding.Critical
 			msg += "; it is in uninterruptible sleep (D)"
 		}
 		ev := processEvidence(pr, now)
 		ev["minAgeSeconds"] = p.MinAge.Seconds()
 		if why := outOfReach(pr, p.Programs, nodeNetNS, ev); why != "" {
-			sev = Info
+			sev = finding.Info
 			msg += "; not a target: " + why
 		}
-		out = append(out, Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev})
+		out = append(out, finding.Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev,
+			Subject: finding.Subject{AgeSeconds: durSeconds(age), Process: &finding.Process{}}})
 	}
 	return out
 }

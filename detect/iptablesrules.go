@@ -217,16 +217,16 @@ func (d *iptablesRules) remember(key string, r *saveResult) {
 	d.last[key] = r
 }
 
-func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
+func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.IPTables == nil {
-		return nil, Skip("%s", d.n.Why("iptables"))
+		return nil, finding.Skip("%s", d.n.Why("iptables"))
 	}
 	mode := d.proxyMode(ctx)
 	if mode.mode == string(kubeproxy.ModeNFTables) {
-		return nil, Skip("kube-proxy runs in nftables mode (%s): its Service rules are nftables, checked by KubeProxyNFTablesIntegrity; KUBE-* iptables rules left over are reported by KubeProxyModeLeftovers", mode.note)
+		return nil, finding.Skip("kube-proxy runs in nftables mode (%s): its Service rules are nftables, checked by KubeProxyNFTablesIntegrity; KUBE-* iptables rules left over are reported by KubeProxyModeLeftovers", mode.note)
 	}
 	var (
-		out         []Finding
+		out         []finding.Finding
 		errs        *multierror.Error
 		unavailable []string
 		saved       int
@@ -280,10 +280,10 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 				continue
 			case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 				// The save's own timeout, not the cycle's: that is a finding.
-				out = append(out, Finding{
+				out = append(out, finding.Finding{
 					Detector: "IPTablesRules",
 					Target:   iptablesTarget(fam, be, "save-duration"),
-					Severity: Critical,
+					Severity: finding.Critical,
 					Message:  fmt.Sprintf("%s did not finish within %s: %v", iptables.SaveCommand(fam, be), d.p.SaveTimeout.Duration, err),
 					Evidence: map[string]any{"family": fs, "backend": bs, "error": err.Error(), "saveTimeoutMs": d.p.SaveTimeout.Milliseconds(),
 						"savedAt": res.at.UTC().Format(time.RFC3339), "cached": res.cached},
@@ -313,7 +313,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, fmt.Errorf("saving iptables rules: %w", err)
 	}
 	if saved == 0 && len(out) == 0 {
-		return nil, Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
+		return nil, finding.Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
 	}
 	for i := range out {
 		if len(unavailable) > 0 {
@@ -362,8 +362,8 @@ func resolveProxyMode(ctx context.Context, n *node.Node, configured string) prox
 	return proxyMode{mode: string(m), check: m == kubeproxy.ModeIPTables || m == kubeproxy.ModeIPVS, note: "from kube-proxy /proxyMode"}
 }
 
-func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Finding {
-	var out []Finding
+func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []finding.Finding {
+	var out []finding.Finding
 	base := func() map[string]any {
 		return map[string]any{
 			"family":        string(s.Family),
@@ -386,10 +386,10 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 					ev := base()
 					ev["table"], ev["chain"], ev["missingJump"] = "nat", c, "KUBE-SERVICES"
 					ev["proxyMode"], ev["proxyModeSource"] = mode.mode, mode.note
-					out = append(out, Finding{
+					out = append(out, finding.Finding{
 						Detector: "IPTablesRules",
 						Target:   iptablesTarget(s.Family, s.Backend, "nat/"+c+"/KUBE-SERVICES"),
-						Severity: Critical,
+						Severity: finding.Critical,
 						Message:  fmt.Sprintf("nat %s does not jump to KUBE-SERVICES %s: service traffic %s is not load-balanced", c, where, map[string]string{"PREROUTING": "arriving at the node", "OUTPUT": "from host-network processes"}[c]),
 						Evidence: ev,
 					})
@@ -411,10 +411,10 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 				}
 				ev := base()
 				ev["table"], ev["chain"], ev["rule"], ev["line"] = "filter", "KUBE-FIREWALL", r.Text("KUBE-FIREWALL"), r.Line
-				out = append(out, Finding{
+				out = append(out, finding.Finding{
 					Detector: "IPTablesRules",
 					Target:   iptablesTarget(s.Family, s.Backend, "filter/KUBE-FIREWALL/bare-drop"),
-					Severity: Critical,
+					Severity: finding.Critical,
 					Message:  fmt.Sprintf("filter KUBE-FIREWALL has a DROP without its mark match %s: it drops every packet passing through it (version-skew rule corruption)", where),
 					Evidence: ev,
 				})
@@ -430,10 +430,10 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 	if n := s.Rules.KubeRuleCount(); d.p.MaxKubeRules > 0 && n > d.p.MaxKubeRules {
 		ev := base()
 		ev["maxKubeRules"] = d.p.MaxKubeRules
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPTablesRules",
 			Target:   iptablesTarget(s.Family, s.Backend, "kube-rule-count"),
-			Severity: Warning,
+			Severity: finding.Warning,
 			Message:  fmt.Sprintf("%d KUBE-* rules %s, over %d: every kube-proxy sync rewrites them under the xtables lock", n, where, d.p.MaxKubeRules),
 			Evidence: ev,
 		})
@@ -441,10 +441,10 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 	if d.p.MaxSaveDuration.Duration > 0 && s.Duration > d.p.MaxSaveDuration.Duration {
 		ev := base()
 		ev["maxSaveMs"] = d.p.MaxSaveDuration.Milliseconds()
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPTablesRules",
 			Target:   iptablesTarget(s.Family, s.Backend, "save-duration"),
-			Severity: Warning,
+			Severity: finding.Warning,
 			Message:  fmt.Sprintf("%s took %s (over %s): the rule set is large enough to hold the xtables lock for long", iptables.SaveCommand(s.Family, s.Backend), s.Duration.Round(time.Millisecond), d.p.MaxSaveDuration.Duration),
 			Evidence: ev,
 		})
@@ -456,7 +456,7 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []Fi
 // kube-proxy use, each read from its own root filesystem (never the
 // daemon's image, never by running a binary): the set in kube-proxy's
 // backend is the one it maintains, the other is stale.
-func (d *iptablesRules) mixVersions(ctx context.Context, f *Finding) {
+func (d *iptablesRules) mixVersions(ctx context.Context, f *finding.Finding) {
 	host, kp, _, notes := readIPTablesParties(ctx, d.n, nil, nil)
 	if host.known() {
 		f.Evidence["nodeIptablesBackend"], f.Evidence["nodeIptables"] = string(host.In.Backend), host.In.Describe()
@@ -483,7 +483,7 @@ func (d *iptablesRules) mixVersions(ctx context.Context, f *Finding) {
 	}
 }
 
-func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot) []Finding {
+func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot) []finding.Finding {
 	leg, nft := snaps[iptables.Legacy], snaps[iptables.NFT]
 	if leg == nil || nft == nil {
 		return nil
@@ -495,10 +495,10 @@ func mixFinding(f iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot
 	if nl == 0 || nn == 0 {
 		return nil
 	}
-	return []Finding{{
+	return []finding.Finding{{
 		Detector: "IPTablesRules",
 		Target:   "iptables/" + string(f) + "/backend-mix",
-		Severity: Critical,
+		Severity: finding.Critical,
 		Message:  fmt.Sprintf("KUBE-* rules in both iptables backends (%s): legacy %d rules in %d chains, nft %d rules in %d chains; one set is stale and may shadow or break service traffic", f, nl, cl, nn, cn),
 		Evidence: map[string]any{
 			"family":           string(f),
@@ -517,7 +517,7 @@ const maxDefectExamples = 5
 
 // defectFindings turns kube-proxy rule defects into findings: one per
 // table, chain group and check, with the count and the first rules.
-func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[string]any, mode proxyMode) []Finding {
+func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[string]any, mode proxyMode) []finding.Finding {
 	type group struct {
 		first  iptables.Defect
 		n      int
@@ -549,13 +549,13 @@ func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[
 		}
 	}
 	where := fmt.Sprintf("(%s, %s)", s.Family, s.Backend)
-	out := make([]Finding, 0, len(order))
+	out := make([]finding.Finding, 0, len(order))
 	for _, key := range order {
 		g := groups[key]
 		df := g.first
-		sev := Warning
+		sev := finding.Warning
 		if g.breaks {
-			sev = Critical
+			sev = finding.Critical
 		}
 		ev := base()
 		ev["table"], ev["chain"], ev["check"] = df.Table, iptables.ChainGroup(df.Chain), df.Check
@@ -578,7 +578,7 @@ func defectFindings(s *iptables.Snapshot, ds []iptables.Defect, base func() map[
 		default:
 			msg = fmt.Sprintf("%s %s %s: %s: %q (want %s): %s", df.Table, df.Chain, where, df.Problem, df.Rule, df.Want, df.Impact)
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPTablesRules",
 			Target:   iptablesTarget(s.Family, s.Backend, key),
 			Severity: sev,

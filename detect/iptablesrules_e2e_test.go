@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
@@ -118,13 +119,13 @@ func TestE2EIPTablesKubeProxyChains(t *testing.T) {
 		pp := p.(*IPTablesRulesParams)
 		pp.Families, pp.Backends, pp.ProxyMode, pp.MaxSaveDutyCycle = []string{"IPv4"}, []string{"legacy"}, "iptables", 0
 	})
-	detect := func() map[string]Finding {
+	detect := func() map[string]finding.Finding {
 		t.Helper()
 		fs, err := d.Detect(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out := map[string]Finding{}
+		out := map[string]finding.Finding{}
 		for _, f := range fs {
 			out[f.Target] = f
 		}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 )
@@ -104,7 +105,7 @@ func TestRealIPTablesRulesKubeProxyChains(t *testing.T) {
 	n, clk := newIssue3Node(nil)
 	n.IPTables = iptables.New(iptables.Config{Prefix: netnstest.Prefix(ns), Timeout: 20 * time.Second})
 	d := newIssue3Detector(t, "IPTablesRules", n, nil) // defaults: IPv4+IPv6, legacy+nft, iptables mode
-	check := func(step string, want ...string) []Finding {
+	check := func(step string, want ...string) []finding.Finding {
 		t.Helper()
 		clk.Step(time.Minute) // past the saves' duty cycle
 		got, err := d.Detect(context.Background())
@@ -139,7 +140,7 @@ func TestRealIPTablesRulesKubeProxyChains(t *testing.T) {
 
 		load(be, replace(`-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN`, "-A KUBE-POSTROUTING -j RETURN\n"))
 		got := check(string(be)+": RETURN without its mark match", p+"nat/KUBE-POSTROUTING/return")
-		if got[0].Severity != Critical || got[0].Evidence["backend"] != string(be) {
+		if got[0].Severity != finding.Critical || got[0].Evidence["backend"] != string(be) {
 			t.Errorf("%+v", got[0])
 		}
 

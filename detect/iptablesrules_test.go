@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -39,7 +40,7 @@ func mutate(t *testing.T, text string, edit func(rs *iptables.Ruleset)) string {
 
 const emptyNFT = "" // iptables-nft-save prints nothing on a node without nft tables
 
-func findingTargets(fs []Finding) []string {
+func findingTargets(fs []finding.Finding) []string {
 	var out []string
 	for _, f := range fs {
 		out = append(out, f.Target)
@@ -129,7 +130,7 @@ func TestIPTablesRules(t *testing.T) {
 				}
 			})
 			got, err := d.Detect(context.Background())
-			_, skip := IsSkip(err)
+			_, skip := finding.IsSkip(err)
 			if skip != c.wantSkip || (err != nil && !skip) != c.wantErr {
 				t.Fatalf("err = %v, wantErr %v wantSkip %v", err, c.wantErr, c.wantSkip)
 			}
@@ -309,7 +310,7 @@ func TestIPTablesRulesProxyModeAuto(t *testing.T) {
 			if c.wantSkip != "" {
 				// nftables mode: the iptables rules are not kube-proxy's
 				// dataplane; the whole detector skips, saying so.
-				if r, ok := IsSkip(err); !ok || !strings.HasPrefix(r, c.wantSkip) {
+				if r, ok := finding.IsSkip(err); !ok || !strings.HasPrefix(r, c.wantSkip) {
 					t.Fatalf("err %v, want a skip starting %q", err, c.wantSkip)
 				}
 				return
@@ -362,21 +363,21 @@ func TestIPTablesRulesKubeProxyChains(t *testing.T) {
 		nft     string
 		mode    string
 		want    []string
-		sev     Severity
+		sev     finding.Severity
 		count   int
 		missing []string
 	}{
 		{name: "healthy", legacy: healthy, nft: emptyNFT},
 		{name: "POSTROUTING jump missing (nft)", legacy: "", nft: noPostrouting,
-			want: []string{"iptables/IPv4/nft/nat/POSTROUTING/KUBE-POSTROUTING"}, sev: Critical, count: 1},
+			want: []string{"iptables/IPv4/nft/nat/POSTROUTING/KUBE-POSTROUTING"}, sev: finding.Critical, count: 1},
 		{name: "RETURN lost its mark match", legacy: bareReturn, nft: emptyNFT,
-			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/return"}, sev: Critical, count: 1, missing: []string{"-m mark ! --mark 0x4000/0x4000"}},
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/return"}, sev: finding.Critical, count: 1, missing: []string{"-m mark ! --mark 0x4000/0x4000"}},
 		{name: "MASQUERADE missing", legacy: noMasq, nft: emptyNFT,
-			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/masquerade"}, sev: Critical, count: 1},
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-POSTROUTING/masquerade"}, sev: finding.Critical, count: 1},
 		{name: "mark rule missing", legacy: noMark, nft: emptyNFT,
-			want: []string{"iptables/IPv4/legacy/nat/KUBE-MARK-MASQ/mark"}, sev: Critical, count: 1},
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-MARK-MASQ/mark"}, sev: finding.Critical, count: 1},
 		{name: "hairpin rules lost -s: one finding for all endpoint chains", legacy: sepNoSource, nft: emptyNFT,
-			want: []string{"iptables/IPv4/legacy/nat/KUBE-SEP-*/lost-match"}, sev: Warning, count: 5, missing: []string{"-s"}},
+			want: []string{"iptables/IPv4/legacy/nat/KUBE-SEP-*/lost-match"}, sev: finding.Warning, count: 5, missing: []string{"-s"}},
 		{name: "ipvs mode: not judged", legacy: noMasq, nft: emptyNFT, mode: "ipvs"},
 		{name: "mode unknown: not judged", legacy: noMasq, nft: emptyNFT, mode: "-"},
 	}

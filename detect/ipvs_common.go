@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -21,7 +22,7 @@ import (
 // not synced or not connected.
 func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool) error {
 	if n.IPVS == nil {
-		return Skip("%s", n.Why("ipvs"))
+		return finding.Skip("%s", n.Why("ipvs"))
 	}
 	// The root cause first: without ip_vs nothing else matters.
 	if a, ok := n.IPVS.(interface{ Available(context.Context) error }); ok {
@@ -43,17 +44,17 @@ func ipvsPrecheck(ctx context.Context, n *node.Node, requireMode, needView bool)
 			cancel()
 			if err == nil {
 				if mode != kubeproxy.ModeIPVS {
-					return Skip("kube-proxy runs in %q mode (its /proxyMode), not IPVS", mode)
+					return finding.Skip("kube-proxy runs in %q mode (its /proxyMode), not IPVS", mode)
 				}
 				return ipvsViewPrecheck(n, needView)
 			}
 		}
 		ok, err := ipvs.KubeIPVSInterfacePresent(n.ProcRoot)
 		if err != nil {
-			return Skip("cannot tell whether kube-proxy runs in IPVS mode: %v", err)
+			return finding.Skip("cannot tell whether kube-proxy runs in IPVS mode: %v", err)
 		}
 		if !ok {
-			return Skip("kube-proxy does not appear to run in IPVS mode: no kube-ipvs0 interface in %s (set requireIPVSMode: false to check anyway)",
+			return finding.Skip("kube-proxy does not appear to run in IPVS mode: no kube-ipvs0 interface in %s (set requireIPVSMode: false to check anyway)",
 				filepath.Join(ipvsProcRootOr(n.ProcRoot), "net", "dev"))
 		}
 	}
@@ -82,7 +83,7 @@ func ipvsErr(op string, err error) error {
 		return nil
 	}
 	if errors.Is(err, ipvs.ErrUnavailable) {
-		return Skip("%s", err.Error())
+		return finding.Skip("%s", err.Error())
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }

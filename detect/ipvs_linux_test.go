@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 )
@@ -33,7 +34,7 @@ func TestIPVSDetectorsOnRealKernelWithoutIPVS(t *testing.T) {
 		// availability check answers first: it is the root cause.
 		for _, require := range []bool{true, false} {
 			fs, err := newIPVSDetector(t, typ, w.node, func(p any) { setRequireIPVSMode(p, require) }).Detect(ctx)
-			reason, ok := IsSkip(err)
+			reason, ok := finding.IsSkip(err)
 			if !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") || len(fs) != 0 {
 				t.Errorf("%s (requireIPVSMode %v): %v, %v; want a skip saying IPVS unavailable", typ, require, fs, err)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -137,7 +138,7 @@ func newIPVSDetector(t *testing.T, name string, n *node.Node, set func(p any)) D
 	return d
 }
 
-func ipvsTargets(fs []Finding) []string {
+func ipvsTargets(fs []finding.Finding) []string {
 	out := []string{}
 	for _, f := range fs {
 		out = append(out, f.Target)
@@ -153,20 +154,20 @@ func TestIPVSStaleRealServer(t *testing.T) {
 		want      []string
 		wantSkip  string
 		wantErr   string
-		checkEvid func(t *testing.T, fs []Finding)
+		checkEvid func(t *testing.T, fs []finding.Finding)
 	}{
 		{
 			name:      "CoreDNS rollout: terminated pod left as UDP real server, draining TCP one kept",
 			ipvsWorld: ipvsCoreDNSRollout,
 			want:      []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
-			checkEvid: func(t *testing.T, fs []Finding) {
+			checkEvid: func(t *testing.T, fs []finding.Finding) {
 				e := fs[0].Evidence
 				if e["backendIP"] != "10.244.0.12" || e["backendPort"] != 53 || e["protocol"] != "UDP" ||
 					e["reason"] != ipvs.BackendNotEndpoint || e["service"] != "kube-system/kube-dns" ||
 					e["vsAddress"] != "10.96.0.10" || e["vsPort"] != 53 || e["rsAddress"] != "10.244.0.12" {
 					t.Errorf("evidence = %v", e)
 				}
-				if fs[0].Severity != Warning {
+				if fs[0].Severity != finding.Warning {
 					t.Errorf("severity = %s, want warning (two good real servers remain)", fs[0].Severity)
 				}
 			},
@@ -196,7 +197,7 @@ func TestIPVSStaleRealServer(t *testing.T) {
 				return w
 			},
 			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
-			checkEvid: func(t *testing.T, fs []Finding) {
+			checkEvid: func(t *testing.T, fs []finding.Finding) {
 				if fs[0].Evidence["reason"] != ipvs.BackendTerminatingWhileReady {
 					t.Errorf("reason = %v", fs[0].Evidence["reason"])
 				}
@@ -211,8 +212,8 @@ func TestIPVSStaleRealServer(t *testing.T) {
 				return w
 			},
 			want: []string{"ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"},
-			checkEvid: func(t *testing.T, fs []Finding) {
-				if fs[0].Severity != Critical || fs[0].Evidence["reason"] != ipvs.BackendNotServing {
+			checkEvid: func(t *testing.T, fs []finding.Finding) {
+				if fs[0].Severity != finding.Critical || fs[0].Evidence["reason"] != ipvs.BackendNotServing {
 					t.Errorf("finding = %+v", fs[0])
 				}
 			},
@@ -348,7 +349,7 @@ func TestIPVSStaleRealServer(t *testing.T) {
 			w := c.ipvsWorld(t)
 			fs, err := newIPVSDetector(t, "IPVSStaleRealServer", w.node, c.set).Detect(context.Background())
 			if c.wantErr != "" {
-				if _, skip := IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), c.wantErr) {
+				if _, skip := finding.IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), c.wantErr) {
 					t.Fatalf("err = %v, want an error containing %q", err, c.wantErr)
 				}
 				return
@@ -361,10 +362,10 @@ func TestIPVSStaleRealServer(t *testing.T) {
 	}
 }
 
-func ipvsCheckResult(t *testing.T, fs []Finding, err error, want []string, wantSkip string) {
+func ipvsCheckResult(t *testing.T, fs []finding.Finding, err error, want []string, wantSkip string) {
 	t.Helper()
 	if wantSkip != "" {
-		reason, ok := IsSkip(err)
+		reason, ok := finding.IsSkip(err)
 		if !ok || !strings.Contains(reason, wantSkip) {
 			t.Fatalf("err = %v, want a skip containing %q", err, wantSkip)
 		}
@@ -473,7 +474,7 @@ func TestIPVSMissingVirtualServer(t *testing.T) {
 	// at all on this node) are not reported.
 	ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.4.4:443", "ipvs-vs/UDP/10.96.0.10:53"}, "")
 	for _, f := range fs {
-		if f.Severity != Critical || f.Evidence["service"] == nil {
+		if f.Severity != finding.Critical || f.Evidence["service"] == nil {
 			t.Errorf("finding = %+v", f)
 		}
 	}
@@ -570,7 +571,7 @@ func TestIPVSUDPTimeoutHigh(t *testing.T) {
 	w := newIPVSWorld(t)
 	d := newIPVSDetector(t, "IPVSUDPTimeoutHigh", w.node, nil)
 	fs, err := d.Detect(context.Background())
-	ipvsCheckResult(t, fs, err, []string{TimeoutsTarget}, "")
+	ipvsCheckResult(t, fs, err, []string{ipvs.TimeoutsTarget}, "")
 	if fs[0].Evidence["udpTimeoutSeconds"] != 300 || fs[0].Evidence["ceilingSeconds"] != 60 {
 		t.Errorf("evidence = %v", fs[0].Evidence)
 	}

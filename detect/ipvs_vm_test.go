@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/vm"
@@ -66,7 +67,7 @@ func (w *vmWorld) setDNSEndpoints(hs ...*vm.Host) {
 		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53}}}, eps...)
 }
 
-func (w *vmWorld) detect(t *testing.T, typ string, set func(p any)) []Finding {
+func (w *vmWorld) detect(t *testing.T, typ string, set func(p any)) []finding.Finding {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -77,7 +78,7 @@ func (w *vmWorld) detect(t *testing.T, typ string, set func(p any)) []Finding {
 	return fs
 }
 
-func vmTargets(fs []Finding) []string {
+func vmTargets(fs []finding.Finding) []string {
 	out := ipvsTargets(fs)
 	sort.Strings(out)
 	return out
@@ -222,7 +223,7 @@ func TestVMIPVSModeCheck(t *testing.T) {
 	defer cancel()
 	for _, typ := range []string{"IPVSStaleRealServer", "IPVSStaleVirtualServer", "IPVSMissingVirtualServer", "IPVSUDPDeadBackend", "IPVSUDPTimeoutHigh"} {
 		fs, err := newIPVSDetector(t, typ, w.node, nil).Detect(ctx)
-		reason, ok := IsSkip(err)
+		reason, ok := finding.IsSkip(err)
 		if !ok || !strings.Contains(reason, "no kube-ipvs0 interface") || len(fs) != 0 {
 			t.Errorf("%s: %v, %v; want a skip naming kube-ipvs0", typ, fs, err)
 		}

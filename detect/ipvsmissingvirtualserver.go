@@ -61,7 +61,7 @@ func newIPVSMissingVirtualServer(pp *IPVSMissingVirtualServerParams, n *node.Nod
 // virtual server. Only address families that have at least one virtual
 // server are checked: a node whose kube-proxy programs no IPv6 at all is
 // single-stack, not missing every IPv6 Service.
-func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
+func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 			has6 = true
 		}
 	}
-	var out []Finding
+	var out []finding.Finding
 	d.set("every Service frontend with endpoints has a virtual server (%d virtual servers)", len(vss))
 	for _, fe := range ipvs.NewDesired(d.n.Cluster, d.nodeIPs).Frontends() {
 		if have[fe.VS.Key()] || len(fe.SP.Expected) == 0 {
@@ -96,10 +96,10 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]Finding, error
 		ev["portName"] = fe.SP.Port.Name
 		ev["frontend"] = fe.Kind
 		ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPVSMissingVirtualServer",
 			Target:   VirtualServerTarget(fe.VS),
-			Severity: Critical,
+			Severity: finding.Critical,
 			Message: fmt.Sprintf("no IPVS virtual server for %s %s of %s (%d endpoints): kube-proxy is not programming it",
 				fe.Kind, fe.VS.Key(), fe.SP.ServiceName(), len(fe.SP.Expected)),
 			Evidence: ev,

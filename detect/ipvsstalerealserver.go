@@ -59,7 +59,7 @@ func RealServerTarget(vs ipvs.VirtualServer, rs ipvs.RealServer) string {
 	return ipvs.RealRef{VS: vs, RS: rs}.Target()
 }
 
-func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
+func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
@@ -69,7 +69,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	desired := ipvs.NewDesired(d.n.Cluster, nil)
 	d.set("real servers of %d virtual servers all serving endpoints", len(vss))
-	var out []Finding
+	var out []finding.Finding
 	for _, vs := range vss {
 		fe, ok := desired.Lookup(vs)
 		if !ok {
@@ -98,9 +98,9 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 			bad = append(bad, stale{rs, class})
 		}
 		for _, b := range bad {
-			sev := Warning
+			sev := finding.Warning
 			if len(bad) == len(rss) {
-				sev = Critical // every destination is stale: traffic is black-holed
+				sev = finding.Critical // every destination is stale: traffic is black-holed
 			}
 			ev := ipvs.RealRef{VS: vs, RS: b.rs}.Evidence()
 			// The backend too: FlushConntrack can act on a UDP one.
@@ -114,7 +114,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]Finding, error) {
 			ev["inactiveConns"] = b.rs.InactiveConns
 			ev["realServers"] = len(rss)
 			ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: "IPVSStaleRealServer",
 				Target:   RealServerTarget(vs, b.rs),
 				Severity: sev,

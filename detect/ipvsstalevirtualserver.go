@@ -78,7 +78,7 @@ func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipv
 	return ipvs.Managed(addr, cidrs, nodeIPs, d)
 }
 
-func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) {
+func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
@@ -88,10 +88,10 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 	}
 	desired := ipvs.NewDesired(d.n.Cluster, d.nodeIPs)
 	if desired.Empty() {
-		return nil, Skip("the cluster view has no Services at all (not even default/kubernetes): not judging virtual servers against it")
+		return nil, finding.Skip("the cluster view has no Services at all (not even default/kubernetes): not judging virtual servers against it")
 	}
 	d.set("%d virtual servers, each matching a Service", len(vss))
-	var out []Finding
+	var out []finding.Finding
 	for _, vs := range vss {
 		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {
 			continue
@@ -109,10 +109,10 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]Finding, error) 
 		ev := ipvs.VirtualRef{VS: vs}.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPVSStaleVirtualServer",
 			Target:   VirtualServerTarget(vs),
-			Severity: Warning,
+			Severity: finding.Warning,
 			Message:  fmt.Sprintf("IPVS virtual server %s (%d real servers) matches no Service", vs.Key(), len(rss)),
 			Evidence: ev,
 		})

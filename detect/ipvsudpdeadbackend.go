@@ -94,7 +94,7 @@ const ipvsMaxClientsTracked = 10000
 // dead. Entries pinned to a destination that is no real server any more are
 // harmless when net.ipv4.vs.expire_nodest_conn is 1 (their next packet
 // expires them and is scheduled anew) and are not reported.
-func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
+func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
 	}
@@ -147,7 +147,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		return list[i].backend.String() < list[j].backend.String()
 	})
 	expireNodest := ipvsReadSysctl(d.n.ProcRoot, "net/ipv4/vs/expire_nodest_conn")
-	var out []Finding
+	var out []finding.Finding
 	for _, b := range list {
 		// Is the dead backend still a real server somewhere? If it is,
 		// IPVSStaleRealServer/DeleteIPVSRealServer is the fix; if not,
@@ -205,10 +205,10 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]Finding, error) {
 		}
 		ref := conntrack.BackendRef{Protocol: ipvs.UDP, Backend: conntrack.Backend{IP: b.backend.Addr(), Port: b.backend.Port()}}
 		ref.PutEvidence(ev)
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPVSUDPDeadBackend",
 			Target:   ref.Target(),
-			Severity: Critical,
+			Severity: finding.Critical,
 			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s%s",
 				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services), hint),
 			Evidence: ev,

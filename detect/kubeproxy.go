@@ -8,6 +8,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -22,7 +23,7 @@ const subsystemKubeProxy = "kube-proxy"
 // there is none.
 func kubeProxyOf(n *node.Node) (kubeproxy.Interface, error) {
 	if n.KubeProxy == nil {
-		return nil, Skip("%s", n.Why(subsystemKubeProxy))
+		return nil, finding.Skip("%s", n.Why(subsystemKubeProxy))
 	}
 	return n.KubeProxy, nil
 }
@@ -52,7 +53,7 @@ var ignoredFamiliesWarned atomic.Bool
 // side (see kubeProxyScrape), else wraps it.
 func kubeProxyReadError(what string, err error) error {
 	if e, ok := kubeproxy.AsError(err); ok {
-		return Skip("cannot read kube-proxy %s (see KubeProxyUnreachable): %v", what, e)
+		return finding.Skip("cannot read kube-proxy %s (see KubeProxyUnreachable): %v", what, e)
 	}
 	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
 }
@@ -63,7 +64,7 @@ func kubeProxyReadError(what string, err error) error {
 func skipUnlessMode(ctx context.Context, kp kubeproxy.Interface, want kubeproxy.Mode, what string) error {
 	m, err := kp.ProxyMode(ctx)
 	if err == nil && m != want {
-		return Skip("kube-proxy runs in %s mode; %s applies to %s mode only", m, what, want)
+		return finding.Skip("kube-proxy runs in %s mode; %s applies to %s mode only", m, what, want)
 	}
 	return nil
 }
@@ -203,7 +204,7 @@ func failureWindow(policyWindow time.Duration, kp kubeproxy.Interface) time.Dura
 // mode (a Skip with fc.absent); from 1.33 the per-family vectors appear
 // with their first increment (absent = zero). The caller serialises access.
 func (c *counterWindows) findings(sc *kubeproxy.Scrape, span time.Duration, fc failureCounters,
-	decide func(f kubeproxy.Family, a, b float64, covered time.Duration) *Finding) ([]Finding, error) {
+	decide func(f kubeproxy.Family, a, b float64, covered time.Duration) *finding.Finding) ([]finding.Finding, error) {
 	exported := false
 	for _, fm := range sc.Metrics.Families {
 		if fc.exported(fm) {
@@ -211,9 +212,9 @@ func (c *counterWindows) findings(sc *kubeproxy.Scrape, span time.Duration, fc f
 		}
 	}
 	if !exported && !sc.Metrics.Labelled {
-		return nil, Skip("%s", fc.absent)
+		return nil, finding.Skip("%s", fc.absent)
 	}
-	var out []Finding
+	var out []finding.Finding
 	for _, inc := range c.add(sc, span, fc.get) {
 		if fd := decide(inc.family, inc.a, inc.b, inc.covered); fd != nil {
 			out = append(out, *fd)

@@ -102,7 +102,7 @@ type kubeProxyChurn struct {
 	judgement
 }
 
-func (d *kubeProxyChurn) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyChurn) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -112,7 +112,7 @@ func (d *kubeProxyChurn) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	if sc.Metrics.EndpointChangesTotal == nil {
-		return nil, Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_total")
+		return nil, finding.Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_total")
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -132,21 +132,21 @@ func (d *kubeProxyChurn) Detect(ctx context.Context) ([]Finding, error) {
 	if fd == nil {
 		return nil, nil
 	}
-	return []Finding{*fd}, nil
+	return []finding.Finding{*fd}, nil
 }
 
 // churnFinding is KubeProxyEndpointChurn's decision on changes received
 // over covered.
-func churnFinding(changes float64, covered time.Duration, p KubeProxyEndpointChurnParams) *Finding {
+func churnFinding(changes float64, covered time.Duration, p KubeProxyEndpointChurnParams) *finding.Finding {
 	rate := changes / covered.Seconds()
 	if !(rate > p.MaxPerSecond) {
 		return nil
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: "KubeProxyEndpointChurn",
 		// The counter is node-wide (no ip_family in any version).
 		Target:   "kube-proxy",
-		Severity: Warning,
+		Severity: finding.Warning,
 		Message: fmt.Sprintf("kube-proxy received %.3g endpoint changes per second over the last %s (%g changes; limit %g/s): every change makes it rewrite rules, in iptables mode under the xtables lock, so syncs slow down and other programs wait on the lock",
 			rate, covered.Round(time.Second), changes, p.MaxPerSecond),
 		Evidence: map[string]any{"changesPerSecond": rate, "changes": changes, "windowSeconds": covered.Seconds(), "maxPerSecond": p.MaxPerSecond},
@@ -162,7 +162,7 @@ type kubeProxyAPIErrors struct {
 	judgement
 }
 
-func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	if sc.Metrics.RESTRequests == nil {
-		return nil, Skip("kube-proxy does not export rest_client_requests_total")
+		return nil, finding.Skip("kube-proxy does not export rest_client_requests_total")
 	}
 	codes := make(map[string]float64, len(sc.Metrics.RESTRequests))
 	for c, v := range sc.Metrics.RESTRequests {
@@ -198,7 +198,7 @@ func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]Finding, error) {
 	if fd == nil {
 		return nil, nil
 	}
-	return []Finding{*fd}, nil
+	return []finding.Finding{*fd}, nil
 }
 
 // codeIncrease is newer - older per code (a code absent before counts
@@ -236,7 +236,7 @@ func restSums(delta map[string]float64) (errs, total float64) {
 // apiErrorsFinding is KubeProxyAPIErrors' decision on the requests of a
 // window by code: critical when no request succeeded (kube-proxy hears
 // nothing), else a warning.
-func apiErrorsFinding(delta map[string]float64, covered time.Duration, p KubeProxyAPIErrorsParams) *Finding {
+func apiErrorsFinding(delta map[string]float64, covered time.Duration, p KubeProxyAPIErrorsParams) *finding.Finding {
 	errs, total := restSums(delta)
 	if !(errs > float64(p.MaxErrors)) {
 		return nil
@@ -250,11 +250,11 @@ func apiErrorsFinding(delta map[string]float64, covered time.Duration, p KubePro
 		}
 	}
 	sort.Strings(codes)
-	sev, why := Warning, "its watches may miss Service and endpoint changes and the rules go stale"
+	sev, why := finding.Warning, "its watches may miss Service and endpoint changes and the rules go stale"
 	if errs == total {
-		sev, why = Critical, "none succeeded: kube-proxy is not hearing the API server, the rules go stale with the next change"
+		sev, why = finding.Critical, "none succeeded: kube-proxy is not hearing the API server, the rules go stale with the next change"
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: "KubeProxyAPIErrors",
 		// The counter is client-go's, node-wide.
 		Target:   "kube-proxy/api-requests",

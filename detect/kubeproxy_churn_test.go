@@ -9,6 +9,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -27,7 +28,7 @@ func TestKubeProxyEndpointChurn(t *testing.T) {
 	n := &node.Node{Name: "n1", Clock: clk, KubeProxy: kp}
 	d := newDetector(t, "KubeProxyEndpointChurn", n, nil)
 	ctx := context.Background()
-	step := func(changes float64, after time.Duration) []Finding {
+	step := func(changes float64, after time.Duration) []finding.Finding {
 		t.Helper()
 		clk.Step(after)
 		kp.SetMetrics(churnMetrics(changes))
@@ -61,7 +62,7 @@ func TestKubeProxyEndpointChurn(t *testing.T) {
 	}
 	// No counter: skipped with the reason.
 	kp.SetMetrics("# TYPE kubeproxy_sync_proxy_rules_last_timestamp_seconds gauge\nkubeproxy_sync_proxy_rules_last_timestamp_seconds 1\n")
-	if _, err := d.Detect(ctx); func() bool { _, ok := IsSkip(err); return !ok }() {
+	if _, err := d.Detect(ctx); func() bool { _, ok := finding.IsSkip(err); return !ok }() {
 		t.Fatalf("no counter: %v", err)
 	}
 }
@@ -84,7 +85,7 @@ func TestKubeProxyAPIErrors(t *testing.T) {
 	n := &node.Node{Name: "n1", Clock: clk, KubeProxy: kp}
 	d := newDetector(t, "KubeProxyAPIErrors", n, nil)
 	ctx := context.Background()
-	step := func(codes map[string]float64, after time.Duration) []Finding {
+	step := func(codes map[string]float64, after time.Duration) []finding.Finding {
 		t.Helper()
 		clk.Step(after)
 		kp.SetMetrics(restMetrics(codes))
@@ -102,7 +103,7 @@ func TestKubeProxyAPIErrors(t *testing.T) {
 	}
 	// RBAC took kube-proxy's list/watch away: 403s, some requests still fine.
 	fs := step(map[string]float64{"200": 25, "403": 9, "404": 3}, 30*time.Second)
-	if len(fs) != 1 || fs[0].Target != "kube-proxy/api-requests" || fs[0].Severity != Warning ||
+	if len(fs) != 1 || fs[0].Target != "kube-proxy/api-requests" || fs[0].Severity != finding.Warning ||
 		!strings.Contains(fs[0].Message, "4 of kube-proxy's 22 requests") || !strings.Contains(fs[0].Message, "403: 4") {
 		t.Fatalf("403: %+v", fs)
 	}
@@ -110,7 +111,7 @@ func TestKubeProxyAPIErrors(t *testing.T) {
 	d = newDetector(t, "KubeProxyAPIErrors", n, nil)
 	step(map[string]float64{"200": 25, "403": 9}, time.Minute)
 	fs = step(map[string]float64{"200": 25, "403": 9, "429": 2, "503": 3, "<error>": 1}, 30*time.Second)
-	if len(fs) != 1 || fs[0].Severity != Critical || fs[0].Evidence["errors"] != 6.0 {
+	if len(fs) != 1 || fs[0].Severity != finding.Critical || fs[0].Evidence["errors"] != 6.0 {
 		t.Fatalf("429/5xx only: %+v", fs)
 	}
 	// Past the window the old errors age out.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
@@ -60,13 +61,13 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	// cycle runs every detector once, as the engine would, and returns
 	// "Detector target" keys of the findings.
 	allowSkips := false
-	cycle := func() map[string]Finding {
-		out := map[string]Finding{}
+	cycle := func() map[string]finding.Finding {
+		out := map[string]finding.Finding{}
 		for name, d := range dets {
 			dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
 			fs, err := d.Detect(dctx)
 			dcancel()
-			if _, skip := IsSkip(err); skip && allowSkips {
+			if _, skip := finding.IsSkip(err); skip && allowSkips {
 				continue
 			}
 			if err != nil {
@@ -79,7 +80,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 		}
 		return out
 	}
-	keys := func(m map[string]Finding) string {
+	keys := func(m map[string]finding.Finding) string {
 		var k []string
 		for key := range m {
 			k = append(k, key)
@@ -108,7 +109,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	want := []string{"KubeProxySyncStale kube-proxy/IPv4", "KubeProxyRestoreFailures kube-proxy/IPv4"}
 	deadline := stallStart.Add(2*syncPeriod + interval)
 	seen := map[string]time.Duration{}
-	var last map[string]Finding
+	var last map[string]finding.Finding
 	for len(seen) < len(want) || seen["KubeProxyUnhealthy kube-proxy/IPv4"] == 0 {
 		last = cycle()
 		t.Logf("stall +%v: %s", time.Since(stallStart).Round(100*time.Millisecond), keys(last))
@@ -168,7 +169,7 @@ func TestE2EKubeProxyLockStall(t *testing.T) {
 	}
 	if _, err := dets["KubeProxySyncStale"].Detect(ctx); err == nil {
 		t.Error("KubeProxySyncStale without kube-proxy: no skip")
-	} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "unreachable") {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "unreachable") {
 		t.Errorf("KubeProxySyncStale without kube-proxy: %v, want a skip naming the cause", err)
 	}
 }

@@ -95,7 +95,7 @@ type failureDetector struct {
 	judgement
 }
 
-func (d *failureDetector) Detect(ctx context.Context) ([]Finding, error) {
+func (d *failureDetector) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -111,7 +111,7 @@ func (d *failureDetector) Detect(ctx context.Context) ([]Finding, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	out, err := d.w.findings(sc, span, d.s.counters,
-		func(f kubeproxy.Family, major, minor float64, covered time.Duration) *Finding {
+		func(f kubeproxy.Family, major, minor float64, covered time.Duration) *finding.Finding {
 			return d.s.decide(f, major, minor, covered, d.l)
 		})
 	if err == nil {
@@ -121,22 +121,22 @@ func (d *failureDetector) Detect(ctx context.Context) ([]Finding, error) {
 }
 
 // decide is the decision on the failures counted over a window.
-func (s *failureSpec) decide(f kubeproxy.Family, major, minor float64, covered time.Duration, l failureLimits) *Finding {
+func (s *failureSpec) decide(f kubeproxy.Family, major, minor float64, covered time.Duration, l failureLimits) *finding.Finding {
 	majorBad := major > float64(l.major)
 	minorBad := l.minor >= 0 && minor > float64(l.minor)
 	if !majorBad && !minorBad {
 		return nil
 	}
-	sev, why := Warning, s.minorWhy
+	sev, why := finding.Warning, s.minorWhy
 	if majorBad {
-		sev, why = Critical, s.majorWhy
+		sev, why = finding.Critical, s.majorWhy
 	}
 	msg := fmt.Sprintf("kube-proxy %s: %g %s and %g %s in the last %s (limits %d, %d)",
 		f, major, s.majorWhat, minor, s.minorWhat, covered.Round(time.Second), l.major, l.minor)
 	if why != "" {
 		msg += ": " + why
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: s.name,
 		Target:   f.Target(),
 		Severity: sev,

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -36,7 +37,7 @@ func TestUnknownIPFamiliesIgnoredWithOneWarning(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		fs, err := d.Detect(context.Background())
 		if err != nil {
-			if _, skip := IsSkip(err); !skip {
+			if _, skip := finding.IsSkip(err); !skip {
 				t.Fatal(err)
 			}
 		}

@@ -93,7 +93,7 @@ var processStates = map[string]string{
 	"t": "stopped by a tracer (debugger)", "Z": "zombie (exited)", "X": "dead", "I": "idle",
 }
 
-func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]Finding, error) {
 		if _, ok := kubeproxy.AsError(err); err != nil && !ok {
 			// Our side (the shared read of another detector outlasted
 			// this one's share): cannot tell, the memory stays.
-			return nil, Skip("cannot tell whether kube-proxy answers: %v", err)
+			return nil, finding.Skip("cannot tell whether kube-proxy answers: %v", err)
 		}
 	}
 	if !noAnswer(merr) || !noAnswer(herr) {
@@ -131,15 +131,15 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]Finding, error) {
 	p, err := findKubeProxy(ctx, d.n)
 	if err != nil {
 		d.silent, d.since = procs.Ref{}, time.Time{}
-		return nil, Skip("kube-proxy answers nothing, but its process cannot be told (KubeProxyUnreachable reports the silence): %v", err)
+		return nil, finding.Skip("kube-proxy answers nothing, but its process cannot be told (KubeProxyUnreachable reports the silence): %v", err)
 	}
 	switch p.State {
 	case "Z", "X":
 		d.silent, d.since = procs.Ref{}, time.Time{}
-		return nil, Skip("kube-proxy (pid %d) has exited (state %s): not frozen", p.Pid, p.State)
+		return nil, finding.Skip("kube-proxy (pid %d) has exited (state %s): not frozen", p.Pid, p.State)
 	case "t":
 		d.silent, d.since = procs.Ref{}, time.Time{}
-		return nil, Skip("kube-proxy (pid %d) is stopped by a tracer (a debugger is attached): not judged", p.Pid)
+		return nil, finding.Skip("kube-proxy (pid %d) is stopped by a tracer (a debugger is attached): not judged", p.Pid)
 	}
 	ref := p.Ref()
 	if d.since.IsZero() || d.silent != ref {
@@ -147,13 +147,13 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	silentFor := now.Sub(d.since)
 	if silentFor < d.p.MinSilence.Duration {
-		return nil, Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s): judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
+		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s): judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
 			p.Pid, p.State, rfc3339(d.since), silentFor.Round(time.Second), d.p.MinSilence.Duration)
 	}
-	return []Finding{d.finding(ctx, p, merr, herr, now, silentFor)}, nil
+	return []finding.Finding{d.finding(ctx, p, merr, herr, now, silentFor)}, nil
 }
 
-func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, herr error, now time.Time, silentFor time.Duration) Finding {
+func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, herr error, now time.Time, silentFor time.Duration) finding.Finding {
 	state := p.State
 	if m, ok := processStates[p.State]; ok {
 		state += " (" + m + ")"
@@ -175,11 +175,11 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 	obs, err := observe(ctx, d.n, dp)
 	if err != nil {
 		reason := err.Error()
-		if r, ok := IsSkip(err); ok {
+		if r, ok := finding.IsSkip(err); ok {
 			reason = r
 		}
 		ev["drift"] = "not compared: " + reason
-		return Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: Critical, Message: msg, Evidence: ev}
+		return finding.Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: finding.Critical, Message: msg, Evidence: ev}
 	}
 	grace := time.Duration(dp.GraceSyncPeriods * float64(obs.syncPeriod))
 	var old []portDrift
@@ -209,7 +209,7 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 	} else {
 		msg += "; no Service port drifted yet"
 	}
-	return Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: Critical, Message: msg, Evidence: ev}
+	return finding.Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: finding.Critical, Message: msg, Evidence: ev}
 }
 
 func errText(err error) string {

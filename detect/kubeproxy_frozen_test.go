@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
@@ -63,7 +64,7 @@ func TestDataplaneDriftFrozenKubeProxyIPTables(t *testing.T) {
 	d, k := newDriftDetectors(t, w)
 	w.addLate(t, 100*time.Second) // grace: 3 x the policy's 10 s
 	fs := w.detect(t, d)
-	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/team/late:http" || fs[0].Severity != Critical {
+	if len(fs) != 1 || fs[0].Target != "dataplane/IPv4/team/late:http" || fs[0].Severity != finding.Critical {
 		t.Fatalf("frozen kube-proxy, iptables mode: %s %+v", driftTargets(fs), fs)
 	}
 	ev := fs[0].Evidence
@@ -74,7 +75,7 @@ func TestDataplaneDriftFrozenKubeProxyIPTables(t *testing.T) {
 		t.Fatalf("evidence %+v message %q", ev, fs[0].Message)
 	}
 	_, err := k.Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "does not answer") {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "does not answer") {
 		t.Fatalf("KubeProxyNotHearingAPI with a frozen kube-proxy: %v", err)
 	}
 }
@@ -92,7 +93,7 @@ func TestDataplaneDriftFrozenKubeProxyNFTables(t *testing.T) {
 	d, _ := newDriftDetectors(t, w)
 	w.addLate(t, 100*time.Second)
 	fs := w.detect(t, d)
-	var late *Finding
+	var late *finding.Finding
 	for i := range fs {
 		if fs[i].Target == "dataplane/IPv4/team/late:http" {
 			late = &fs[i]
@@ -117,7 +118,7 @@ func TestDataplaneDriftFrozenKubeProxyAmbiguous(t *testing.T) {
 	d, _ := newDriftDetectors(t, w)
 	w.addLate(t, 100*time.Second)
 	_, err := d.Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "several modes") || !strings.Contains(r, "iptables (") || !strings.Contains(r, "nftables (table ip kube-proxy") {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "several modes") || !strings.Contains(r, "iptables (") || !strings.Contains(r, "nftables (table ip kube-proxy") {
 		t.Fatalf("ambiguous marks: %v", err)
 	}
 }
@@ -138,7 +139,7 @@ func TestDecideNodeMode(t *testing.T) {
 	} {
 		m, src, err := decideNodeMode(tc.marks, nil, ask)
 		if tc.skip != "" {
-			if r, ok := IsSkip(err); !ok || !strings.Contains(r, tc.skip) || !strings.Contains(r, "did not tell its mode") {
+			if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, tc.skip) || !strings.Contains(r, "did not tell its mode") {
 				t.Errorf("%s: %v", tc.name, err)
 			}
 			continue
@@ -180,13 +181,13 @@ func TestKubeProxyFrozen(t *testing.T) {
 	started := w.clock.Now().Add(-time.Hour)
 	fp.Add(kubeProxyProc(4242, started, "T"))
 	d := newFrozenDetector(t, w, 2*time.Minute)
-	detect := func() ([]Finding, string) {
+	detect := func() ([]finding.Finding, string) {
 		t.Helper()
 		sharedObservation.Lock()
 		sharedObservation.m = map[observationKey]*observationSlot{}
 		sharedObservation.Unlock()
 		fs, err := d.Detect(context.Background())
-		if r, ok := IsSkip(err); ok {
+		if r, ok := finding.IsSkip(err); ok {
 			return nil, r
 		}
 		if err != nil {
@@ -209,7 +210,7 @@ func TestKubeProxyFrozen(t *testing.T) {
 	}
 	w.clock.Step(61 * time.Second)
 	fs, skip := detect()
-	if len(fs) != 1 || fs[0].Target != "kube-proxy/frozen" || fs[0].Severity != Critical ||
+	if len(fs) != 1 || fs[0].Target != "kube-proxy/frozen" || fs[0].Severity != finding.Critical ||
 		!strings.Contains(fs[0].Message, "pid 4242, state T (stopped (SIGSTOP))") || !strings.Contains(fs[0].Message, "team/late:http (IPv4)") ||
 		fs[0].Evidence["driftedServicePorts"] != 1 || fs[0].Evidence["silentSeconds"] != 121.0 {
 		t.Fatalf("after 2m of silence: %+v %q", fs, skip)

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -61,14 +62,14 @@ func TestKubeProxyUnreachable(t *testing.T) {
 		})
 		fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(ctx)
 		wantTargets(t, "malformed", fs, err, "kube-proxy/metrics")
-		if fs[0].Evidence["kind"] != string(kubeproxy.KindBadResponse) || fs[0].Severity != Warning {
+		if fs[0].Evidence["kind"] != string(kubeproxy.KindBadResponse) || fs[0].Severity != finding.Warning {
 			t.Errorf("finding %+v", fs[0])
 		}
 		// The other detectors cannot tell, and say so with a skip naming
 		// the cause (the rule's state stays as it was).
 		if _, err := newDetector(t, "KubeProxySyncStale", n, nil).Detect(ctx); err == nil {
 			t.Error("KubeProxySyncStale on malformed metrics: no error")
-		} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "bad-response") {
+		} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "bad-response") {
 			t.Errorf("KubeProxySyncStale on malformed metrics: %v, want a skip naming the bad response", err)
 		}
 	})
@@ -78,7 +79,7 @@ func TestKubeProxyUnreachable(t *testing.T) {
 		fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(ctx)
 		wantTargets(t, "down", fs, err, "kube-proxy/healthz", "kube-proxy/metrics")
 		for _, f := range fs {
-			if f.Evidence["kind"] != string(kubeproxy.KindUnreachable) || f.Severity != Critical {
+			if f.Evidence["kind"] != string(kubeproxy.KindUnreachable) || f.Severity != finding.Critical {
 				t.Errorf("finding %+v", f)
 			}
 		}
@@ -124,7 +125,7 @@ func TestKubeProxyRuleBloat(t *testing.T) {
 	n, s, _ := newKPNode(t, 10*time.Second, captureHealthy)
 	s.set(func(s *kpServer) { s.metrics = kpFixture(t, "metrics-v1.34-healthy.txt") })
 	_, err := newDetector(t, "KubeProxyRuleBloat", n, func(p any) { p.(*KubeProxyRuleBloatParams).Table = "mangle" }).Detect(context.Background())
-	if _, ok := IsSkip(err); !ok {
+	if _, ok := finding.IsSkip(err); !ok {
 		t.Errorf("missing series: %v, want skip", err)
 	}
 }
@@ -175,7 +176,7 @@ func TestKubeProxyAbsentIsASkip(t *testing.T) {
 	absent := func(what, reason string) {
 		t.Helper()
 		_, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(context.Background())
-		if r, ok := IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) || !strings.Contains(r, reason) {
+		if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) || !strings.Contains(r, reason) {
 			t.Fatalf("%s: %v, want a skip saying %q", what, err, reason)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -76,7 +77,7 @@ func TestRealKubeProxyOfAnotherNetNS(t *testing.T) {
 		t.Fatalf("findKubeProxy with kube-proxy only in %s: %v, want none of this node's", ns, err)
 	}
 	fs, err := newDetector(t, "KubeProxyUnreachable", n, nil).Detect(ctx)
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "kube-proxy is not running on this node") || !strings.Contains(r, addr) {
 		t.Fatalf("kube-proxy only in another network namespace: findings %+v, %v; want a skip", fs, err)
 	}
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -122,13 +123,13 @@ func decideNodeMode(marks []modeMark, notes []string, askErr error) (kubeproxy.M
 		if len(notes) > 0 {
 			msg += "; " + strings.Join(notes, "; ")
 		}
-		return "", "", Skip("%s", msg)
+		return "", "", finding.Skip("%s", msg)
 	default:
 		var parts []string
 		for _, m := range modes {
 			parts = append(parts, fmt.Sprintf("%s (%s)", m, strings.Join(by[m], ", ")))
 		}
-		return "", "", Skip("%s and the node shows marks of several modes, a mode switch's leftovers (KubeProxyModeLeftovers reports them): %s; set proxyMode in the policy to compare anyway",
+		return "", "", finding.Skip("%s and the node shows marks of several modes, a mode switch's leftovers (KubeProxyModeLeftovers reports them): %s; set proxyMode in the policy to compare anyway",
 			why, strings.Join(parts, " and "))
 	}
 }

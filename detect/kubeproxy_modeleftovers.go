@@ -75,7 +75,7 @@ type kubeProxyModeLeftovers struct {
 	n *node.Node
 }
 
-func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding, error) {
 	var (
 		mode   kubeproxy.Mode
 		source string
@@ -99,7 +99,7 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]Finding, error) 
 		}
 		return nftLeftoverFindings(rs, mode, source), nil
 	}
-	return nil, Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
+	return nil, finding.Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
 }
 
 // kubeProxyTables lists only kube-proxy's two tables: in iptables mode
@@ -117,7 +117,7 @@ func (d *kubeProxyModeLeftovers) kubeProxyTables(ctx context.Context) (*nftables
 		case errors.Is(err, nftables.ErrNoTable):
 			continue
 		case isUnavailable(err):
-			return nil, Skip("%v", err)
+			return nil, finding.Skip("%v", err)
 		case err != nil:
 			return nil, fmt.Errorf("listing nftables table %s %s: %w", f, nftables.KubeProxyTableName, err)
 		}
@@ -127,9 +127,9 @@ func (d *kubeProxyModeLeftovers) kubeProxyTables(ctx context.Context) (*nftables
 	return rs, nil
 }
 
-func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source string) ([]Finding, error) {
+func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source string) ([]finding.Finding, error) {
 	if d.n.IPTables == nil {
-		return nil, Skip("%s", d.n.Why("iptables"))
+		return nil, finding.Skip("%s", d.n.Why("iptables"))
 	}
 	type res struct {
 		snap *iptables.Snapshot
@@ -176,7 +176,7 @@ func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source s
 		return nil, fmt.Errorf("saving iptables rules: %w", err)
 	}
 	if len(snaps) == 0 {
-		return nil, Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
+		return nil, finding.Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
 	}
 	out := iptablesLeftoverFindings(snaps)
 	for i := range out {
@@ -196,8 +196,8 @@ func isKubeProxyChain(name string) bool { return iptables.IsKube(name) && !kubel
 // iptablesLeftoverFindings is the decision in nftables mode: one finding per
 // family and backend holding kube-proxy's KUBE-* rules (rules in its chains
 // or jumping to them).
-func iptablesLeftoverFindings(snaps []*iptables.Snapshot) []Finding {
-	var out []Finding
+func iptablesLeftoverFindings(snaps []*iptables.Snapshot) []finding.Finding {
+	var out []finding.Finding
 	for _, s := range snaps {
 		rules, chains := 0, map[string]bool{}
 		var dataplane []string
@@ -221,10 +221,10 @@ func iptablesLeftoverFindings(snaps []*iptables.Snapshot) []Finding {
 		if rules == 0 {
 			continue
 		}
-		sev := Warning
+		sev := finding.Warning
 		what := "stale kube-proxy rules from iptables/ipvs mode"
 		if len(dataplane) > 0 {
-			sev = Critical
+			sev = finding.Critical
 			what = "stale Service DNAT rules still hooked into nat " + strings.Join(dataplane, ", ") + ": they compete with kube-proxy's nftables table and can send traffic to old backends"
 		}
 		names := make([]string, 0, len(chains))
@@ -236,7 +236,7 @@ func iptablesLeftoverFindings(snaps []*iptables.Snapshot) []Finding {
 		if len(shown) > 10 {
 			shown = shown[:10]
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxyModeLeftovers",
 			Target:   iptablesTarget(s.Family, s.Backend, "kube-proxy-leftovers"),
 			Severity: sev,
@@ -254,26 +254,26 @@ func iptablesLeftoverFindings(snaps []*iptables.Snapshot) []Finding {
 
 // nftLeftoverFindings is the decision in iptables and ipvs modes: one
 // finding per kube-proxy nftables table present.
-func nftLeftoverFindings(rs *nftables.Ruleset, mode kubeproxy.Mode, source string) []Finding {
-	var out []Finding
+func nftLeftoverFindings(rs *nftables.Ruleset, mode kubeproxy.Mode, source string) []finding.Finding {
+	var out []finding.Finding
 	for _, f := range []nftables.Family{nftables.FamilyIP, nftables.FamilyIP6} {
 		t := rs.Table(f, nftables.KubeProxyTableName)
 		if t == nil {
 			continue
 		}
-		sev := Warning
+		sev := finding.Warning
 		what := "its chains and maps are stale"
 		k, err := nftables.ParseKubeProxy(t)
 		if err == nil && len(k.ServiceIPs) > 0 && (t.Chain(nftables.KubeProxyNATPrerouting).JumpsTo(nftables.KubeProxyServicesChain) ||
 			t.Chain(nftables.KubeProxyNATOutput).JumpsTo(nftables.KubeProxyServicesChain)) {
-			sev = Critical
+			sev = finding.Critical
 			what = fmt.Sprintf("its nat chains still DNAT %d service IP/ports to the backends of when it was written, competing with kube-proxy's %s rules", len(k.ServiceIPs), mode)
 		}
 		services := 0
 		if k != nil {
 			services = len(k.ServiceIPs)
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxyModeLeftovers",
 			Target:   nftTarget(f, nftables.KubeProxyTableName) + "/leftover",
 			Severity: sev,

@@ -3,6 +3,7 @@ package detect
 import (
 	"context"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -53,7 +54,7 @@ var restoreFailures = &failureSpec{
 	// chains); nftables mode does not.
 	skip: func(ctx context.Context, kp kubeproxy.Interface) error {
 		if mode, err := kp.ProxyMode(ctx); err == nil && mode != kubeproxy.ModeIPTables && mode != kubeproxy.ModeIPVS {
-			return Skip("kube-proxy runs in %s mode, which does not use iptables-restore", mode)
+			return finding.Skip("kube-proxy runs in %s mode, which does not use iptables-restore", mode)
 		}
 		return nil
 	},

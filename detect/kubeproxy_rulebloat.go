@@ -57,7 +57,7 @@ func newKubeProxyRuleBloat(p *KubeProxyRuleBloatParams, n *node.Node) (Detector,
 	return &kubeProxyRuleBloat{p: *p, n: n}, nil
 }
 
-func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -72,14 +72,14 @@ func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]Finding, error) {
 	out, exported := ruleBloatFindings(sc.Metrics, d.p)
 	d.set("%s", ruleCounts(sc.Metrics, d.p))
 	if !exported {
-		return nil, Skip("kube-proxy does not export sync_proxy_rules_iptables_total{table=%q} (not iptables mode, or no sync yet)", d.p.Table)
+		return nil, finding.Skip("kube-proxy does not export sync_proxy_rules_iptables_total{table=%q} (not iptables mode, or no sync yet)", d.p.Table)
 	}
 	return out, nil
 }
 
 // ruleBloatFindings is the decision; exported is false when no family has
 // the series.
-func ruleBloatFindings(m *kubeproxy.Metrics, p KubeProxyRuleBloatParams) (out []Finding, exported bool) {
+func ruleBloatFindings(m *kubeproxy.Metrics, p KubeProxyRuleBloatParams) (out []finding.Finding, exported bool) {
 	for _, f := range m.FamilyNames() {
 		n, ok := m.Families[f].RulesTotal[p.Table]
 		if !ok {
@@ -89,10 +89,10 @@ func ruleBloatFindings(m *kubeproxy.Metrics, p KubeProxyRuleBloatParams) (out []
 		if n <= float64(p.MaxRules) {
 			continue
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxyRuleBloat",
 			Target:   f.Target(),
-			Severity: Warning,
+			Severity: finding.Warning,
 			Message:  fmt.Sprintf("kube-proxy %s owns %g rules in the %s table (limit %d)", f, n, p.Table, p.MaxRules),
 			Evidence: map[string]any{"ipFamily": string(f), "table": p.Table, "rules": n, "maxRules": p.MaxRules},
 		})

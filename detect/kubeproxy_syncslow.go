@@ -72,7 +72,7 @@ func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, e
 		hist: map[kubeproxy.Family]*window[kubeproxy.Histogram]{}}, nil
 }
 
-func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -94,10 +94,10 @@ func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]Finding, error) {
 }
 
 // findings records the scrape's histograms and decides per family.
-func (d *kubeProxySyncSlow) findings(sc *kubeproxy.Scrape, span, limit time.Duration) []Finding {
+func (d *kubeProxySyncSlow) findings(sc *kubeproxy.Scrape, span, limit time.Duration) []finding.Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var out []Finding
+	var out []finding.Finding
 	for _, f := range sc.Metrics.FamilyNames() {
 		h := sc.Metrics.Families[f].SyncDuration
 		if h == nil {
@@ -127,7 +127,7 @@ func (d *kubeProxySyncSlow) findings(sc *kubeproxy.Scrape, span, limit time.Dura
 
 // slowSyncFinding is the decision on the syncs observed in a window (delta
 // is the histogram of those syncs only).
-func slowSyncFinding(f kubeproxy.Family, delta kubeproxy.Histogram, covered time.Duration, q float64, limit time.Duration, minSyncs int) *Finding {
+func slowSyncFinding(f kubeproxy.Family, delta kubeproxy.Histogram, covered time.Duration, q float64, limit time.Duration, minSyncs int) *finding.Finding {
 	if delta.Count < uint64(minSyncs) {
 		return nil
 	}
@@ -148,10 +148,10 @@ func slowSyncFinding(f kubeproxy.Family, delta kubeproxy.Histogram, covered time
 	if above {
 		val = fmt.Sprintf("above %s (the largest bucket)", time.Duration(v*float64(time.Second)))
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: "KubeProxySyncSlow",
 		Target:   f.Target(),
-		Severity: Warning,
+		Severity: finding.Warning,
 		Message: fmt.Sprintf("kube-proxy %s sync p%g over the last %s (%d syncs) is %s, limit %s",
 			f, q*100, covered.Round(time.Second), delta.Count, val, limit),
 		Evidence: map[string]any{

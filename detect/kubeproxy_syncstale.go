@@ -72,7 +72,7 @@ type kubeProxySyncStale struct {
 	causes causeWatch
 }
 
-func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -91,7 +91,7 @@ func (d *kubeProxySyncStale) Detect(ctx context.Context) ([]Finding, error) {
 }
 
 // findings tracks the pending syncs of the scrape and decides.
-func (d *kubeProxySyncStale) findings(sc *kubeproxy.Scrape, limit, syncPeriod time.Duration) []Finding {
+func (d *kubeProxySyncStale) findings(sc *kubeproxy.Scrape, limit, syncPeriod time.Duration) []finding.Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	since := map[kubeproxy.Family]float64{}
@@ -123,8 +123,8 @@ func (d *kubeProxySyncStale) findings(sc *kubeproxy.Scrape, limit, syncPeriod ti
 // pendingSince[family], else the scrape's last queued time) for more than
 // limit. Without, when its last successful sync (or, if it never synced,
 // its first queued one) is older than limit.
-func staleSyncFindings(m *kubeproxy.Metrics, pendingSince map[kubeproxy.Family]float64, now time.Time, limit, syncPeriod time.Duration, requireQueued bool) []Finding {
-	var out []Finding
+func staleSyncFindings(m *kubeproxy.Metrics, pendingSince map[kubeproxy.Family]float64, now time.Time, limit, syncPeriod time.Duration, requireQueued bool) []finding.Finding {
+	var out []finding.Finding
 	for _, f := range m.FamilyNames() {
 		fm := m.Families[f]
 		var last, queued time.Time
@@ -177,12 +177,13 @@ func staleSyncFindings(m *kubeproxy.Metrics, pendingSince map[kubeproxy.Family]f
 		default:
 			msg = fmt.Sprintf("kube-proxy %s rules last synced %s ago (limit %s)", f, age.Round(time.Second), limit)
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxySyncStale",
 			Target:   f.Target(),
-			Severity: Critical,
+			Severity: finding.Critical,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  finding.Subject{AgeSeconds: age.Seconds()},
 		})
 	}
 	return out

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
@@ -39,7 +40,7 @@ func TestStaleSyncFindingsOnCaptures(t *testing.T) {
 			got := staleSyncFindings(parseKP(t, kpFixture(t, tc.file)), nil, tc.now, sp, sp, true)
 			wantTargets(t, tc.name, got, nil, tc.want...)
 			for _, f := range got {
-				if f.Severity != Critical || !strings.Contains(f.Message, "has not completed") {
+				if f.Severity != finding.Critical || !strings.Contains(f.Message, "has not completed") {
 					t.Errorf("finding %+v", f)
 				}
 			}

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -197,7 +198,7 @@ func newDetector(t *testing.T, name string, n *node.Node, tweak func(p any)) Det
 	return d
 }
 
-func targets(fs []Finding) []string {
+func targets(fs []finding.Finding) []string {
 	out := make([]string, 0, len(fs))
 	for _, f := range fs {
 		out = append(out, f.Target)
@@ -206,7 +207,7 @@ func targets(fs []Finding) []string {
 	return out
 }
 
-func wantTargets(t *testing.T, what string, fs []Finding, err error, want ...string) {
+func wantTargets(t *testing.T, what string, fs []finding.Finding, err error, want ...string) {
 	t.Helper()
 	if err != nil {
 		t.Fatalf("%s: %v", what, err)
@@ -222,7 +223,7 @@ func TestKubeProxyDetectorsSkipWithoutAdapter(t *testing.T) {
 	for _, name := range []string{"KubeProxySyncStale", "KubeProxySyncSlow", "KubeProxyEndpointChangesPending",
 		"KubeProxyRestoreFailures", "KubeProxyUnhealthy", "KubeProxyUnreachable", "KubeProxyRuleBloat"} {
 		_, err := newDetector(t, name, n, nil).Detect(context.Background())
-		if r, ok := IsSkip(err); !ok || r != "no kube-proxy URL configured" {
+		if r, ok := finding.IsSkip(err); !ok || r != "no kube-proxy URL configured" {
 			t.Errorf("%s: err %v, want skip with the recorded reason", name, err)
 		}
 	}

@@ -28,12 +28,12 @@ func newKubeProxyUnreachable(_ *KubeProxyUnreachableParams, n *node.Node) (Detec
 	return &kubeProxyUnreachable{n: n}, nil
 }
 
-func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
 	}
-	var out []Finding
+	var out []finding.Finding
 	_, merr := kp.Metrics(ctx)
 	_, herr := kp.Healthz(ctx)
 	if ctx.Err() != nil {
@@ -41,7 +41,7 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, fmt.Errorf("probing kube-proxy: %w", ctx.Err())
 	}
 	if why := kubeProxyAbsence(ctx, d.n, merr, herr); why != "" {
-		return nil, Skip("%s", why)
+		return nil, finding.Skip("%s", why)
 	}
 	d.set("metrics and /healthz answered")
 	for _, e := range []struct {
@@ -57,7 +57,7 @@ func (d *kubeProxyUnreachable) Detect(ctx context.Context) ([]Finding, error) {
 
 // unreachableFinding turns a failed read of one endpoint into a finding
 // ("kube-proxy/metrics", "kube-proxy/healthz").
-func unreachableFinding(endpoint string, err error) *Finding {
+func unreachableFinding(endpoint string, err error) *finding.Finding {
 	if err == nil {
 		return nil
 	}
@@ -65,11 +65,11 @@ func unreachableFinding(endpoint string, err error) *Finding {
 	if e, ok := kubeproxy.AsError(err); ok {
 		kind, url = e.Kind, e.URL
 	}
-	sev, what := Critical, "is unreachable"
+	sev, what := finding.Critical, "is unreachable"
 	if kind == kubeproxy.KindBadResponse {
-		sev, what = Warning, "answers something unusable"
+		sev, what = finding.Warning, "answers something unusable"
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: "KubeProxyUnreachable",
 		Target:   "kube-proxy/" + endpoint,
 		Severity: sev,

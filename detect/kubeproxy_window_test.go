@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 )
 
@@ -226,7 +227,7 @@ func TestRestoreFailuresSkipsInNFTablesMode(t *testing.T) {
 	s.set(func(s *kpServer) { s.mode = "nftables"; s.metrics = metricsText(true, 0, nil) })
 	for _, name := range []string{"KubeProxyRestoreFailures", "KubeProxyRuleBloat"} {
 		_, err := newDetector(t, name, n, nil).Detect(context.Background())
-		if r, ok := IsSkip(err); !ok || r == "" {
+		if r, ok := finding.IsSkip(err); !ok || r == "" {
 			t.Errorf("%s in nftables mode: %v, want skip", name, err)
 		}
 	}

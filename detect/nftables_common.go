@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -23,7 +24,7 @@ const subsystemNFTables = "nftables"
 // none.
 func nftOf(n *node.Node) (nftables.Interface, error) {
 	if n.NFTables == nil {
-		return nil, Skip("%s", n.Why(subsystemNFTables))
+		return nil, finding.Skip("%s", n.Why(subsystemNFTables))
 	}
 	return n.NFTables, nil
 }
@@ -37,7 +38,7 @@ func listRuleset(ctx context.Context, n *node.Node) (*nftables.Snapshot, error) 
 	s, err := nft.ListRuleset(ctx)
 	if err != nil {
 		if isUnavailable(err) {
-			return nil, Skip("%v", err)
+			return nil, finding.Skip("%v", err)
 		}
 		return nil, fmt.Errorf("listing the nftables ruleset: %w", err)
 	}
@@ -80,11 +81,11 @@ func kubeProxyMode(ctx context.Context, n *node.Node, policyMode string) (kubepr
 	}
 	kp, err := kubeProxyOf(n)
 	if err != nil {
-		return "", "", Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
+		return "", "", finding.Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
 	}
 	m, err := kp.ProxyMode(ctx)
 	if err != nil {
-		return "", "", Skip("kube-proxy mode unknown (KubeProxyUnreachable reports it): %v", err)
+		return "", "", finding.Skip("kube-proxy mode unknown (KubeProxyUnreachable reports it): %v", err)
 	}
 	return m, "from kube-proxy /proxyMode", nil
 }

@@ -50,13 +50,13 @@ type nftablesShadowing struct {
 	n *node.Node
 }
 
-func (d *nftablesShadowing) Detect(ctx context.Context) ([]Finding, error) {
+func (d *nftablesShadowing) Detect(ctx context.Context) ([]finding.Finding, error) {
 	mode, modeSource, err := kubeProxyMode(ctx, d.n, d.p.ProxyMode)
 	if err != nil {
 		return nil, err
 	}
 	if mode != kubeproxy.ModeNFTables {
-		return nil, Skip("kube-proxy runs in %s mode (%s); NFTablesShadowing applies to nftables mode only", mode, modeSource)
+		return nil, finding.Skip("kube-proxy runs in %s mode (%s); NFTablesShadowing applies to nftables mode only", mode, modeSource)
 	}
 	fams, _, err := servedFamilies(ctx, d.n, d.p.mode())
 	if err != nil {
@@ -79,9 +79,9 @@ var shadowHooks = map[string]int{"prerouting": -100, "output": 0, "input": 0, "f
 // kube-proxy's hooks at a priority before kube-proxy's last chain there,
 // and refuses packets (policy drop, or a drop/reject rule without a
 // condition).
-func shadowingFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []Finding {
+func shadowingFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []finding.Finding {
 	seen := map[string]bool{}
-	var out []Finding
+	var out []finding.Finding
 	for _, f := range fams {
 		nf := nftFamily(f)
 		kpTable := rs.Table(nf, nftables.KubeProxyTableName)
@@ -140,10 +140,10 @@ func shadowingFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []Finding 
 				"acceptRules": accepts, "unconditionalRefusals": drops, "ipFamilies": coveredFamilies(c.Family, fams),
 				"confirm": fmt.Sprintf("nft list chain %s %s %s", c.Family, c.Table, c.Name),
 			}
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: "NFTablesShadowing",
 				Target:   target,
-				Severity: Warning,
+				Severity: finding.Warning,
 				Message: fmt.Sprintf("table %s %s, chain %s (%s hook %s priority %d) runs before %s and %s: %s Service traffic may be dropped before kube-proxy handles it",
 					c.Family, c.Table, c.Name, c.Hook.Type, c.Hook.Hook, c.Hook.Priority, before, why, strings.Join(coveredFamilies(c.Family, fams), "/")),
 				Evidence: ev,

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
@@ -153,7 +154,7 @@ func TestKubeProxyNFTablesIntegrityScope(t *testing.T) {
 	kp.SetMode("", &kubeproxy.Error{Kind: kubeproxy.KindUnreachable, URL: "u", Err: context.DeadlineExceeded})
 	if _, err := d.Detect(ctx); err == nil {
 		t.Error("unknown mode: no skip")
-	} else if _, ok := IsSkip(err); !ok {
+	} else if _, ok := finding.IsSkip(err); !ok {
 		t.Errorf("unknown mode: %v", err)
 	}
 	// No nft: skip.
@@ -162,7 +163,7 @@ func TestKubeProxyNFTablesIntegrityScope(t *testing.T) {
 	nft.Unavailable = true
 	if _, err := d.Detect(ctx); err == nil {
 		t.Error("no nft: no skip")
-	} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "nft unavailable") {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "nft unavailable") {
 		t.Errorf("no nft: %v", err)
 	}
 }
@@ -210,7 +211,7 @@ func TestNFTablesShadowing(t *testing.T) {
 			fs, err := newDetector(t, "NFTablesShadowing", n, nil).Detect(ctx)
 			wantTargets(t, c.name, fs, err, c.want...)
 			for _, f := range fs {
-				if f.Severity != Warning || !strings.Contains(f.Message, "table ") || !strings.Contains(f.Message, c.check) {
+				if f.Severity != finding.Warning || !strings.Contains(f.Message, "table ") || !strings.Contains(f.Message, c.check) {
 					t.Errorf("finding %+v, want a warning containing %q", f, c.check)
 				}
 			}
@@ -260,11 +261,11 @@ func TestKubeProxyModeLeftovers(t *testing.T) {
 		}
 		switch f.Evidence["backend"] {
 		case "legacy":
-			if f.Severity != Critical || !strings.Contains(f.Message, "nat PREROUTING -> KUBE-SERVICES") {
+			if f.Severity != finding.Critical || !strings.Contains(f.Message, "nat PREROUTING -> KUBE-SERVICES") {
 				t.Errorf("legacy leftovers with the DNAT hook: %+v", f)
 			}
 		case "nft":
-			if f.Severity != Warning || f.Evidence["kubeRules"] != 1 {
+			if f.Severity != finding.Warning || f.Evidence["kubeRules"] != 1 {
 				t.Errorf("nft leftovers without a hook: %+v", f)
 			}
 		}
@@ -275,9 +276,9 @@ func TestKubeProxyModeLeftovers(t *testing.T) {
 	fs, err = d.Detect(ctx)
 	wantTargets(t, "nft table in iptables mode", fs, err, "nftables/ip/kube-proxy/leftover", "nftables/ip6/kube-proxy/leftover")
 	for _, f := range fs {
-		want := Warning // the ip6 table programs no service
+		want := finding.Warning // the ip6 table programs no service
 		if f.Evidence["family"] == "ip" {
-			want = Critical
+			want = finding.Critical
 		}
 		if f.Severity != want || !strings.Contains(f.Message, "kube-proxy runs in iptables mode") || !strings.Contains(f.Message, "kube-proxy from its nftables mode") {
 			t.Errorf("finding %+v", f)
@@ -310,9 +311,9 @@ func TestHungNFT(t *testing.T) {
 	fs, err := newDetector(t, "HungNFT", n, nil).Detect(context.Background())
 	wantTargets(t, "hung nft", fs, err, procs.Target(100, now.Add(-2*time.Minute).UnixMilli()), procs.Target(101, now.Add(-5*time.Minute).UnixMilli()))
 	for _, f := range fs {
-		want := Warning
+		want := finding.Warning
 		if f.Evidence["pid"] == int32(101) {
-			want = Critical
+			want = finding.Critical
 		}
 		if f.Severity != want || !strings.Contains(f.Message, "a child of kube-proxy") {
 			t.Errorf("finding %+v", f)
@@ -331,7 +332,7 @@ func TestHungNFTImpostor(t *testing.T) {
 		Exe: "/usr/bin/sleep", CapEff: procs.CapNetAdmin, NetNS: "net:[1]"}})
 	n := &node.Node{Clock: clocktesting.NewFakeClock(now), Log: zap.NewNop(), Procs: f}
 	fs, err := newDetector(t, "HungNFT", n, nil).Detect(context.Background())
-	if err != nil || len(fs) != 1 || fs[0].Severity != Info || fs[0].Evidence["notATarget"] == nil {
+	if err != nil || len(fs) != 1 || fs[0].Severity != finding.Info || fs[0].Evidence["notATarget"] == nil {
 		t.Fatalf("impostor: %+v %v", fs, err)
 	}
 }

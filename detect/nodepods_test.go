@@ -13,6 +13,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
@@ -125,7 +126,7 @@ func TestPodsNetworkNotReady(t *testing.T) {
 	view.SetFreshness(cluster.Freshness{})
 	if _, err := d.Detect(ctx); err == nil {
 		t.Error("unsynced view did not skip")
-	} else if _, ok := IsSkip(err); !ok {
+	} else if _, ok := finding.IsSkip(err); !ok {
 		t.Errorf("unsynced: %v", err)
 	}
 	view.SetFreshness(cluster.Freshness{Synced: true, Connected: false, LastError: fmt.Errorf("watch broke")})
@@ -157,7 +158,7 @@ func TestCNIAgentUnhealthy(t *testing.T) {
 	// Not Ready for 10m: critical.
 	view.Set(calicoPod(false, 3, "Error", podsT0.Add(-time.Hour)))
 	fs, _ := d.Detect(ctx)
-	if len(fs) != 1 || fs[0].Severity != Critical || fs[0].Target != "node-agent/kube-system/calico-node" || !strings.Contains(fs[0].Message, "not Ready for 10m0s") {
+	if len(fs) != 1 || fs[0].Severity != finding.Critical || fs[0].Target != "node-agent/kube-system/calico-node" || !strings.Contains(fs[0].Message, "not Ready for 10m0s") {
 		t.Fatalf("not ready: %+v", fs)
 	}
 	if fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" || fs[0].Evidence["restartCount"] != int32(3) ||
@@ -196,7 +197,7 @@ func TestCNIAgentUnhealthy(t *testing.T) {
 	p := calicoPod(true, 4, "", time.Time{})
 	view.Set(p)
 	fs, _ = d.Detect(ctx)
-	if len(fs) != 1 || fs[0].Severity != Warning || !strings.Contains(fs[0].Message, "restarting (4 restarts") {
+	if len(fs) != 1 || fs[0].Severity != finding.Warning || !strings.Contains(fs[0].Message, "restarting (4 restarts") {
 		t.Fatalf("rising: %+v", fs)
 	}
 	clk.SetTime(podsT0.Add(16 * time.Minute))
@@ -236,7 +237,7 @@ func TestCNIConfig(t *testing.T) {
 	conf, bin := filepath.Join(root, "net.d"), filepath.Join(root, "bin")
 	n := &node.Node{Name: "node1", CNIConfDir: conf, CNIBinDir: bin, Clock: clocktesting.NewFakePassiveClock(podsT0)}
 	d := newIssue3Detector(t, "CNIConfig", n, nil)
-	expect := func(sev Severity, want string) {
+	expect := func(sev finding.Severity, want string) {
 		t.Helper()
 		fs, err := d.Detect(ctx)
 		if err != nil {
@@ -261,7 +262,7 @@ func TestCNIConfig(t *testing.T) {
 	expectSkip := func(want string) {
 		t.Helper()
 		fs, err := d.Detect(ctx)
-		if reason, ok := IsSkip(err); !ok || !strings.Contains(reason, want) || len(fs) != 0 {
+		if reason, ok := finding.IsSkip(err); !ok || !strings.Contains(reason, want) || len(fs) != 0 {
 			t.Fatalf("got %+v, %v; want a skip %q", fs, err, want)
 		}
 	}
@@ -271,7 +272,7 @@ func TestCNIConfig(t *testing.T) {
 	expectSkip("holds no network configuration")
 	// A kubelet runs: the same directory is a finding, with the evidence.
 	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 42, Cmdline: []string{"/usr/bin/kubelet", "--config=/var/lib/kubelet/config.yaml"}}})
-	expect(Critical, "holds no network configuration")
+	expect(finding.Critical, "holds no network configuration")
 	if fs, _ := d.Detect(ctx); len(fs) != 1 || fs[0].Evidence["kubernetesNode"] != "kubelet running (pid 42)" {
 		t.Errorf("evidence %+v", fs)
 	}
@@ -281,15 +282,15 @@ func TestCNIConfig(t *testing.T) {
 	// without a kubelet process in sight (another PID namespace).
 	n.Pods = clustertest.NewPods(podsT0)
 	must(t, os.Remove(conf))
-	expect(Critical, "does not exist")
+	expect(finding.Critical, "does not exist")
 	n.Pods = nil
 	n.Procs = nil
 	expectSkip("does not exist and this is not evidently a Kubernetes node (no cluster access and procs is not configured")
 	n.Pods = clustertest.NewPods(podsT0)
 	must(t, os.MkdirAll(conf, 0o755))
-	expect(Critical, "holds no network configuration")
+	expect(finding.Critical, "holds no network configuration")
 	must(t, os.WriteFile(filepath.Join(conf, "10-flannel.conflist"), []byte(`{"name":"cbr0","cniVersion":"1.0.0","plugins":[{"type":"flannel"},{"type":"portmap"}]}`), 0o644))
-	expect(Critical, "names plugins missing from "+bin+": flannel, portmap")
+	expect(finding.Critical, "names plugins missing from "+bin+": flannel, portmap")
 	for _, p := range []string{"flannel", "portmap"} {
 		must(t, os.WriteFile(filepath.Join(bin, p), []byte("#!/bin/sh\n"), 0o755))
 	}
@@ -298,9 +299,9 @@ func TestCNIConfig(t *testing.T) {
 		t.Errorf("judged %q", j)
 	}
 	must(t, os.WriteFile(filepath.Join(conf, "99-old.conf"), []byte(`{"name":`), 0o644))
-	expect(Warning, "99-old.conf")
+	expect(finding.Warning, "99-old.conf")
 	must(t, os.WriteFile(filepath.Join(conf, "10-flannel.conflist"), []byte(`{"name":"cbr0","cniVersion":"1.0.0","plug`), 0o644))
-	expect(Critical, "10-flannel.conflist cannot be loaded")
+	expect(finding.Critical, "10-flannel.conflist cannot be loaded")
 	n.CNIConfDir = ""
 	if _, err := d.Detect(ctx); err == nil {
 		t.Error("no conf dir configured: no skip")

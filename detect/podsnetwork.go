@@ -90,18 +90,18 @@ func newPodsNetworkNotReady(p *PodsNetworkNotReadyParams, n *node.Node) (Detecto
 // to trust.
 func podView(n *node.Node) (cluster.PodView, error) {
 	if n.Pods == nil {
-		return nil, Skip("%s", n.Why("kubernetes"))
+		return nil, finding.Skip("%s", n.Why("kubernetes"))
 	}
 	f := n.Pods.Freshness()
 	if !f.Synced {
 		if f.LastError != nil {
-			return nil, Skip("the watch of this node's pods has not synced yet (%v)", f.LastError)
+			return nil, finding.Skip("the watch of this node's pods has not synced yet (%v)", f.LastError)
 		}
-		return nil, Skip("the watch of this node's pods has not synced yet")
+		return nil, finding.Skip("the watch of this node's pods has not synced yet")
 	}
 	if !f.Connected {
 		// Stale pods are no evidence either way: unknown is not absent.
-		return nil, Skip("the watch of this node's pods is disconnected (%v)", f.LastError)
+		return nil, finding.Skip("the watch of this node's pods is disconnected (%v)", f.LastError)
 	}
 	return n.Pods, nil
 }
@@ -144,7 +144,7 @@ func networkNotReady(p *cluster.Pod) (time.Time, string, bool) {
 	return time.Time{}, "", false
 }
 
-func (d *podsNetwork) Detect(ctx context.Context) ([]Finding, error) {
+func (d *podsNetwork) Detect(ctx context.Context) ([]finding.Finding, error) {
 	view, err := podView(d.n)
 	if err != nil {
 		return nil, err
@@ -209,7 +209,7 @@ func (d *podsNetwork) Detect(ctx context.Context) ([]Finding, error) {
 		len(stuck), d.n.Name, d.p.MinAge.Duration, stuck[0].pod.Key(), now.Sub(stuck[0].since).Round(time.Second), strings.Join(names, ", "), more)
 	msg += d.correlate(ctx, pods, ev)
 	msg += d.sandboxFailures(ctx, stuck, ev)
-	return []Finding{{Detector: "PodsNetworkNotReady", Target: cluster.NodePodsTarget, Severity: Warning, Message: msg, Evidence: ev}}, nil
+	return []finding.Finding{{Detector: "PodsNetworkNotReady", Target: cluster.NodePodsTarget, Severity: finding.Warning, Message: msg, Evidence: ev}}, nil
 }
 
 // waitingMessage is the kubelet's first waiting message of the pod (the

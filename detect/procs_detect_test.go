@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -89,12 +90,12 @@ func TestHungIPTablesRestore(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("got %d findings: %+v", len(got), got)
 	}
-	byTarget := map[string]Finding{}
+	byTarget := map[string]finding.Finding{}
 	for _, g := range got {
 		byTarget[g.Target] = g
 	}
 	w := byTarget[procs.Target(200, procT0.Add(-5*time.Minute).UnixMilli())]
-	if w.Severity != Critical || w.Evidence["waitsOnXtablesLock"] != true || w.Evidence["parentName"] != "kube-proxy" || w.Evidence["ppid"] != int32(50) {
+	if w.Severity != finding.Critical || w.Evidence["waitsOnXtablesLock"] != true || w.Evidence["parentName"] != "kube-proxy" || w.Evidence["ppid"] != int32(50) {
 		t.Errorf("waiting restore = %+v", w)
 	}
 	if w.Evidence["cmdline"] != "iptables-legacy-restore -w 5 -W 100000 --noflush --counters" || w.Evidence["ageSeconds"] != 300.0 || w.Evidence["state"] != "S" {
@@ -111,7 +112,7 @@ func TestHungIPTablesRestore(t *testing.T) {
 		t.Errorf("waiter marked as holder: %v", w.Evidence)
 	}
 	dd := byTarget[procs.Target(201, procT0.Add(-3*time.Minute).UnixMilli())]
-	if dd.Severity != Critical || dd.Evidence["blocked"] != true || dd.Evidence["waitsOnXtablesLock"] != false {
+	if dd.Severity != finding.Critical || dd.Evidence["blocked"] != true || dd.Evidence["waitsOnXtablesLock"] != false {
 		t.Errorf("D-state restore = %+v", dd)
 	}
 
@@ -126,7 +127,7 @@ func TestHungIPTablesRestore(t *testing.T) {
 	// No adapter: skipped with the recorded reason.
 	n2 := &node.Node{Clock: n.Clock, Unavailable: map[string]string{"procs": "proc root /host/proc not mounted"}}
 	_, err = newIssue3Detector(t, "HungIPTablesRestore", n2, nil).Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "not mounted") {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "not mounted") {
 		t.Errorf("nil adapter: %v", err)
 	}
 }
@@ -216,7 +217,7 @@ func TestXtablesLockContentionWaitersAndInvisibleHolder(t *testing.T) {
 	n.XtablesLock = ""
 	if _, err := d.Detect(context.Background()); err == nil {
 		t.Error("no lock path: want skip")
-	} else if _, ok := IsSkip(err); !ok {
+	} else if _, ok := finding.IsSkip(err); !ok {
 		t.Errorf("no lock path: %v", err)
 	}
 }
@@ -271,14 +272,14 @@ func TestHungIPTablesRestoreImpostors(t *testing.T) {
 		t.Fatalf("got %+v %v", got, err)
 	}
 	want := map[int32]struct {
-		sev Severity
+		sev finding.Severity
 		why string
 	}{
-		300: {Info, `executable "/usr/bin/sleep" is not an iptables/nft program`},
-		301: {Info, "without CAP_NET_ADMIN"},
-		302: {Info, "runs in network namespace net:[4026532999], not the node's (net:[4026531840]), and neither holds nor waits"},
-		303: {Critical, ""},
-		304: {Critical, ""},
+		300: {finding.Info, `executable "/usr/bin/sleep" is not an iptables/nft program`},
+		301: {finding.Info, "without CAP_NET_ADMIN"},
+		302: {finding.Info, "runs in network namespace net:[4026532999], not the node's (net:[4026531840]), and neither holds nor waits"},
+		303: {finding.Critical, ""},
+		304: {finding.Critical, ""},
 	}
 	for _, g := range got {
 		pid := g.Evidence["pid"].(int32)
@@ -302,7 +303,7 @@ func TestHungIPTablesRestoreHoldingTheLock(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("got %+v %v", got, err)
 	}
-	if got[0].Evidence["holdsXtablesLock"] != true || got[0].Severity != Critical || !strings.Contains(got[0].Message, "holding the xtables lock (1 waiting)") {
+	if got[0].Evidence["holdsXtablesLock"] != true || got[0].Severity != finding.Critical || !strings.Contains(got[0].Message, "holding the xtables lock (1 waiting)") {
 		t.Errorf("finding = %+v", got[0])
 	}
 }
@@ -313,7 +314,7 @@ func TestMissingXtablesLockFile(t *testing.T) {
 	f.SetLocksError("/run/xtables.lock", fmt.Errorf("stat lock file /run/xtables.lock: %w", fs.ErrNotExist))
 	n, _ := newIssue3Node(f)
 	_, err := newIssue3Detector(t, "XtablesLockContention", n, nil).Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, "does not exist") {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "does not exist") {
 		t.Errorf("contention with no lock file: %v, want a skip saying why", err)
 	}
 	got, err := newIssue3Detector(t, "HungIPTablesRestore", n, nil).Detect(context.Background())

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 )
@@ -36,7 +37,7 @@ type holderGroup struct {
 // last RepeatWindow, as the watcher measured them, naming the holders,
 // their count and longest hold, and kube-proxy's restore failures and
 // queued sync in the window. It also returns the judged figure.
-func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now time.Time) (*Finding, string) {
+func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now time.Time) (*finding.Finding, string) {
 	win := d.p.RepeatWindow.Duration
 	var long []lockwatch.Hold
 	all := watch.Holds(now.Add(-win))
@@ -181,7 +182,7 @@ func (d *xtablesLock) repeated(ctx context.Context, watch lockwatch.Reader, now 
 	for k, v := range kpEv {
 		ev[k] = v
 	}
-	return &Finding{Detector: "XtablesLockContention", Target: repeatedHolds, Severity: Warning, Message: msg, Evidence: ev}, judged
+	return &finding.Finding{Detector: "XtablesLockContention", Target: repeatedHolds, Severity: finding.Warning, Message: msg, Evidence: ev}, judged
 }
 
 func containsPID(ps []int32, p int32) bool {

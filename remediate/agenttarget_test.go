@@ -18,6 +18,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -121,7 +122,7 @@ rules:
 	for _, d := range rep.Decisions {
 		verifyFailed = verifyFailed || (d.Target == target && d.Outcome == OutcomeFailed && strings.Contains(d.Reason, "verification failed"))
 	}
-	if d := decisionFor(rep, target); !verifyFailed || d.Outcome != OutcomeBlocked || d.Guardrail != GuardCooldown {
+	if d := decisionFor(rep, target); !verifyFailed || d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardCooldown {
 		t.Fatalf("second cycle: want a failed verification and a cooldown block: %+v", rep.Decisions)
 	}
 	if got := deletes(); len(got) != 1 || got[0] != "calico-node-1" {
@@ -139,7 +140,7 @@ rules:
 		t.Fatalf("want escalation: %+v", d)
 	}
 	h.clock.Step(2 * time.Hour)
-	if d := decisionFor(h.cycle(e), target); d.Outcome != OutcomeBlocked || d.Guardrail != GuardEscalation {
+	if d := decisionFor(h.cycle(e), target); d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardEscalation {
 		t.Fatalf("escalated target: %+v", d)
 	}
 	if got := deletes(); len(got) != 2 || got[1] != "calico-node-2" {

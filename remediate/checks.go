@@ -2,6 +2,7 @@ package remediate
 
 import (
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // OKCheck is a rule whose detector ran and found nothing, with the figure
@@ -15,7 +16,7 @@ type OKCheck struct {
 }
 
 // judgedFigure asks a detector that found nothing what it judged.
-func judgedFigure(d detect.Detector, fs []detect.Finding, err error) string {
+func judgedFigure(d detect.Detector, fs []finding.Finding, err error) string {
 	if err != nil || len(fs) > 0 {
 		return ""
 	}

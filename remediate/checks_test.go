@@ -10,6 +10,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/causes"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -19,8 +20,8 @@ func (judgedDetector) Judged() string { return "conntrack 12% of max" }
 
 type skippingDetector struct{}
 
-func (skippingDetector) Detect(context.Context) ([]detect.Finding, error) {
-	return nil, detect.Skip("IPVS unavailable: no ip_vs module")
+func (skippingDetector) Detect(context.Context) ([]finding.Finding, error) {
+	return nil, finding.Skip("IPVS unavailable: no ip_vs module")
 }
 
 func init() {
@@ -91,7 +92,7 @@ func TestReportAccountsForEveryCheck(t *testing.T) {
 func TestTextReportKeepsWholeCauses(t *testing.T) {
 	cause := `Get "http://127.0.0.1:10249/metrics": dial tcp 127.0.0.1:10249: connect: connection refused`
 	long := strings.Repeat("kube-proxy metrics endpoint is unreachable: ", 4) + cause
-	rep := &Report{Node: "n", Mode: "audit", Findings: []ReportFinding{{Rule: "r", Finding: detect.Finding{Detector: "D", Target: "t", Severity: detect.Critical, Message: long}}}}
+	rep := &Report{Node: "n", Mode: "audit", Findings: []ReportFinding{{Rule: "r", Finding: finding.Finding{Detector: "D", Target: "t", Severity: finding.Critical, Message: long}}}}
 	var b bytes.Buffer
 	rep.WriteText(&b)
 	if !strings.Contains(b.String(), cause) {
@@ -111,8 +112,8 @@ func TestTextReportTopCause(t *testing.T) {
 	ev := map[string]any{}
 	causes.Rank(causes.Inputs{Throttling: &causes.Throttling{Periods: 100, Throttled: 70, ThrottledTime: 2 * time.Second, Window: time.Minute, Cgroup: "/kp"}}).Attach(ev, nil)
 	rep := &Report{Node: "n", Mode: "audit", Findings: []ReportFinding{
-		{Rule: "slow", Finding: detect.Finding{Detector: "KubeProxySyncSlow", Target: "kube-proxy/IPv4", Severity: detect.Warning, Message: "slow", Evidence: ev}},
-		{Rule: "other", Finding: detect.Finding{Detector: "D", Target: "t", Severity: detect.Warning, Message: "m"}},
+		{Rule: "slow", Finding: finding.Finding{Detector: "KubeProxySyncSlow", Target: "kube-proxy/IPv4", Severity: finding.Warning, Message: "slow", Evidence: ev}},
+		{Rule: "other", Finding: finding.Finding{Detector: "D", Target: "t", Severity: finding.Warning, Message: "m"}},
 	}}
 	var b bytes.Buffer
 	rep.WriteText(&b)

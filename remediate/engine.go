@@ -44,7 +44,7 @@ type Options struct {
 	Cluster guardrails.Cluster
 	// Guardrails are extra guardrails, checked after the storm guard and
 	// before the budget (guardrails.Cluster.Extra).
-	Guardrails []Guardrail
+	Guardrails []guardrails.Guardrail
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
 	// Metrics, if set, are updated every cycle.
@@ -77,14 +77,15 @@ type Engine struct {
 }
 
 type heldGuard struct {
-	h   Holder
-	req Request
+	h   guardrails.Holder
+	req guardrails.Request
 }
 
 type ruleRuntime struct {
 	rule     *policy.Rule
 	det      detect.Detector
-	act      action.Action // nil for report-only rules
+	kinds    []finding.Kind // the detector type's declared target kinds
+	act      action.Action  // nil for report-only rules
 	actType  action.Type
 	running  atomic.Bool // the detector is still running (possibly hung)
 	runSince atomic.Int64
@@ -181,7 +182,7 @@ func build(p *policy.Policy, n *node.Node) ([]*ruleRuntime, error) {
 			errs = append(errs, fmt.Sprintf("rule %s: detector %s: %v", r.Name, r.Detector.Type, err))
 			continue
 		}
-		rr.det = det
+		rr.det, rr.kinds = det, dt.Targets
 		if r.Action != nil {
 			at, ok := action.Lookup(r.Action.Type)
 			if !ok {
@@ -392,7 +393,7 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 	present := map[string]finding.Finding{}
 	var order []string
 	for _, f := range capTargets(r.Detector.Type, orderTargets(res.findings)) {
-		f = boundFinding(f)
+		f = withKind(boundFinding(f), rr.kinds)
 		if f.Detector == "" {
 			f.Detector = r.Detector.Type
 		}

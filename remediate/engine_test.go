@@ -14,9 +14,11 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/action"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -31,11 +33,11 @@ type world struct {
 	actErr   map[string]error
 	actPanic map[string]bool
 	actHang  map[string]bool
-	actBlock map[string]chan struct{}   // Execute waits for it, ignoring ctx
-	actHook  map[string]func()          // called as Execute begins
-	starts   int                        // Execute calls begun
-	fixes    map[string]bool            // executing the action removes the target
-	severity map[string]detect.Severity // target -> severity (default critical)
+	actBlock map[string]chan struct{}    // Execute waits for it, ignoring ctx
+	actHook  map[string]func()           // called as Execute begins
+	starts   int                         // Execute calls begun
+	fixes    map[string]bool             // executing the action removes the target
+	severity map[string]finding.Severity // target -> severity (default critical)
 }
 
 var w = &world{}
@@ -47,7 +49,7 @@ func resetWorld() {
 	w.hang, w.executed, w.actErr = map[string]chan struct{}{}, nil, map[string]error{}
 	w.actPanic, w.actHang, w.fixes = map[string]bool{}, map[string]bool{}, map[string]bool{}
 	w.actBlock, w.starts, w.actHook = map[string]chan struct{}{}, 0, map[string]func(){}
-	w.severity = map[string]detect.Severity{}
+	w.severity = map[string]finding.Severity{}
 }
 
 type fakeParams struct {
@@ -56,11 +58,11 @@ type fakeParams struct {
 
 type fakeDetector struct{ key string }
 
-func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
+func (d fakeDetector) Detect(ctx context.Context) ([]finding.Finding, error) {
 	w.mu.Lock()
 	hang, fail, pan := w.hang[d.key], w.fail[d.key], w.panicky[d.key]
 	targets := append([]string(nil), w.present[d.key]...)
-	sev := map[string]detect.Severity{}
+	sev := map[string]finding.Severity{}
 	for k, v := range w.severity {
 		sev[k] = v
 	}
@@ -74,24 +76,24 @@ func (d fakeDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 	if fail != nil {
 		return nil, fail
 	}
-	var out []detect.Finding
+	var out []finding.Finding
 	for _, t := range targets {
-		s := detect.Critical
+		s := finding.Critical
 		if v, ok := sev[t]; ok {
 			s = v
 		}
-		out = append(out, detect.Finding{Target: t, Severity: s, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
+		out = append(out, finding.Finding{Target: t, Severity: s, Message: "bad " + t, Evidence: map[string]any{"k": d.key}})
 	}
 	return out, nil
 }
 
 type fakeAction struct{ key string }
 
-func (a fakeAction) Plan(_ context.Context, f detect.Finding) (action.Plan, error) {
+func (a fakeAction) Plan(_ context.Context, f finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "fix " + f.Target}, nil
 }
 
-func (a fakeAction) Execute(ctx context.Context, f detect.Finding) (action.Result, error) {
+func (a fakeAction) Execute(ctx context.Context, f finding.Finding) (action.Result, error) {
 	w.mu.Lock()
 	w.starts++
 	pan, hang, err, fixes, block, hook := w.actPanic[a.key], w.actHang[a.key], w.actErr[a.key], w.fixes[a.key], w.actBlock[a.key], w.actHook[a.key]
@@ -320,8 +322,8 @@ func TestRateLimitSurvivesRestarts(t *testing.T) {
 		e := h.engine(p)                                // fresh engine = restarted daemon
 		rep := h.cycle(e)
 		if d := rep.Decisions[0]; d.Outcome == OutcomeBlocked {
-			if d.Guardrail != GuardRuleRate {
-				t.Fatalf("blocked by %s, want %s", d.Guardrail, GuardRuleRate)
+			if d.Guardrail != guardrails.GuardRuleRate {
+				t.Fatalf("blocked by %s, want %s", d.Guardrail, guardrails.GuardRuleRate)
 			}
 			blocked++
 		}
@@ -403,7 +405,7 @@ func TestFailuresEscalateAndClear(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		h.clock.Step(time.Minute)
 		d = decisionFor(h.cycle(e), "process/1")
-		if d.Outcome != OutcomeBlocked || d.Guardrail != GuardEscalation {
+		if d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardEscalation {
 			t.Fatalf("escalated target acted on: %+v", d)
 		}
 	}
@@ -565,7 +567,7 @@ rules:
 	count := map[Outcome]int{}
 	for _, d := range rep.Decisions {
 		count[d.Outcome]++
-		if d.Outcome == OutcomeBlocked && d.Guardrail != GuardMaxTargets {
+		if d.Outcome == OutcomeBlocked && d.Guardrail != guardrails.GuardMaxTargets {
 			t.Fatalf("blocked by %s", d.Guardrail)
 		}
 	}
@@ -581,12 +583,12 @@ rules:
 			guards = append(guards, d.Guardrail)
 		}
 	}
-	if len(executed()) != 3 || strings.Count(strings.Join(guards, ","), GuardCooldown) != 2 {
+	if len(executed()) != 3 || strings.Count(strings.Join(guards, ","), guardrails.GuardCooldown) != 2 {
 		t.Fatalf("executed=%v blocked by %v", executed(), guards)
 	}
 	setPresent("a", "t4")
 	h.clock.Step(time.Minute)
-	if d := decisionFor(h.cycle(e), "t4"); d.Guardrail != GuardNodeRate {
+	if d := decisionFor(h.cycle(e), "t4"); d.Guardrail != guardrails.GuardNodeRate {
 		t.Fatalf("node limit: %+v", d)
 	}
 }
@@ -594,7 +596,7 @@ rules:
 type failingGuard struct{}
 
 func (failingGuard) Name() string { return "budget" }
-func (failingGuard) Check(context.Context, *Request) error {
+func (failingGuard) Check(context.Context, *guardrails.Request) error {
 	return errors.New("apiserver unreachable")
 }
 
@@ -605,7 +607,7 @@ type countingHolder struct {
 }
 
 func (g *countingHolder) Name() string { return "slots" }
-func (g *countingHolder) Check(_ context.Context, r *Request) error {
+func (g *countingHolder) Check(_ context.Context, r *guardrails.Request) error {
 	if r.DryRun {
 		g.sawDryRun.Store(true)
 		return nil
@@ -613,7 +615,7 @@ func (g *countingHolder) Check(_ context.Context, r *Request) error {
 	g.checks.Add(1)
 	return nil
 }
-func (g *countingHolder) Release(ctx context.Context, _ *Request) {
+func (g *countingHolder) Release(ctx context.Context, _ *guardrails.Request) {
 	if ctx.Err() != nil {
 		g.cancelledRelease.Store(true)
 	}
@@ -622,7 +624,7 @@ func (g *countingHolder) Release(ctx context.Context, _ *Request) {
 
 func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 	h := newHarness(t)
-	h.opts.Guardrails = []Guardrail{failingGuard{}}
+	h.opts.Guardrails = []guardrails.Guardrail{failingGuard{}}
 	setPresent("a", "p")
 	d := decisionFor(h.cycle(h.engine(mustPolicy(t, enforceRule))), "p")
 	if d.Outcome != OutcomeBlocked || !strings.Contains(d.Reason, "failing closed: apiserver unreachable") {
@@ -631,7 +633,7 @@ func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 
 	h2 := newHarness(t)
 	holder := &countingHolder{}
-	h2.opts.Guardrails = []Guardrail{holder}
+	h2.opts.Guardrails = []guardrails.Guardrail{holder}
 	e := h2.engine(mustPolicy(t, enforceRule))
 	w.fixes["a"] = true
 	setPresent("a", "p")
@@ -647,7 +649,7 @@ func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 	// A dry run asks but takes nothing.
 	h3 := newHarness(t)
 	holder3 := &countingHolder{}
-	h3.opts.Guardrails = []Guardrail{holder3}
+	h3.opts.Guardrails = []guardrails.Guardrail{holder3}
 	setPresent("a", "p")
 	h3.cycle(h3.engine(mustPolicy(t, strings.Replace(enforceRule, "enforce", "audit", 1))))
 	if !holder3.sawDryRun.Load() || holder3.checks.Load() != 0 || holder3.releases.Load() != 0 {
@@ -742,11 +744,11 @@ func TestOnceDoesNotShortenDaemonFor(t *testing.T) {
 
 type refusingAction struct{}
 
-func (refusingAction) Plan(context.Context, detect.Finding) (action.Plan, error) {
+func (refusingAction) Plan(context.Context, finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "kill it"}, nil
 }
-func (refusingAction) Execute(context.Context, detect.Finding) (action.Result, error) {
-	return action.Result{}, detect.Skip("process exited before SIGTERM")
+func (refusingAction) Execute(context.Context, finding.Finding) (action.Result, error) {
+	return action.Result{}, finding.Skip("process exited before SIGTERM")
 }
 
 func init() {
@@ -809,7 +811,7 @@ func TestOnceDryRunDoesNotShortenTheDaemonsFor(t *testing.T) {
 func TestReloadRemovingARuleReleasesWhatItHolds(t *testing.T) {
 	h := newHarness(t)
 	holder := &countingHolder{}
-	h.opts.Guardrails = []Guardrail{holder}
+	h.opts.Guardrails = []guardrails.Guardrail{holder}
 	e := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	h.cycle(e)
@@ -875,7 +877,7 @@ func TestAbandonedActionIsNotStartedAgainWhileRunning(t *testing.T) {
 type stopGuard struct{ cancel context.CancelFunc }
 
 func (stopGuard) Name() string { return "stop" }
-func (g stopGuard) Check(context.Context, *Request) error {
+func (g stopGuard) Check(context.Context, *guardrails.Request) error {
 	g.cancel()
 	return nil
 }
@@ -885,7 +887,7 @@ func TestNoNewActionAfterStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	holder := &countingHolder{}
-	h.opts.Guardrails = []Guardrail{holder, stopGuard{cancel}}
+	h.opts.Guardrails = []guardrails.Guardrail{holder, stopGuard{cancel}}
 	e := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	rep, err := e.Cycle(ctx)
@@ -953,7 +955,7 @@ func TestFreshDetectorsFirstRunDoesNotClearEscalation(t *testing.T) {
 		h.cycle(e)
 		setPresent("a", "p")
 		h.clock.Step(time.Minute)
-		if d := decisionFor(h.cycle(e), "p"); d.Guardrail != GuardEscalation || len(executed()) != 1 {
+		if d := decisionFor(h.cycle(e), "p"); d.Guardrail != guardrails.GuardEscalation || len(executed()) != 1 {
 			t.Fatalf("restart=%v: escalation cleared by a fresh detector's empty first run: %+v executed=%v", restart, d, executed())
 		}
 	}
@@ -970,7 +972,7 @@ func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	holder := &countingHolder{}
-	h.opts.Guardrails = []Guardrail{holder}
+	h.opts.Guardrails = []guardrails.Guardrail{holder}
 	e := h.engine(mustPolicy(t, enforceRule))
 	// SIGTERM arrives while the action runs; the action fails with it.
 	w.actHook["a"] = cancel
@@ -988,7 +990,7 @@ func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
 func TestSlotReleasedWhenAnotherRunJudgedTheVerification(t *testing.T) {
 	h := newHarness(t)
 	holder := &countingHolder{}
-	h.opts.Guardrails = []Guardrail{holder}
+	h.opts.Guardrails = []guardrails.Guardrail{holder}
 	daemon := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	h.cycle(daemon) // executed, Verifying, slot held
@@ -1040,14 +1042,14 @@ func TestCriticalTargetGetsTheRateLimit(t *testing.T) {
 	p := mustPolicy(t, strings.Replace(enforceRule, "rateLimit: {max: 10, per: 1h}", "rateLimit: {max: 2, per: 1h}", 1))
 	setPresent("a", "process/100@1", "process/101@1", "process/300@1")
 	w.mu.Lock()
-	w.severity["process/100@1"], w.severity["process/101@1"] = detect.Warning, detect.Warning
+	w.severity["process/100@1"], w.severity["process/101@1"] = finding.Warning, finding.Warning
 	w.mu.Unlock()
 	rep := h.cycle(h.engine(p))
 	got := executed()
 	if len(got) != 2 || got[0] != "a:process/300@1" {
 		t.Fatalf("executed %v, want the critical process/300@1 first", got)
 	}
-	if d := decisionFor(rep, "process/101@1"); d.Outcome != OutcomeBlocked || d.Guardrail != GuardRuleRate {
+	if d := decisionFor(rep, "process/101@1"); d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardRuleRate {
 		t.Errorf("last warning: %+v, want blocked by the rate limit", d)
 	}
 }

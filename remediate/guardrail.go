@@ -6,35 +6,6 @@ import (
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
-// Compatibility aliases: the guardrails, node and cluster, live in package
-// guardrails.
-type (
-	// Guardrail is guardrails.Guardrail.
-	Guardrail = guardrails.Guardrail
-	// Request is guardrails.Request.
-	Request = guardrails.Request
-	// Holder is guardrails.Holder.
-	Holder = guardrails.Holder
-	// Blocked is guardrails.Blocked.
-	Blocked = guardrails.Blocked
-)
-
-// Compatibility aliases of the guardrail names.
-const (
-	GuardEscalation = guardrails.GuardEscalation
-	GuardCooldown   = guardrails.GuardCooldown
-	GuardRuleRate   = guardrails.GuardRuleRate
-	GuardNodeRate   = guardrails.GuardNodeRate
-	GuardMaxTargets = guardrails.GuardMaxTargets
-	GuardDryRun     = guardrails.GuardDryRun
-)
-
-// Block is guardrails.Block.
-func Block(g, format string, args ...any) error { return guardrails.Block(g, format, args...) }
-
-// AsBlocked is guardrails.AsBlocked.
-func AsBlocked(g string, err error) *Blocked { return guardrails.AsBlocked(g, err) }
-
 // State is the guardrails' Ledger.
 var _ guardrails.Ledger = (*State)(nil)
 

@@ -5,6 +5,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
@@ -61,7 +62,7 @@ func zeroGauges(m *Metrics, p *policy.Policy) {
 	m.Escalated.Reset()
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		for _, s := range []detect.Severity{detect.Info, detect.Warning, detect.Critical} {
+		for _, s := range []finding.Severity{finding.Info, finding.Warning, finding.Critical} {
 			m.Findings.WithLabelValues(r.Name, r.Detector.Type, string(s))
 		}
 		m.DetectorSkips.WithLabelValues(r.Name, r.Detector.Type)

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"sort"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // maxTargetsPerDetector is how many findings of one rule a cycle keeps;
@@ -19,11 +19,11 @@ const summaryTarget = "findings/over-limit"
 
 // orderTargets returns findings in the order they are acted on, so that
 // when a rate limit or budget allows only some, the most urgent get it:
-// severity (critical first), then evidence (a lock holder, then a lock
+// severity (critical first), then the subject (a lock holder, then a lock
 // waiter, then the rest), then age (oldest first), then target name for a
 // stable order. The input is not modified.
-func orderTargets(findings []detect.Finding) []detect.Finding {
-	out := append([]detect.Finding(nil), findings...)
+func orderTargets(findings []finding.Finding) []finding.Finding {
+	out := append([]finding.Finding(nil), findings...)
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
 		if sa, sb := severityRank(a.Severity), severityRank(b.Severity); sa != sb {
@@ -40,65 +40,77 @@ func orderTargets(findings []detect.Finding) []detect.Finding {
 	return out
 }
 
-func severityRank(s detect.Severity) int {
+func severityRank(s finding.Severity) int {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return 3
-	case detect.Warning:
+	case finding.Warning:
 		return 2
-	case detect.Info:
+	case finding.Info:
 		return 1
 	}
 	return 0
 }
 
-func lockRank(f detect.Finding) int {
+func lockRank(f finding.Finding) int {
+	p := f.Subject.Process
 	switch {
-	case f.Evidence["holdsXtablesLock"] == true:
+	case p == nil:
+	case p.HoldsXtablesLock:
 		return 2
-	case f.Evidence["waitsOnXtablesLock"] == true:
+	case p.WaitsOnXtablesLock:
 		return 1
 	}
 	return 0
 }
 
-// age is the finding's evidence of how long its target has been in this
-// state: holdSeconds (lock holders) or ageSeconds (processes); 0 if none.
-func age(f detect.Finding) float64 {
-	for _, k := range []string{"holdSeconds", "ageSeconds"} {
-		if v, ok := f.Evidence[k].(float64); ok && v == v {
-			return v
-		}
+// age is how long the finding's target has been in this state
+// (finding.Subject.AgeSeconds: a holder's hold, a process's age); 0 if
+// not known.
+func age(f finding.Finding) float64 {
+	if v := f.Subject.AgeSeconds; v == v {
+		return v
 	}
 	return 0
 }
 
 // capTargets keeps the first maxTargetsPerDetector findings (in acting
 // order) and replaces the rest by one summary finding.
-func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
+func capTargets(detector string, ordered []finding.Finding) []finding.Finding {
 	if len(ordered) <= maxTargetsPerDetector {
 		return ordered
 	}
-	kept := append([]detect.Finding(nil), ordered[:maxTargetsPerDetector]...)
+	kept := append([]finding.Finding(nil), ordered[:maxTargetsPerDetector]...)
 	rest := ordered[maxTargetsPerDetector:]
-	counts := map[detect.Severity]int{}
+	counts := map[finding.Severity]int{}
 	for _, f := range rest {
 		counts[f.Severity]++
 	}
-	sev := detect.Info
-	for _, s := range []detect.Severity{detect.Warning, detect.Critical} {
+	sev := finding.Info
+	for _, s := range []finding.Severity{finding.Warning, finding.Critical} {
 		if counts[s] > 0 {
 			sev = s
 		}
 	}
-	return append(kept, detect.Finding{
+	return append(kept, finding.Finding{
 		Detector: detector,
 		Target:   summaryTarget,
 		Severity: sev,
 		Message: fmt.Sprintf("%d more findings not listed (at most %d targets per detector and cycle): %d critical, %d warning, %d info",
-			len(rest), maxTargetsPerDetector, counts[detect.Critical], counts[detect.Warning], counts[detect.Info]),
+			len(rest), maxTargetsPerDetector, counts[finding.Critical], counts[finding.Warning], counts[finding.Info]),
 		Evidence: map[string]any{"omitted": len(rest), "limit": maxTargetsPerDetector, "firstOmittedTarget": rest[0].Target},
 	})
+}
+
+// withKind fills in the kind of the finding's subject from its detector
+// type's declaration (detect.Targets) when the detector left it empty and
+// declared exactly one kind. The summary finding of capTargets is about no
+// target and gets none.
+func withKind(f finding.Finding, declared []finding.Kind) finding.Finding {
+	if f.Subject.Kind == "" && len(declared) == 1 && f.Target != summaryTarget {
+		f.Subject.Kind = declared[0]
+	}
+	return f
 }
 
 // boundFinding clips what a detector copied from outside (a command line, a
@@ -106,7 +118,7 @@ func capTargets(detector string, ordered []detect.Finding) []detect.Finding {
 // and the Node: the message and every evidence string to clip.Max bytes,
 // evidence lists and maps to 64 elements. Numbers and booleans, which
 // actions read, are kept as they are.
-func boundFinding(f detect.Finding) detect.Finding {
+func boundFinding(f finding.Finding) finding.Finding {
 	f.Target = clip.String(f.Target, 1024)
 	f.Message = clip.String(f.Message, clip.Max)
 	f.Evidence = clip.Values(f.Evidence, clip.Max)

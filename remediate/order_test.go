@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 )
 
 // TestOrderTargets: the issue-13 case. Two warning-level processes with
@@ -14,14 +14,17 @@ import (
 // restore waiting on the lock must come first, and among equals the holder
 // before the waiter before the rest, then the oldest.
 func TestOrderTargets(t *testing.T) {
-	in := []detect.Finding{
-		{Target: "process/100@1", Severity: detect.Warning, Evidence: map[string]any{"ageSeconds": 900.0}},
-		{Target: "process/101@1", Severity: detect.Warning, Evidence: map[string]any{"ageSeconds": 800.0}},
-		{Target: "process/300@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 60.0, "waitsOnXtablesLock": true}},
-		{Target: "process/301@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 30.0, "holdsXtablesLock": true}},
-		{Target: "process/302@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 90.0, "waitsOnXtablesLock": true}},
-		{Target: "process/303@1", Severity: detect.Critical, Evidence: map[string]any{"ageSeconds": 999.0}},
-		{Target: "process/50@1", Severity: detect.Info, Evidence: map[string]any{"ageSeconds": 9999.0}},
+	proc := func(age float64, holds, waits bool) finding.Subject {
+		return finding.Subject{Kind: finding.KindProcess, AgeSeconds: age, Process: &finding.Process{HoldsXtablesLock: holds, WaitsOnXtablesLock: waits}}
+	}
+	in := []finding.Finding{
+		{Target: "process/100@1", Severity: finding.Warning, Subject: proc(900, false, false)},
+		{Target: "process/101@1", Severity: finding.Warning, Subject: proc(800, false, false)},
+		{Target: "process/300@1", Severity: finding.Critical, Subject: proc(60, false, true)},
+		{Target: "process/301@1", Severity: finding.Critical, Subject: proc(30, true, false)},
+		{Target: "process/302@1", Severity: finding.Critical, Subject: proc(90, false, true)},
+		{Target: "process/303@1", Severity: finding.Critical, Subject: proc(999, false, false)},
+		{Target: "process/50@1", Severity: finding.Info, Subject: finding.Subject{AgeSeconds: 9999}},
 	}
 	var got []string
 	for _, f := range orderTargets(in) {
@@ -37,16 +40,16 @@ func TestOrderTargets(t *testing.T) {
 }
 
 func TestCapTargets(t *testing.T) {
-	var in []detect.Finding
+	var in []finding.Finding
 	for i := 0; i < 20000; i++ {
-		in = append(in, detect.Finding{Target: fmt.Sprintf("t/%05d", i), Severity: detect.Warning})
+		in = append(in, finding.Finding{Target: fmt.Sprintf("t/%05d", i), Severity: finding.Warning})
 	}
 	got := capTargets("KubeProxyUnhealthy", orderTargets(in))
 	if len(got) != maxTargetsPerDetector+1 {
 		t.Fatalf("%d findings", len(got))
 	}
 	last := got[len(got)-1]
-	if last.Target != summaryTarget || last.Severity != detect.Warning || !strings.Contains(last.Message, "19900 more findings") {
+	if last.Target != summaryTarget || last.Severity != finding.Warning || !strings.Contains(last.Message, "19900 more findings") {
 		t.Errorf("summary = %+v", last)
 	}
 	if small := capTargets("x", in[:3]); len(small) != 3 {
@@ -56,7 +59,7 @@ func TestCapTargets(t *testing.T) {
 
 func TestBoundFinding(t *testing.T) {
 	huge := strings.Repeat("A", 2<<20)
-	f := boundFinding(detect.Finding{Target: "process/1@2", Message: "iptables-restore " + huge,
+	f := boundFinding(finding.Finding{Target: "process/1@2", Message: "iptables-restore " + huge,
 		Evidence: map[string]any{"cmdline": huge, "pid": int32(7), "holdSeconds": 31.0, "holdsXtablesLock": true,
 			"holders": []map[string]any{{"cmdline": huge}}}})
 	if len(f.Message) > 4200 || !strings.Contains(f.Message, "…[clipped ") {
@@ -71,5 +74,28 @@ func TestBoundFinding(t *testing.T) {
 	}
 	if f.Evidence["pid"] != int32(7) || f.Evidence["holdSeconds"] != 31.0 || f.Evidence["holdsXtablesLock"] != true {
 		t.Errorf("scalars changed: %v", f.Evidence)
+	}
+}
+
+// TestWithKind: the engine fills in a finding's kind from its detector
+// type's one declared kind, and leaves a kind the detector set, a type of
+// several kinds and the over-limit summary alone.
+func TestWithKind(t *testing.T) {
+	one := []finding.Kind{finding.KindKubeProxy}
+	two := []finding.Kind{finding.KindIPVSRealServer, finding.KindConntrackBackend}
+	for _, tc := range []struct {
+		f        finding.Finding
+		declared []finding.Kind
+		want     finding.Kind
+	}{
+		{finding.Finding{Target: "kube-proxy/IPv4"}, one, finding.KindKubeProxy},
+		{finding.Finding{Target: "pod/a/b", Subject: finding.Subject{Kind: finding.KindPod}}, one, finding.KindPod},
+		{finding.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.244.1.5:53"}, two, ""},
+		{finding.Finding{Target: summaryTarget}, one, ""},
+		{finding.Finding{Target: "x"}, nil, ""},
+	} {
+		if got := withKind(tc.f, tc.declared).Subject.Kind; got != tc.want {
+			t.Errorf("withKind(%s, %v) = %q, want %q", tc.f.Target, tc.declared, got, tc.want)
+		}
 	}
 }

@@ -16,11 +16,11 @@ import (
 // from its second (like a failure counter that rose between them).
 type rateDetector struct{ runs *atomic.Int32 }
 
-func (d rateDetector) Detect(context.Context) ([]detect.Finding, error) {
+func (d rateDetector) Detect(context.Context) ([]finding.Finding, error) {
 	if d.runs.Add(1) < 2 {
 		return nil, nil
 	}
-	return []detect.Finding{{Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "rose"}}, nil
+	return []finding.Finding{{Target: "kube-proxy/IPv4", Severity: finding.Critical, Message: "rose"}}, nil
 }
 
 var rateRuns atomic.Int32

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -60,7 +61,7 @@ func TestHistoryFromTheFutureIsClamped(t *testing.T) {
 	setPresent("a", "process/1")
 	rep := h.cycle(e)
 	d := decisionFor(rep, "process/1")
-	if d.Outcome != OutcomeBlocked || d.Guardrail != GuardRuleRate || strings.Contains(d.Reason, "2031") ||
+	if d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardRuleRate || strings.Contains(d.Reason, "2031") ||
 		!strings.Contains(d.Reason, t0.Add(time.Hour).Format(time.RFC3339)) {
 		t.Fatalf("decision %+v: want blocked by the rule rate limit until now+1h, not 2031", d)
 	}
@@ -212,7 +213,7 @@ func TestInterruptedActionIsSettled(t *testing.T) {
 		h := crashedDir(t, pol)
 		h.clock.Step(time.Minute)
 		rep := h.cycle(h.engine(mustPolicy(t, pol)))
-		if d := decisionFor(rep, "process/1"); d.Outcome != OutcomeBlocked || d.Guardrail != GuardCooldown || len(executed()) != 0 {
+		if d := decisionFor(rep, "process/1"); d.Outcome != OutcomeBlocked || d.Guardrail != guardrails.GuardCooldown || len(executed()) != 0 {
 			t.Fatalf("decision %+v", d)
 		}
 	})

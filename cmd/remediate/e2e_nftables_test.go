@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/nftables"
@@ -120,13 +121,13 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 	}
 	// cycle runs every detector once, as the engine does, and returns the
 	// findings by "Detector target" and the skip reasons by detector.
-	cycle := func() (map[string]detect.Finding, map[string]string) {
-		found, skipped := map[string]detect.Finding{}, map[string]string{}
+	cycle := func() (map[string]finding.Finding, map[string]string) {
+		found, skipped := map[string]finding.Finding{}, map[string]string{}
 		for name, d := range dets {
 			dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
 			fs, err := d.Detect(dctx)
 			dcancel()
-			if r, ok := detect.IsSkip(err); ok {
+			if r, ok := finding.IsSkip(err); ok {
 				skipped[name] = r
 				continue
 			}
@@ -140,7 +141,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		}
 		return found, skipped
 	}
-	keys := func(m map[string]detect.Finding) string {
+	keys := func(m map[string]finding.Finding) string {
 		var k []string
 		for key := range m {
 			k = append(k, key)
@@ -150,7 +151,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 	}
 	// within runs cycles every interval until want is found (or gone, when
 	// gone is true), failing after max.
-	within := func(what, want string, gone bool, max time.Duration) detect.Finding {
+	within := func(what, want string, gone bool, max time.Duration) finding.Finding {
 		t.Helper()
 		start := time.Now()
 		for {
@@ -199,7 +200,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 }
 `, "nft", "-f", "-")
 		f := within("shadowing", "NFTablesShadowing nftables/inet/hostfw/pre", false, interval+time.Second)
-		if f.Severity != detect.Warning || !strings.Contains(f.Message, "table inet hostfw, chain pre") || !strings.Contains(f.Message, "nat-prerouting") {
+		if f.Severity != finding.Warning || !strings.Contains(f.Message, "table inet hostfw, chain pre") || !strings.Contains(f.Message, "nat-prerouting") {
 			t.Errorf("finding %+v", f)
 		}
 		run("", "nft", "delete", "table", "inet", "hostfw")
@@ -213,7 +214,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 			"-A KUBE-SVC-STALE -p tcp -j DNAT --to-destination 10.244.9.9:8080\nCOMMIT\n"
 		run(rules, "iptables-legacy-restore", "-w", "5")
 		f := within("leftovers", "KubeProxyModeLeftovers iptables/IPv4/legacy/kube-proxy-leftovers", false, interval+time.Second)
-		if f.Severity != detect.Critical || !strings.Contains(f.Message, "nftables mode") || !strings.Contains(f.Message, "legacy backend") {
+		if f.Severity != finding.Critical || !strings.Contains(f.Message, "nftables mode") || !strings.Contains(f.Message, "legacy backend") {
 			t.Errorf("finding %+v", f)
 		}
 		run("*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n", "iptables-legacy-restore", "-w", "5")
@@ -293,7 +294,7 @@ func TestE2EKubeProxyNFTablesMode(t *testing.T) {
 		run("", "nft", "delete", "table", "ip", "kube-proxy")
 		deleted := time.Now()
 		f := within("table deleted", "KubeProxyNFTablesIntegrity nftables/ip/kube-proxy", false, interval+time.Second)
-		if f.Severity != detect.Critical || !strings.Contains(f.Message, "table ip kube-proxy is missing") {
+		if f.Severity != finding.Critical || !strings.Contains(f.Message, "table ip kube-proxy is missing") {
 			t.Errorf("finding %+v", f)
 		}
 		if d := time.Since(deleted); d > interval {

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -92,7 +93,7 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 		pp.Canaries, pp.Families, pp.MinPeriod, pp.MaxConnects = []string{testNS + "/canary"}, []string{"IPv6"}, policy.D(time.Second), 6
 	}
 	const apiTarget, canaryTarget = "service-path/IPv6/default/kubernetes:443", "service-path/IPv6/" + testNS + "/canary:80"
-	run := func(t *testing.T, d detect.Detector) map[string]detect.Finding {
+	run := func(t *testing.T, d detect.Detector) map[string]finding.Finding {
 		t.Helper()
 		return runServicePath(ctx, t, d, 20*time.Second)
 	}
@@ -140,7 +141,7 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 			fs := run(t, d)
 			for target, want := range map[string][2]string{apiTarget: {apiVIP, apiBackend.String()}, canaryTarget: {canaryVIP, backend.String()}} {
 				f, ok := fs[target]
-				if !ok || f.Severity != detect.Critical || f.Evidence["verdict"] != "dataplane" || f.Evidence["family"] != "IPv6" {
+				if !ok || f.Severity != finding.Critical || f.Evidence["verdict"] != "dataplane" || f.Evidence["family"] != "IPv6" {
 					t.Fatalf("dropped DNAT'ed IPv6 traffic: no critical %s finding at the next run: %v", target, fs)
 				}
 				if !strings.Contains(f.Message, "(IPv6 ClusterIP "+want[0]+")") || !strings.Contains(f.Message, want[1]+" connected") ||
@@ -181,7 +182,7 @@ func TestE2EServicePathProbeIPv6(t *testing.T) {
 			}
 		})
 		t.Run("rule removed", func(t *testing.T) {
-			ruleRemovedClears(t, cp, dropOff, func() map[string]detect.Finding { return run(t, d) })
+			ruleRemovedClears(t, cp, dropOff, func() map[string]finding.Finding { return run(t, d) })
 		})
 	}
 

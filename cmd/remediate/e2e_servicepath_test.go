@@ -24,6 +24,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -76,7 +77,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 	}
 	const apiTarget, canaryTarget = "service-path/IPv4/default/kubernetes:443", "service-path/IPv4/" + testNS + "/canary:80"
 
-	run := func(t *testing.T, d detect.Detector) map[string]detect.Finding {
+	run := func(t *testing.T, d detect.Detector) map[string]finding.Finding {
 		t.Helper()
 		return runServicePath(ctx, t, d, 15*time.Second)
 	}
@@ -111,7 +112,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			added := time.Now()
 			fs := run(t, d)
 			f, ok := fs[apiTarget]
-			if !ok || f.Severity != detect.Critical || f.Evidence["verdict"] != "dataplane" {
+			if !ok || f.Severity != finding.Critical || f.Evidence["verdict"] != "dataplane" {
 				t.Fatalf("dropped DNAT'ed traffic: no critical finding at the next run: %v", fs)
 			}
 			if !strings.Contains(f.Message, cp.NetNS.Address+":6443 connected") || !strings.Contains(f.Message, "10.96.0.1:443") {
@@ -122,7 +123,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			// of 4 went to the kubernetes path first).
 			time.Sleep(time.Second)
 			fs = run(t, d)
-			if f, ok := fs[canaryTarget]; !ok || f.Severity != detect.Critical || !strings.Contains(f.Message, backend.String()+" connected") {
+			if f, ok := fs[canaryTarget]; !ok || f.Severity != finding.Critical || !strings.Contains(f.Message, backend.String()+" connected") {
 				t.Fatalf("canary not reported at the second run: %v", fs)
 			}
 			if _, ok := fs[apiTarget]; !ok {
@@ -147,7 +148,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			}
 		})
 		t.Run("rule removed", func(t *testing.T) {
-			ruleRemovedClears(t, cp, dropOff, func() map[string]detect.Finding { return run(t, d) })
+			ruleRemovedClears(t, cp, dropOff, func() map[string]finding.Finding { return run(t, d) })
 		})
 		t.Run("backend down", func(t *testing.T) {
 			canary.stop()
@@ -155,7 +156,7 @@ func TestE2EServicePathProbe(t *testing.T) {
 			time.Sleep(time.Second)
 			fs := run(t, d)
 			f, ok := fs[canaryTarget]
-			if !ok || f.Severity != detect.Warning || f.Evidence["verdict"] != "backend" || !strings.Contains(f.Message, "a backend problem, not the Service dataplane") {
+			if !ok || f.Severity != finding.Warning || f.Evidence["verdict"] != "backend" || !strings.Contains(f.Message, "a backend problem, not the Service dataplane") {
 				t.Fatalf("backend down: %v", fs)
 			}
 			if _, ok := fs[apiTarget]; ok || len(fs) != 1 {
@@ -258,7 +259,7 @@ type servicePathReport struct {
 
 // runServicePath runs d once within timeout and returns its findings by
 // target, logging how long it took and its judged line.
-func runServicePath(ctx context.Context, t *testing.T, d detect.Detector, timeout time.Duration) map[string]detect.Finding {
+func runServicePath(ctx context.Context, t *testing.T, d detect.Detector, timeout time.Duration) map[string]finding.Finding {
 	t.Helper()
 	dctx, dcancel := context.WithTimeout(ctx, timeout)
 	defer dcancel()
@@ -267,7 +268,7 @@ func runServicePath(ctx context.Context, t *testing.T, d detect.Detector, timeou
 	if err != nil {
 		t.Fatalf("Detect: %v", err)
 	}
-	out := map[string]detect.Finding{}
+	out := map[string]finding.Finding{}
 	for _, f := range fs {
 		out[f.Target] = f
 	}
@@ -325,7 +326,7 @@ func kubeProxyToNFTables(t *testing.T, cp *controlplane.ControlPlane, kp *contro
 
 // ruleRemovedClears runs dropOff in the namespace and checks that the
 // next run (a second later) has no finding.
-func ruleRemovedClears(t *testing.T, cp *controlplane.ControlPlane, dropOff []string, run func() map[string]detect.Finding) {
+func ruleRemovedClears(t *testing.T, cp *controlplane.ControlPlane, dropOff []string, run func() map[string]finding.Finding) {
 	t.Helper()
 	netnsRun(t, cp, dropOff...)
 	time.Sleep(time.Second)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -35,7 +36,7 @@ type pidFileDetector struct {
 	n    *node.Node
 }
 
-func (d pidFileDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
+func (d pidFileDetector) Detect(ctx context.Context) ([]finding.Finding, error) {
 	b, err := os.ReadFile(d.file)
 	if err != nil {
 		return nil, nil
@@ -48,7 +49,7 @@ func (d pidFileDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
 	if err != nil {
 		return nil, nil // gone
 	}
-	return []detect.Finding{{Target: p.Target(), Severity: detect.Critical, Message: fmt.Sprintf("pid %d is stuck", pid),
+	return []finding.Finding{{Target: p.Target(), Severity: finding.Critical, Message: fmt.Sprintf("pid %d is stuck", pid),
 		Evidence: map[string]any{"pid": p.Pid, "createTimeMs": p.CreateTimeMs}}}, nil
 }
 

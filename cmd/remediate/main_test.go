@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/remediate/action"
 )
@@ -35,10 +36,10 @@ type cliParams struct {
 
 type cliDetector struct{ n int }
 
-func (d cliDetector) Detect(context.Context) ([]detect.Finding, error) {
-	var out []detect.Finding
+func (d cliDetector) Detect(context.Context) ([]finding.Finding, error) {
+	var out []finding.Finding
 	for i := 0; i < d.n; i++ {
-		out = append(out, detect.Finding{Target: fmt.Sprintf("process/%d@1700000000000", 100+i), Severity: detect.Critical,
+		out = append(out, finding.Finding{Target: fmt.Sprintf("process/%d@1700000000000", 100+i), Severity: finding.Critical,
 			Message: fmt.Sprintf("iptables-restore pid %d hung for 5m0s", 100+i), Evidence: map[string]any{"pid": 100 + i, "ageSeconds": 300}})
 	}
 	return out, nil
@@ -51,16 +52,16 @@ func (d cliDetector) Judged() string {
 
 type cliSkipper struct{}
 
-func (cliSkipper) Detect(context.Context) ([]detect.Finding, error) {
-	return nil, detect.Skip("no cluster access: not running in a pod and --kubeconfig not given")
+func (cliSkipper) Detect(context.Context) ([]finding.Finding, error) {
+	return nil, finding.Skip("no cluster access: not running in a pod and --kubeconfig not given")
 }
 
 type cliAction struct{}
 
-func (cliAction) Plan(_ context.Context, f detect.Finding) (action.Plan, error) {
+func (cliAction) Plan(_ context.Context, f finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "kill " + f.Target + " (SIGTERM, then SIGKILL after 5s)"}, nil
 }
-func (cliAction) Execute(context.Context, detect.Finding) (action.Result, error) {
+func (cliAction) Execute(context.Context, finding.Finding) (action.Result, error) {
 	return action.Result{Summary: "killed"}, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -22,7 +23,7 @@ type crashParams struct {
 
 type crashDetector struct{ how string }
 
-func (d crashDetector) Detect(ctx context.Context) ([]detect.Finding, error) {
+func (d crashDetector) Detect(ctx context.Context) ([]finding.Finding, error) {
 	switch d.how {
 	case "fatal":
 		var mu sync.Mutex

@@ -33,15 +33,19 @@ const (
 // (rule, Target). Targets are encoded and decoded by the typed references
 // of the adapter that owns them (procs.Ref, ipvs.VirtualRef, ...).
 //
-// Evidence carries what an operator needs to judge the finding and what the
-// paired action needs to act (for example "holdSeconds"). Values must be
-// JSON-encodable. The JSON keys of Finding are part of the stable report.
+// Evidence carries what an operator needs to judge the finding. Values
+// must be JSON-encodable. The JSON keys of Finding are part of the stable
+// report. What the engine and the paired action read of the target is in
+// Subject, typed, not in Evidence.
 type Finding struct {
 	Detector string         `json:"detector"`
 	Target   string         `json:"target"`
 	Severity Severity       `json:"severity"`
 	Message  string         `json:"message"`
 	Evidence map[string]any `json:"evidence,omitempty"`
+	// Subject is the typed facts of the target the engine and the action
+	// read; not in the report.
+	Subject Subject `json:"-"`
 }
 
 // Kind is the kind of target a finding is about. Detector types declare

@@ -4,7 +4,7 @@
 // by every detector (which reads) and action (which writes).
 //
 // An adapter field that is nil means that subsystem is unavailable here; a
-// detector or action that needs it returns detect.Skip with the reason in
+// detector or action that needs it returns finding.Skip with the reason in
 // Unavailable, if any.
 package node
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 )
 
@@ -42,8 +43,8 @@ func nodestValue(t *testing.T, w *ipvsActWorld) string {
 	return strings.TrimSpace(string(b))
 }
 
-func deadBackendFinding(ip string, port int) detect.Finding {
-	return detect.Finding{Detector: "IPVSUDPDeadBackend", Target: detect.DeadBackendTarget("UDP", netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))),
+func deadBackendFinding(ip string, port int) finding.Finding {
+	return finding.Finding{Detector: "IPVSUDPDeadBackend", Target: detect.DeadBackendTarget("UDP", netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))),
 		Evidence: map[string]any{"backendIP": ip, "backendPort": port, "protocol": "UDP"}}
 }
 
@@ -100,7 +101,7 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 		name  string
 		setup func(w *ipvsActWorld) *ipvsActWorld
 		set   func(p any)
-		f     detect.Finding
+		f     finding.Finding
 		want  string
 	}{
 		{name: "view not synced", setup: func(w *ipvsActWorld) *ipvsActWorld {
@@ -122,7 +123,7 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 		{name: "no entries pinned to a live backend's finding", f: deadBackendFinding("10.244.9.9", 53), want: "any more"},
 		{name: "setExpireNodestConn false", set: func(p any) { p.(*ClearIPVSUDPAffinityParams).SetExpireNodestConn = false }, want: "frees no client"},
 		{name: "unexpected sysctl value", setup: func(w *ipvsActWorld) *ipvsActWorld { return affinityWorld(t, "2") }, want: `is "2"`},
-		{name: "TCP finding", f: detect.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "TCP"}}, want: "not UDP"},
+		{name: "TCP finding", f: finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "TCP"}}, want: "not UDP"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -146,14 +147,14 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 	}
 	// A missing backendIP is an error, not a skip.
 	w := affinityWorld(t, "0")
-	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, detect.Finding{Target: "x", Evidence: map[string]any{}}); err == nil {
+	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, finding.Finding{Target: "x", Evidence: map[string]any{}}); err == nil {
 		t.Fatal("no evidence accepted")
-	} else if _, skip := detect.IsSkip(err); skip {
+	} else if _, skip := finding.IsSkip(err); skip {
 		t.Fatalf("malformed finding must fail: %v", err)
 	}
 	// A backend without a port would name every port of the pod: refused
 	// as an error (the detector always gives the port).
-	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, detect.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "protocol": "UDP"}}); err == nil || !strings.Contains(err.Error(), "no backend port") {
+	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "protocol": "UDP"}}); err == nil || !strings.Contains(err.Error(), "no backend port") {
 		t.Fatalf("no port: %v", err)
 	}
 	if !hasRS(t, w, dnsUDPVS, "10.244.0.12") || nodestValue(t, w) != "0" {

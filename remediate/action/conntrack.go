@@ -37,13 +37,7 @@ const (
 // are matched on the reply source only (as `conntrack -D --reply-src`), so
 // direct, un-NATed UDP flows to the dead pod IP go too; they are as stale.
 //
-// The keys are conntrack.BackendRef's encoding; these names stay for
-// compatibility.
-const (
-	EvidenceBackendIP   = conntrack.EvidenceBackendIP
-	EvidenceBackendPort = conntrack.EvidenceBackendPort
-	EvidenceProtocol    = conntrack.EvidenceProtocol
-)
+// The backend is conntrack.BackendRef's encoding.
 
 // RaiseConntrackMaxParams bound RaiseConntrackMax.
 type RaiseConntrackMaxParams struct {
@@ -323,7 +317,7 @@ func localAddr(ip netip.Addr) (bool, error) {
 func backendFromEvidence(ev map[string]any) (conntrack.Backend, error) {
 	r, err := conntrack.DecodeBackendRef(ev)
 	if err == nil && r.Protocol != "" && r.Protocol != "UDP" {
-		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[EvidenceProtocol])
+		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[conntrack.EvidenceProtocol])
 	}
 	return r.Backend, err
 }
@@ -353,8 +347,8 @@ func (a *flushConntrack) backend(f finding.Finding) (conntrack.Interface, conntr
 }
 
 // Plan implements Action, deleting nothing. When the finding carries the
-// count its detector took this cycle (evidence "entries", from the same
-// table), the plan uses it and does not dump the table a second time (the
+// count its detector took this cycle (Subject.Conntrack.Entries, from the
+// same table), the plan uses it and does not dump the table a second time (the
 // count was ~40% of the action's time on a 250k-entry table); otherwise it
 // counts (streaming, kernel-filtered) what would be deleted. Execute
 // reports what it really deleted either way.
@@ -363,7 +357,8 @@ func (a *flushConntrack) Plan(ctx context.Context, f finding.Finding) (Plan, err
 	if err != nil {
 		return Plan{}, err
 	}
-	if seen, err := finding.EvidenceInt(f.Evidence, "entries"); err == nil && seen > 0 {
+	if c := f.Subject.Conntrack; c != nil && c.Entries > 0 {
+		seen := c.Entries
 		d := map[string]any{"backend": b.String(), "seenByDetector": seen, "maxEntries": a.p.MaxEntries}
 		s := fmt.Sprintf("delete the UDP conntrack entries with reply source %s (%d seen by %s this cycle; at most %d)", b, seen, f.Detector, a.p.MaxEntries)
 		return Plan{Summary: s, Details: d}, nil

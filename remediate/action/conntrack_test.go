@@ -12,6 +12,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
@@ -109,8 +110,8 @@ func newRaise(t *testing.T, f *conntrack.Fake, mem uint64, mut func(p *RaiseConn
 	return a
 }
 
-func tableFinding(max uint64) detect.Finding {
-	return detect.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget,
+func tableFinding(max uint64) finding.Finding {
+	return finding.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget,
 		Evidence: map[string]any{"max": max, "count": max}}
 }
 
@@ -160,12 +161,12 @@ func TestRaiseConntrackMaxRestoresAfterDrift(t *testing.T) {
 	ctx := context.Background()
 	f := conntrack.NewFake(131072, 32768)
 	a := newRaise(t, f, 16<<30, nil)
-	drift := detect.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": uint64(393216)}}
+	drift := finding.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": uint64(393216)}}
 	r, err := a.Execute(ctx, drift)
 	if err != nil || f.MaxValue != 393216 || !strings.Contains(r.Summary, "restoring") {
 		t.Fatalf("restore: %+v, %v, max %d", r, err, f.MaxValue)
 	}
-	if _, err := a.Plan(ctx, detect.Finding{Target: detect.ConntrackDriftTarget}); !isSkip(err) {
+	if _, err := a.Plan(ctx, finding.Finding{Target: detect.ConntrackDriftTarget}); !isSkip(err) {
 		t.Fatalf("drift without evidence: %v", err)
 	}
 }
@@ -191,7 +192,7 @@ func TestRaiseConntrackMaxFailures(t *testing.T) {
 	}
 }
 
-func isSkip(err error) bool { _, ok := detect.IsSkip(err); return ok }
+func isSkip(err error) bool { _, ok := finding.IsSkip(err); return ok }
 
 func udpFlow(client, backend string) conntrack.Flow {
 	c := netip.MustParseAddrPort(client)
@@ -245,7 +246,7 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd := detect.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53}}
+	fd := finding.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53}}
 	p, err := a.Plan(ctx, fd)
 	if err != nil || !strings.Contains(p.Summary, "delete 3") || !strings.Contains(p.Summary, "more than 3") || len(f.Flows) != 8 {
 		t.Fatalf("plan = %+v, %v (table %d)", p, err, len(f.Flows))
@@ -268,25 +269,26 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 		t.Fatalf("nothing left: plan should skip, got %v", err)
 	}
 	// A finding that carries its detector's count of this cycle
-	// (ConntrackStaleServiceEntries' "entries") is planned from it: the
-	// table is not dumped a second time.
+	// (ConntrackStaleServiceEntries' Subject.Conntrack.Entries) is planned
+	// from it: the table is not dumped a second time.
 	counts := f.Calls["CountUDPByReplySource"]
-	seen := detect.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53, "entries": 1}}
-	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != int64(1) {
+	seen := finding.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53},
+		Subject: finding.Subject{Kind: finding.KindConntrackBackend, Conntrack: &finding.Conntrack{Entries: 1}}}
+	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != 1 {
 		t.Fatalf("plan from the detector's count = %+v, %v", p, err)
 	}
 	if f.Calls["CountUDPByReplySource"] != counts {
 		t.Fatal("planning from the detector's count dumped the table")
 	}
-	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}}); !isSkip(err) || len(f.Flows) != 3 {
+	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}}); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("TCP finding: %v", err)
 	}
 	// The node's own address (a hostNetwork backend) needs a port.
 	a.(*flushConntrack).isLocal = func(ip netip.Addr) (bool, error) { return ip == netip.MustParseAddr("10.0.1.2"), nil }
-	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}}); !isSkip(err) || len(f.Flows) != 3 {
+	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}}); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("node address without port: %v (table %d)", err, len(f.Flows))
 	}
-	if r, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53}}); err != nil || r.Details["deleted"] != 1 {
+	if r, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53}}); err != nil || r.Details["deleted"] != 1 {
 		t.Fatalf("node address with port: %+v, %v", r, err)
 	}
 	if _, err := localAddr(netip.MustParseAddr("127.0.0.1")); err != nil {
@@ -296,7 +298,7 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 		t.Fatal("loopback is local")
 	}
 	f.InjectError("DeleteUDPByReplySource", errors.New("netlink: EPERM"))
-	if _, err := a.Execute(ctx, detect.Finding{Evidence: map[string]any{"backendIP": "10.0.1.3"}}); err == nil || isSkip(err) {
+	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.3"}}); err == nil || isSkip(err) {
 		t.Fatalf("adapter error must fail: %v", err)
 	}
 }

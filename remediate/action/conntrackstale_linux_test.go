@@ -75,6 +75,9 @@ func TestConntrackStaleServiceEntriesRealKernel(t *testing.T) {
 	var targets []string
 	for _, f := range findings {
 		targets = append(targets, fmt.Sprintf("%s=%v", f.Target, f.Evidence["entries"]))
+		if c := f.Subject.Conntrack; c == nil || c.Entries != f.Evidence["entries"] {
+			t.Errorf("%s: subject %+v, evidence entries %v", f.Target, c, f.Evidence["entries"])
+		}
 	}
 	sort.Strings(targets)
 	want := []string{"ipvs-conn/UDP/10.244.1.5:53=5", "ipvs-conn/UDP/10.244.2.1:5353=3", "ipvs-conn/UDP/10.96.0.20:5353=2", "ipvs-conn/UDP/[fd00:244::1]:53=2"}

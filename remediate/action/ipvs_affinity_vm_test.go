@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/testing/vm"
 )
 
@@ -263,6 +264,6 @@ func TestVMClearIPVSUDPAffinity(t *testing.T) {
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("after the remedy: %+v, %v", fs, err)
 	}
-	_, err = a.Execute(ctx, detect.Finding{Target: target, Evidence: map[string]any{"backendIP": l.dead.V4.String(), "backendPort": 5353, "protocol": "UDP"}})
+	_, err = a.Execute(ctx, finding.Finding{Target: target, Evidence: map[string]any{"backendIP": l.dead.V4.String(), "backendPort": 5353, "protocol": "UDP"}})
 	wantSkip(t, err, "any more")
 }

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 )
@@ -33,19 +33,19 @@ func TestIPVSActionsOnRealKernelWithoutIPVS(t *testing.T) {
 
 	for _, c := range []struct {
 		action  string
-		finding detect.Finding
+		finding finding.Finding
 	}{
-		{"SetIPVSTimeouts", detect.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}},
+		{"SetIPVSTimeouts", finding.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}},
 		{"DeleteIPVSRealServer", rsFinding(dnsUDPVS, "10.244.0.12")},
 		{"DeleteIPVSVirtualServer", vsFinding("TCP", "10.96.5.5", 80)},
 	} {
 		a := newIPVSAction(t, c.action, w.node, nil)
 		p, err := a.Plan(ctx, c.finding)
-		if reason, ok := detect.IsSkip(err); !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") {
+		if reason, ok := finding.IsSkip(err); !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") {
 			t.Errorf("%s Plan = %+v, %v; want a skip saying IPVS unavailable", c.action, p, err)
 		}
 		res, err := a.Execute(ctx, c.finding)
-		reason, ok := detect.IsSkip(err)
+		reason, ok := finding.IsSkip(err)
 		if !ok || !strings.HasPrefix(reason, "IPVS unavailable: ") {
 			t.Errorf("%s Execute = %+v, %v; want a skip saying IPVS unavailable", c.action, res, err)
 		}

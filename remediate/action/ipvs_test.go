@@ -11,9 +11,9 @@ import (
 
 	testingclock "k8s.io/utils/clock/testing"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -79,16 +79,16 @@ func newIPVSActWorld(t *testing.T) *ipvsActWorld {
 	return w
 }
 
-func rsFinding(vs ipvs.VirtualServer, addr string) detect.Finding {
-	return detect.Finding{
+func rsFinding(vs ipvs.VirtualServer, addr string) finding.Finding {
+	return finding.Finding{
 		Detector: "IPVSStaleRealServer",
 		Target:   "ipvs-rs/" + vs.Key() + "/" + addr + ":53",
 		Evidence: map[string]any{"vsProtocol": vs.Protocol, "vsAddress": vs.Address.String(), "vsPort": int(vs.Port), "rsAddress": addr, "rsPort": 53},
 	}
 }
 
-func vsFinding(proto, addr string, port int) detect.Finding {
-	return detect.Finding{
+func vsFinding(proto, addr string, port int) finding.Finding {
+	return finding.Finding{
 		Detector: "IPVSStaleVirtualServer",
 		Target:   "ipvs-vs/" + proto + "/" + addr,
 		Evidence: map[string]any{"vsProtocol": proto, "vsAddress": addr, "vsPort": port},
@@ -117,7 +117,7 @@ func newIPVSAction(t *testing.T, name string, n *node.Node, set func(p any)) Act
 
 func wantSkip(t *testing.T, err error, substr string) {
 	t.Helper()
-	reason, ok := detect.IsSkip(err)
+	reason, ok := finding.IsSkip(err)
 	if !ok || !strings.Contains(reason, substr) {
 		t.Fatalf("err = %v, want a skip containing %q", err, substr)
 	}
@@ -165,7 +165,7 @@ func TestSetIPVSTimeouts(t *testing.T) {
 	ctx := context.Background()
 	w := newIPVSActWorld(t)
 	a := newIPVSAction(t, "SetIPVSTimeouts", w.node, nil)
-	f := detect.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}
+	f := finding.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}
 
 	p, err := a.Plan(ctx, f)
 	if err != nil || !strings.Contains(p.Summary, "UDP 5m0s -> 30s") || !strings.Contains(p.Summary, "TCP 15m0s unchanged") {
@@ -194,7 +194,7 @@ func TestSetIPVSTimeouts(t *testing.T) {
 	w2.ipvs.InjectError("SetTimeouts", errors.New("invalid argument"))
 	if _, err := newIPVSAction(t, "SetIPVSTimeouts", w2.node, nil).Execute(ctx, f); err == nil {
 		t.Fatal("want an error")
-	} else if _, skip := detect.IsSkip(err); skip {
+	} else if _, skip := finding.IsSkip(err); skip {
 		t.Fatalf("a kernel error must fail, not skip: %v", err)
 	}
 
@@ -217,7 +217,7 @@ func TestDeleteIPVSRealServer(t *testing.T) {
 		name     string
 		prep     func(w *ipvsActWorld)
 		set      func(p any)
-		finding  detect.Finding
+		finding  finding.Finding
 		wantSkip string
 		deleted  bool
 	}{
@@ -329,7 +329,7 @@ func TestDeleteIPVSVirtualServer(t *testing.T) {
 	cases := []struct {
 		name     string
 		prep     func(w *ipvsActWorld)
-		finding  detect.Finding
+		finding  finding.Finding
 		wantSkip string
 	}{
 		{name: "deleted Service's virtual server", finding: vsFinding("TCP", "10.96.5.5", 80)},

@@ -14,6 +14,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -100,7 +101,7 @@ func TestIPVSWithRealClusterViewEndToEnd(t *testing.T) {
 	const target = "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53"
 	// waitFindings polls the detector until the view has caught up with
 	// the last API change.
-	waitFindings := func(what string, want func([]detect.Finding) bool) []detect.Finding {
+	waitFindings := func(what string, want func([]finding.Finding) bool) []finding.Finding {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -123,16 +124,16 @@ func TestIPVSWithRealClusterViewEndToEnd(t *testing.T) {
 		}
 	}
 
-	waitFindings("both pods ready: nothing stale", func(fs []detect.Finding) bool { return len(fs) == 0 })
+	waitFindings("both pods ready: nothing stale", func(fs []finding.Finding) bool { return len(fs) == 0 })
 
 	update(ep("10.244.0.12", false, true, true), ep("10.244.1.21", true, true, false))
-	fs := waitFindings("old pod terminating", func(fs []detect.Finding) bool { return len(fs) == 1 })
+	fs := waitFindings("old pod terminating", func(fs []finding.Finding) bool { return len(fs) == 1 })
 	if fs[0].Target != target || fs[0].Evidence["reason"] != ipvs.BackendTerminatingWhileReady {
 		t.Fatalf("finding = %+v", fs[0])
 	}
 
 	update(ep("10.244.1.21", true, true, false))
-	fs = waitFindings("old pod gone", func(fs []detect.Finding) bool {
+	fs = waitFindings("old pod gone", func(fs []finding.Finding) bool {
 		return len(fs) == 1 && fs[0].Evidence["reason"] == ipvs.BackendNotEndpoint
 	})
 	if _, err := act.Plan(ctx, fs[0]); err != nil {
@@ -149,7 +150,7 @@ func TestIPVSWithRealClusterViewEndToEnd(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	_, err = act.Execute(ctx, fs[0])
-	if reason, ok := detect.IsSkip(err); !ok || !strings.Contains(reason, "disconnected") {
+	if reason, ok := finding.IsSkip(err); !ok || !strings.Contains(reason, "disconnected") {
 		t.Fatalf("execute with the API down: %v, want a skip saying disconnected", err)
 	}
 	if fk.Calls("DeleteRealServer") != 0 {
@@ -169,5 +170,5 @@ func TestIPVSWithRealClusterViewEndToEnd(t *testing.T) {
 		t.Fatalf("execute after reconnect: %v", err)
 	}
 	t.Logf("executed: %s", res.Summary)
-	waitFindings("after the delete", func(fs []detect.Finding) bool { return len(fs) == 0 })
+	waitFindings("after the delete", func(fs []finding.Finding) bool { return len(fs) == 0 })
 }

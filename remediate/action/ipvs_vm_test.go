@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/vm"
@@ -48,8 +48,8 @@ func setDNS(view *clustertest.Fake, eps ...string) {
 		Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}, {Name: "dns-tcp", Protocol: "TCP", Port: 53}}}, list...)
 }
 
-func vmRSFinding(proto, rs string) detect.Finding {
-	return detect.Finding{Detector: "IPVSStaleRealServer", Target: "ipvs-rs/" + proto + "/10.96.0.10:53/" + rs + ":5353",
+func vmRSFinding(proto, rs string) finding.Finding {
+	return finding.Finding{Detector: "IPVSStaleRealServer", Target: "ipvs-rs/" + proto + "/10.96.0.10:53/" + rs + ":5353",
 		Evidence: map[string]any{"vsProtocol": proto, "vsAddress": "10.96.0.10", "vsPort": 53, "rsAddress": rs, "rsPort": 5353}}
 }
 
@@ -206,7 +206,7 @@ func TestVMSetIPVSTimeouts(t *testing.T) {
 	ctx := vmCtx(t)
 	n, _ := vmActNode(t, "10.0.3.2")
 	a := newIPVSAction(t, "SetIPVSTimeouts", n, nil)
-	f := detect.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}
+	f := finding.Finding{Detector: "IPVSUDPTimeoutHigh", Target: "ipvs/timeouts"}
 	res, err := a.Execute(ctx, f)
 	if err != nil {
 		t.Fatal(err)

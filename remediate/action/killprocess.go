@@ -219,10 +219,15 @@ func (a *killProcess) reach(p procs.Process, f finding.Finding) error {
 	if p.NetNS != "" && p.NetNS == node {
 		return nil
 	}
-	if f.Evidence["holdsXtablesLock"] == true || f.Evidence["waitsOnXtablesLock"] == true {
+	if sp := f.Subject.Process; sp != nil && (sp.HoldsXtablesLock || sp.WaitsOnXtablesLock) {
 		return nil
 	}
 	return finding.Skip("pid %d runs in network namespace %s, not the node's (%s), and does not hold or wait on the node's xtables lock", p.Pid, orUnknown(p.NetNS), orUnknown(node))
+}
+
+// holdsLock says the finding is about a holder of the xtables lock.
+func holdsLock(f finding.Finding) bool {
+	return f.Subject.Process != nil && f.Subject.Process.HoldsXtablesLock
 }
 
 func orUnknown(s string) string {
@@ -232,14 +237,16 @@ func orUnknown(s string) string {
 	return s
 }
 
-// holdCheck applies MinHoldTime to lock-holder findings.
+// holdCheck applies MinHoldTime to lock-holder findings (the hold
+// measured by XtablesLockContention).
 func (a *killProcess) holdCheck(f finding.Finding) error {
-	if _, ok := f.Evidence[procs.EvidenceHoldSeconds]; !ok {
+	sp := f.Subject.Process
+	if sp == nil || !sp.HoldMeasured {
 		return nil
 	}
-	hold, err := finding.EvidenceNumber(f.Evidence, procs.EvidenceHoldSeconds)
-	if err != nil {
-		return finding.Skip("%v", err)
+	hold := sp.HoldSeconds
+	if hold != hold {
+		return finding.Skip("the lock hold time is not a number")
 	}
 	if d := time.Duration(hold * float64(time.Second)); d < a.p.MinHoldTime.Duration {
 		return finding.Skip("lock held for %s, under minHoldTime %s", d.Round(time.Second), a.p.MinHoldTime.Duration)
@@ -285,7 +292,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 	// one of them still holding it makes the kill a failure (a waiter that
 	// then takes the lock is the kill working).
 	var heldBefore map[procs.Ref]bool
-	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
+	if holdsLock(f) && a.n.XtablesLock != "" {
 		if l, err := a.n.Procs.FileLocks(ctx, a.n.XtablesLock); err == nil {
 			heldBefore = map[procs.Ref]bool{}
 			for _, h := range l.Holders {
@@ -355,7 +362,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 // was killed) makes the attempt a failure, so it is retried and escalates.
 func (a *killProcess) gone(ctx context.Context, ref procs.Ref, f finding.Finding, sent []string, start time.Time, heldBefore map[procs.Ref]bool) (Result, error) {
 	pid, ct := ref.Pid, ref.CreateTimeMs
-	if f.Evidence["holdsXtablesLock"] == true && a.n.XtablesLock != "" {
+	if holdsLock(f) && a.n.XtablesLock != "" {
 		if err := a.lockReleased(ctx, pid, start, heldBefore); err != nil {
 			return Result{}, fmt.Errorf("pid %d is gone after %s, but %w", pid, strings.Join(sent, ", "), err)
 		}

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -74,7 +75,7 @@ func TestRealStuckNFTChildOfKubeProxy(t *testing.T) {
 	pr := procs.New("/proc")
 	n := &node.Node{Name: "test", ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
 	hung := detector(t, "HungNFT", n, func(p any) { p.(*detect.HungNFTParams).MinAge = policy.D(300 * time.Millisecond) })
-	var mine detect.Finding
+	var mine finding.Finding
 	eventually(t, "the stuck nft of kube-proxy to be reported", 10*time.Second, func() bool {
 		fs, err := hung.Detect(ctx)
 		if err != nil {
@@ -99,9 +100,9 @@ func TestRealStuckNFTChildOfKubeProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Execute(ctx, detect.Finding{Detector: "HungNFT", Target: procs.Target(adminNFT, adminProc.CreateTimeMs)}); err == nil {
+	if _, err := a.Execute(ctx, finding.Finding{Detector: "HungNFT", Target: procs.Target(adminNFT, adminProc.CreateTimeMs)}); err == nil {
 		t.Fatal("KillProcess signalled an nft whose parent is not kube-proxy")
-	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, "has parent") {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "has parent") {
 		t.Fatalf("refusal: %v", err)
 	}
 	if alive, err := procs.Alive(ctx, pr, adminNFT, adminProc.CreateTimeMs); err != nil || !alive {
@@ -236,7 +237,7 @@ func TestRealImpostorKubeProxyNFTIsNotKilled(t *testing.T) {
 	pr := procs.New("/proc")
 	n := &node.Node{Name: "test", ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zaptest.NewLogger(t), Procs: pr}
 	hung := detector(t, "HungNFT", n, func(p any) { p.(*detect.HungNFTParams).MinAge = policy.D(300 * time.Millisecond) })
-	var underImpostor, underReal detect.Finding
+	var underImpostor, underReal finding.Finding
 	eventually(t, "both stuck nfts to be reported", 20*time.Second, func() bool {
 		fs, err := hung.Detect(ctx)
 		if err != nil {
@@ -262,7 +263,7 @@ func TestRealImpostorKubeProxyNFTIsNotKilled(t *testing.T) {
 		t.Fatal("KillProcess planned to kill the nft of a bash named kube-proxy")
 	}
 	_, err = a.Execute(ctx, underImpostor)
-	if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, `is not a real kube-proxy`) || !strings.Contains(r, "not the Go program k8s.io/kubernetes/cmd/kube-proxy") {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, `is not a real kube-proxy`) || !strings.Contains(r, "not the Go program k8s.io/kubernetes/cmd/kube-proxy") {
 		t.Fatalf("the impostor's nft: %v, want a refusal saying the parent is not a real kube-proxy", err)
 	}
 	if alive, err := procs.Alive(ctx, pr, ref.Pid, ref.CreateTimeMs); err != nil || !alive {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/netnstest"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -70,7 +71,7 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 	hung := detector(t, "HungIPTablesRestore", n, func(p any) {
 		p.(*detect.HungIPTablesRestoreParams).MinAge = policy.D(500 * time.Millisecond)
 	})
-	var hf detect.Finding
+	var hf finding.Finding
 	eventually(t, "the hung restore to be reported", 15*time.Second, func() bool {
 		fs, err := hung.Detect(ctx)
 		if err != nil {
@@ -85,7 +86,7 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 		return false
 	})
 	t.Logf("finding: %s %s %v", hf.Target, hf.Message, hf.Evidence)
-	if hf.Severity != detect.Critical || hf.Evidence["name"] != "iptables-legacy-restore" || !strings.Contains(hf.Message, "held by flock") {
+	if hf.Severity != finding.Critical || hf.Evidence["name"] != "iptables-legacy-restore" || !strings.Contains(hf.Message, "held by flock") {
 		t.Errorf("finding = %+v", hf)
 	}
 	// In the test's namespace, not the node's, but waiting on the node's
@@ -111,6 +112,14 @@ func TestRealHungRestoreOnHeldXtablesLock(t *testing.T) {
 	ws := cf[0].Evidence["waiters"].([]map[string]any)
 	if len(ws) != 1 || ws[0]["pid"] != restorePID {
 		t.Errorf("waiters = %v", ws)
+	}
+	// What the engine's order and KillProcess read, typed: the waiter and
+	// the holder with its measured hold (the Subject the detectors fill).
+	if sp := hf.Subject.Process; sp == nil || !sp.WaitsOnXtablesLock || sp.HoldsXtablesLock || hf.Subject.AgeSeconds <= 0 {
+		t.Errorf("hung restore subject = %+v (process %+v)", hf.Subject, sp)
+	}
+	if sp := cf[0].Subject.Process; sp == nil || !sp.HoldsXtablesLock || !sp.HoldMeasured || sp.HoldSeconds != cf[0].Evidence["holdSeconds"] {
+		t.Errorf("lock holder subject = %+v (process %+v), evidence %v", cf[0].Subject, sp, cf[0].Evidence)
 	}
 
 	ty, _ := Lookup("KillProcess")
@@ -204,7 +213,7 @@ func TestRealKillLockHolder(t *testing.T) {
 	// flock and sleep are not iptables programs: info, and the default
 	// KillProcess refuses them.
 	for _, f := range fs {
-		if f.Severity != detect.Info || !strings.Contains(f.Message, "not an iptables/nft program") {
+		if f.Severity != finding.Info || !strings.Contains(f.Message, "not an iptables/nft program") {
 			t.Errorf("finding %s: %s %s", f.Target, f.Severity, f.Message)
 		}
 		if _, err := kill.Plan(ctx, f); err == nil || !strings.Contains(err.Error(), "not a real iptables/nft process") {
@@ -217,7 +226,7 @@ func TestRealKillLockHolder(t *testing.T) {
 	}
 	// The wrapper: gone, but its child still holds the lock.
 	_, err = kill.Execute(ctx, fs[0])
-	if _, skip := detect.IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), "is still held by sleep") {
+	if _, skip := finding.IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), "is still held by sleep") {
 		t.Fatalf("killing the flock wrapper = %v, want a failure naming sleep", err)
 	}
 	if fl, err := pr.FileLocks(ctx, lock); err != nil || !fl.Held || len(fl.Waiters) != 1 {
@@ -275,7 +284,7 @@ func TestRealTargetsOutOfReach(t *testing.T) {
 		int32(impostor.Process.Pid): `executable "` + sleepPath + `" is not an iptables/nft program`,
 		int32(other.Process.Pid):    "not the node's",
 	}
-	got := map[int32]detect.Finding{}
+	got := map[int32]finding.Finding{}
 	eventually(t, "both to be reported", 15*time.Second, func() bool {
 		fs, err := hung.Detect(ctx)
 		if err != nil {
@@ -297,11 +306,11 @@ func TestRealTargetsOutOfReach(t *testing.T) {
 	}
 	for pid, f := range got {
 		t.Logf("finding: %s %s", f.Severity, f.Message)
-		if f.Severity != detect.Info || !strings.Contains(f.Message, want[pid]) || f.Evidence["netns"] == "" || f.Evidence["nodeNetns"] == "" {
+		if f.Severity != finding.Info || !strings.Contains(f.Message, want[pid]) || f.Evidence["netns"] == "" || f.Evidence["nodeNetns"] == "" {
 			t.Errorf("pid %d: %s %q %v", pid, f.Severity, f.Message, f.Evidence)
 		}
 		_, err := kill.Execute(ctx, f)
-		if reason, skip := detect.IsSkip(err); !skip || !strings.Contains(reason, strings.TrimPrefix(want[pid], "executable ")) {
+		if reason, skip := finding.IsSkip(err); !skip || !strings.Contains(reason, strings.TrimPrefix(want[pid], "executable ")) {
 			t.Errorf("pid %d: Execute = %v, want a refusal", pid, err)
 		}
 		if alive, _ := procs.Alive(ctx, pr, pid, f.Evidence["createTimeMs"].(int64)); !alive {

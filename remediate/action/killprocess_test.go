@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
@@ -60,8 +60,9 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	return a
 }
 
-func procFinding(pid int32, ct int64, ev map[string]any) detect.Finding {
-	return detect.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct), Evidence: ev}
+func procFinding(pid int32, ct int64, sp *finding.Process) finding.Finding {
+	return finding.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct),
+		Subject: finding.Subject{Kind: finding.KindProcess, Process: sp}}
 }
 
 func sigs(f *procs.Fake) []syscall.Signal {
@@ -97,7 +98,7 @@ func TestKillProcessExecute(t *testing.T) {
 		name      string
 		setup     func(f *procs.Fake)
 		params    func(*KillProcessParams)
-		f         detect.Finding
+		f         finding.Finding
 		wantSigs  []syscall.Signal
 		wantSkip  string // substring of the skip reason
 		wantErr   string // substring of a non-skip error
@@ -146,12 +147,12 @@ func TestKillProcessExecute(t *testing.T) {
 			p := restoreProc(200)
 			p.NetNS = "net:[4026532999]"
 			f.Add(p)
-		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": false, "holdsXtablesLock": false}), wantSkip: "not the node's", wantAlive: true},
+		}, f: procFinding(200, ct, &finding.Process{}), wantSkip: "not the node's", wantAlive: true},
 		{name: "another network namespace, waiting on the node's lock", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.NetNS = "net:[4026532999]"
 			f.Add(p)
-		}, f: procFinding(200, ct, map[string]any{"waitsOnXtablesLock": true}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+		}, f: procFinding(200, ct, &finding.Process{WaitsOnXtablesLock: true}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "proc root of another PID namespace", setup: func(f *procs.Fake) {
 			f.Add(restoreProc(200))
 			f.PIDNamespaceErr = errors.New("proc root /host/proc shows this process as pid 4242")
@@ -161,11 +162,11 @@ func TestKillProcessExecute(t *testing.T) {
 		{name: "never itself", setup: func(f *procs.Fake) { f.Add(restoreProc(selfPID)) },
 			f: procFinding(selfPID, ct, nil), wantSkip: "itself", wantAlive: true},
 		{name: "not a process target", setup: func(f *procs.Fake) {},
-			f: detect.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
+			f: finding.Finding{Target: "xtables-lock/holder-not-visible"}, wantSkip: "not a process target"},
 		{name: "lock holder under minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: procFinding(200, ct, map[string]any{"holdSeconds": 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
-		{name: "lock holder over minHoldTime (JSON number)", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
-			f: procFinding(200, ct, map[string]any{"holdSeconds": float64(31)}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+			f: procFinding(200, ct, &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: 12.5}), wantSkip: "under minHoldTime", wantAlive: true},
+		{name: "lock holder over minHoldTime", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
+			f: procFinding(200, ct, &finding.Process{HoldMeasured: true, HoldSeconds: 31}), wantSigs: []syscall.Signal{syscall.SIGTERM}},
 		{name: "execs another program after SIGTERM: no SIGKILL", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.IgnoreTERM = true
@@ -183,7 +184,7 @@ func TestKillProcessExecute(t *testing.T) {
 			c.setup(f)
 			a := newKill(t, f, c.params)
 			res, err := a.Execute(context.Background(), c.f)
-			reason, skip := detect.IsSkip(err)
+			reason, skip := finding.IsSkip(err)
 			switch {
 			case c.wantSkip != "":
 				if !skip || !strings.Contains(reason, c.wantSkip) {
@@ -255,7 +256,7 @@ func TestKillProcessNFTNeedsKubeProxyParent(t *testing.T) {
 	a := newKill(t, f, nil)
 	if _, err := a.Execute(ctx, procFinding(701, t0.Add(-2*time.Minute).UnixMilli(), nil)); err == nil {
 		t.Fatal("an nft whose parent is bash was signalled")
-	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, `has parent "bash"`) {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, `has parent "bash"`) {
 		t.Fatalf("refusal %v", err)
 	}
 	if len(f.Signals()) != 0 {
@@ -319,7 +320,7 @@ func TestKillProcessNFTParentIdentity(t *testing.T) {
 				}
 				return
 			}
-			if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, tc.want) || !strings.Contains(r, `its parent "kube-proxy" (pid 60) is not a real kube-proxy`) {
+			if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, tc.want) || !strings.Contains(r, `its parent "kube-proxy" (pid 60) is not a real kube-proxy`) {
 				t.Fatalf("refusal %v, want a skip saying %q", err, tc.want)
 			}
 			if len(f.Signals()) != 0 {

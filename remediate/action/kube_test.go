@@ -14,7 +14,7 @@ import (
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -52,7 +52,7 @@ func newRestart(t *testing.T, n *node.Node, timeout time.Duration) Action {
 
 func TestRestartKubeProxyRefusals(t *testing.T) {
 	ctx := context.Background()
-	f := detect.Finding{Target: "kube-proxy/IPv4"}
+	f := finding.Finding{Target: "kube-proxy/IPv4"}
 	for _, tc := range []struct {
 		name string
 		objs []*corev1.Pod
@@ -71,7 +71,7 @@ func TestRestartKubeProxyRefusals(t *testing.T) {
 			}
 			a := newRestart(t, &node.Node{Name: "n1", Kube: cs}, time.Minute)
 			_, err := a.Plan(ctx, f)
-			if reason, ok := detect.IsSkip(err); tc.skip != "" && (!ok || !strings.Contains(reason, tc.skip)) {
+			if reason, ok := finding.IsSkip(err); tc.skip != "" && (!ok || !strings.Contains(reason, tc.skip)) {
 				t.Fatalf("want skip %q, got %v", tc.skip, err)
 			}
 			if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
@@ -87,7 +87,7 @@ func TestRestartKubeProxyRefusals(t *testing.T) {
 	}
 	if _, err := newRestart(t, &node.Node{Name: "n1", Unavailable: map[string]string{"kubernetes": "no cluster access: x"}}, time.Minute).Plan(ctx, f); err == nil {
 		t.Fatal("no client: no skip")
-	} else if r, _ := detect.IsSkip(err); r != "no cluster access: x" {
+	} else if r, _ := finding.IsSkip(err); r != "no cluster access: x" {
 		t.Fatalf("got %v", err)
 	}
 }
@@ -98,7 +98,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	// only this node's pod exists.
 	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
 	a := newRestart(t, &node.Node{Name: "n1", Kube: cs}, 5*time.Second)
-	plan, err := a.Plan(ctx, detect.Finding{})
+	plan, err := a.Plan(ctx, finding.Finding{})
 	if err != nil || !strings.Contains(plan.Summary, "kube-system/kp-a (uid a)") {
 		t.Fatalf("plan %+v %v", plan, err)
 	}
@@ -115,7 +115,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, kpPod("kp-z", "n1", "z", true, "DaemonSet"), metav1.UpdateOptions{})
 	}()
-	res, err := a.Execute(ctx, detect.Finding{})
+	res, err := a.Execute(ctx, finding.Finding{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,12 +141,12 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
 	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 500*time.Millisecond)
-	if _, err := a.Execute(ctx, detect.Finding{}); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
+	if _, err := a.Execute(ctx, finding.Finding{}); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
 		t.Fatalf("unhealthy kube-proxy after restart: %v", err)
 	}
 	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 5*time.Second)
-	res, err = a.Execute(ctx, detect.Finding{})
+	res, err = a.Execute(ctx, finding.Finding{})
 	if err != nil || res.Details["syncRecoveredAfter"] == nil {
 		t.Fatalf("healthy kube-proxy after restart: %+v %v", res, err)
 	}
@@ -156,7 +156,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	// Without a replacement: a bounded wait, then failure.
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs}, 200*time.Millisecond)
 	start := time.Now()
-	if _, err := a.Execute(ctx, detect.Finding{}); err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
+	if _, err := a.Execute(ctx, finding.Finding{}); err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
 		t.Fatalf("got %v", err)
 	}
 	if time.Since(start) > 3*time.Second {
@@ -175,10 +175,10 @@ func TestCordonNode(t *testing.T) {
 		}
 		return a
 	}
-	f := detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
+	f := finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
 	if _, err := mk(typ.NewParams().(*CordonNodeParams)).Plan(ctx, f); err == nil {
 		t.Fatal("disabled by default, yet planned")
-	} else if r, ok := detect.IsSkip(err); !ok || !strings.Contains(r, "off") {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "off") {
 		t.Fatalf("got %v", err)
 	}
 	p := &CordonNodeParams{Enabled: true, Taint: &TaintParams{Key: "remediate.dev/dataplane", Effect: "NoSchedule"}}

@@ -88,13 +88,15 @@ type agentTarget struct {
 	pod   *corev1.Pod
 }
 
-// resolve finds the pod a finding is about, live from the API: the agent's
+// resolve finds the pod a finding is about (by the kind of its subject,
+// decoding its target with that kind's typed reference), live from the
+// API: the agent's
 // current pod on this node for a node-agent target (cluster.AgentRef: its
 // DaemonSet's, or the agent's by name when it has none), the pod a pod
 // target names, kube-proxy's pod for a kube-proxy target, the pod whose
 // cgroup holds a process target. The pod must be on this node, match an
 // allowlisted agent, not be terminating, and be managed by a DaemonSet.
-// When the finding's evidence names the pod's UID (a node-agent finding),
+// When the finding names the pod's UID (a node-agent finding's Subject),
 // the pod found must be that one: another means the agent's pod was
 // replaced since the finding, which is not the pod judged unhealthy.
 func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*agentTarget, error) {
@@ -106,20 +108,20 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		want          *cluster.Agent
 		agentRef      *cluster.AgentRef
 	)
-	switch {
-	case strings.HasPrefix(f.Target, cluster.AgentTargetPrefix):
+	switch f.Subject.Kind {
+	case finding.KindNodeAgent:
 		ref, err := cluster.ParseAgentRef(f.Target)
 		if err != nil {
 			return nil, err
 		}
 		ns, agentRef = ref.Namespace, &ref
-	case strings.HasPrefix(f.Target, "pod/"):
+	case finding.KindPod:
 		ref, err := cluster.ParsePodRef(f.Target)
 		if err != nil {
 			return nil, err
 		}
 		ns, name = ref.Namespace, ref.Name
-	case strings.HasPrefix(f.Target, "process/"):
+	case finding.KindProcess:
 		ref, err := procs.ParseRef(f.Target)
 		if err != nil {
 			return nil, err
@@ -134,7 +136,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		if uid, err = procs.PodUID(a.n.ProcRoot, ref.Pid); err != nil {
 			return nil, fmt.Errorf("refusing: process %d (%s) is not in a pod of this node: %w", ref.Pid, p.Name(), err)
 		}
-	case f.Target == "kube-proxy" || strings.HasPrefix(f.Target, "kube-proxy/"):
+	case finding.KindKubeProxy:
 		for i := range a.p.Agents {
 			if a.p.Agents[i].Name == "kube-proxy" {
 				want = &a.p.Agents[i]
@@ -144,7 +146,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 			return nil, fmt.Errorf("refusing: kube-proxy is not among the allowlisted agents")
 		}
 	default:
-		return nil, fmt.Errorf("refusing: target %q is no node agent, pod, process or kube-proxy", f.Target)
+		return nil, fmt.Errorf("refusing: target %q (kind %q) is no node agent, pod, process or kube-proxy", f.Target, f.Subject.Kind)
 	}
 	// Candidate pods: this node's, in the allowlisted agents' namespaces
 	// (a pod target's own namespace only).
@@ -218,7 +220,8 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	if c := metav1.GetControllerOf(t.pod); c == nil || c.Kind != "DaemonSet" {
 		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart %s", t.pod.Namespace, t.pod.Name, t.agent.Name)
 	}
-	if want, ok := f.Evidence[cluster.EvidencePodUID].(string); ok && want != "" && want != string(t.pod.UID) {
+	if ag := f.Subject.Agent; ag != nil && ag.PodUID != "" && ag.PodUID != string(t.pod.UID) {
+		want := ag.PodUID
 		return nil, finding.Skip("%s's pod on node %s is %s/%s (uid %s) now, not the pod (uid %s) the finding judged: replaced since; the next cycle judges the new one",
 			f.Target, a.n.Name, t.pod.Namespace, t.pod.Name, t.pod.UID, want)
 	}

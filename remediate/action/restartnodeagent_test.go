@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -70,16 +69,20 @@ func TestRestartNodeAgent(t *testing.T) {
 	n := &node.Node{Name: "n1", Kube: cs, ProcRoot: root, Procs: pr}
 	a := newRestartAgent(t, n, 2*time.Second)
 
-	for _, tc := range []struct{ target, err, skip string }{
-		{"pod/calico-system/calico-node-b", "no pod calico-system/calico-node-b of an allowlisted agent on node n1", ""},
-		{"pod/kube-system/coredns-x", "no pod kube-system/coredns-x of an allowlisted agent", ""},
-		{"pod/default/fake-calico", "no pod default/fake-calico of an allowlisted agent", ""},
-		{"pod/kube-system/calico-static", "", "not managed by a DaemonSet"},
-		{"process/77@6", "", "is another process now"},
-		{"process/77@5", "is no allowlisted agent's pod", ""},
-		{"ipvs-vs/UDP/10.96.0.10:53", "is no node agent, pod, process or kube-proxy", ""},
+	for _, tc := range []struct {
+		kind              finding.Kind
+		target, err, skip string
+	}{
+		{finding.KindPod, "pod/calico-system/calico-node-b", "no pod calico-system/calico-node-b of an allowlisted agent on node n1", ""},
+		{finding.KindPod, "pod/kube-system/coredns-x", "no pod kube-system/coredns-x of an allowlisted agent", ""},
+		{finding.KindPod, "pod/default/fake-calico", "no pod default/fake-calico of an allowlisted agent", ""},
+		{finding.KindPod, "pod/kube-system/calico-static", "", "not managed by a DaemonSet"},
+		{finding.KindProcess, "process/77@6", "", "is another process now"},
+		{finding.KindProcess, "process/77@5", "is no allowlisted agent's pod", ""},
+		{finding.KindIPVSVirtualServer, "ipvs-vs/UDP/10.96.0.10:53", "is no node agent, pod, process or kube-proxy", ""},
+		{"", "kube-proxy/IPv4", "is no node agent, pod, process or kube-proxy", ""},
 	} {
-		_, err := a.Plan(ctx, detect.Finding{Target: tc.target})
+		_, err := a.Plan(ctx, kindFinding(tc.kind, tc.target))
 		if err == nil {
 			t.Errorf("%s: planned", tc.target)
 			continue
@@ -98,10 +101,10 @@ func TestRestartNodeAgent(t *testing.T) {
 	if _, err := cs.CoreV1().Pods("kube-system").Update(ctx, kp, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if plan, err := a.Plan(ctx, detect.Finding{Target: "process/77@5"}); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
+	if plan, err := a.Plan(ctx, kindFinding(finding.KindProcess, "process/77@5")); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
 		t.Errorf("lock holder plan %+v %v", plan, err)
 	}
-	if plan, err := a.Plan(ctx, detect.Finding{Target: "kube-proxy/IPv4"}); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
+	if plan, err := a.Plan(ctx, kindFinding(finding.KindKubeProxy, "kube-proxy/IPv4")); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
 		t.Errorf("kube-proxy plan %+v %v", plan, err)
 	}
 
@@ -117,12 +120,12 @@ func TestRestartNodeAgent(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods("calico-system").UpdateStatus(ctx, agentPod("calico-system", "calico-node-z", "n1", "z", calico, true), metav1.UpdateOptions{})
 	}()
-	res, err := a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-a"})
+	res, err := a.Execute(ctx, kindFinding(finding.KindPod, "pod/calico-system/calico-node-a"))
 	if err != nil || res.Details["newPod"] != "calico-node-z" || res.Details["agent"] != "calico-node" {
 		t.Fatalf("execute %+v %v", res, err)
 	}
 	// No replacement within readyTimeout: an error (a failed attempt).
-	_, err = a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-z"})
+	_, err = a.Execute(ctx, kindFinding(finding.KindPod, "pod/calico-system/calico-node-z"))
 	if err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
 		t.Fatalf("no replacement: %v", err)
 	}
@@ -170,12 +173,16 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 	n := &node.Node{Name: "n1", Kube: cs}
 	a := newRestartAgent(t, n, 2*time.Second)
 	const target = "node-agent/calico-system/calico-node"
-	ev := func(uid string) map[string]any { return map[string]any{"podUID": uid} }
-	plan, err := a.Plan(ctx, detect.Finding{Target: target, Evidence: ev("a")})
+	ev := func(target, uid string) finding.Finding {
+		f := kindFinding(finding.KindNodeAgent, target)
+		f.Subject.Agent = &finding.Agent{PodUID: uid}
+		return f
+	}
+	plan, err := a.Plan(ctx, ev(target, "a"))
 	if err != nil || plan.Details["pod"] != "calico-node-a" || plan.Details["uid"] != "a" {
 		t.Fatalf("plan %+v %v", plan, err)
 	}
-	if plan, err := a.Plan(ctx, detect.Finding{Target: "node-agent/calico-system/calico-node-windows"}); err != nil || plan.Details["pod"] != "calico-node-win-a" {
+	if plan, err := a.Plan(ctx, kindFinding(finding.KindNodeAgent, "node-agent/calico-system/calico-node-windows")); err != nil || plan.Details["pod"] != "calico-node-win-a" {
 		t.Errorf("the other DaemonSet: %+v %v", plan, err)
 	}
 	for _, tc := range []struct {
@@ -187,7 +194,7 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 		{"node-agent/kube-system/calico-node", "s", "", "not managed by a DaemonSet"},
 		{"node-agent/calico-system", "", "not a node agent target", ""},
 	} {
-		_, err := a.Plan(ctx, detect.Finding{Target: tc.target, Evidence: ev(tc.uid)})
+		_, err := a.Plan(ctx, ev(tc.target, tc.uid))
 		reason, skipped := finding.IsSkip(err)
 		switch {
 		case err == nil:
@@ -209,12 +216,18 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 		}
 		_, _ = cs.CoreV1().Pods("calico-system").Create(ctx, ds(agentPod("calico-system", "calico-node-z", "n1", "z", calico, true), "calico-node"), metav1.CreateOptions{})
 	}()
-	res, err := a.Execute(ctx, detect.Finding{Target: target, Evidence: ev("a")})
+	res, err := a.Execute(ctx, ev(target, "a"))
 	if err != nil || res.Details["oldPod"] != "calico-node-a" || res.Details["newPod"] != "calico-node-z" {
 		t.Fatalf("execute %+v %v", res, err)
 	}
 	// The same target now names the replacement.
-	if plan, err := a.Plan(ctx, detect.Finding{Target: target, Evidence: ev("z")}); err != nil || plan.Details["pod"] != "calico-node-z" {
+	if plan, err := a.Plan(ctx, ev(target, "z")); err != nil || plan.Details["pod"] != "calico-node-z" {
 		t.Errorf("after the restart: %+v %v", plan, err)
 	}
+}
+
+// kindFinding is a finding about target, of kind (the engine fills the
+// kind in from the detector type's declaration).
+func kindFinding(kind finding.Kind, target string) finding.Finding {
+	return finding.Finding{Target: target, Subject: finding.Subject{Kind: kind}}
 }

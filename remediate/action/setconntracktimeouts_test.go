@@ -140,7 +140,7 @@ func newCTTimeouts(t *testing.T, f *conntrack.Fake) Action {
 }
 
 func udpFullFinding() finding.Finding {
-	fd := detect.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget, Evidence: map[string]any{"max": 1000, "count": 950}}
+	fd := finding.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget, Evidence: map[string]any{"max": 1000, "count": 950}}
 	composition(map[conntrack.Class]uint64{conntrack.ClassUDPStream: 900, "tcp/ESTABLISHED": 50}).PutEvidence(fd.Evidence)
 	return fd
 }

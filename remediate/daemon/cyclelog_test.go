@@ -14,6 +14,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/journal"
@@ -24,10 +25,10 @@ var flipFindings atomic.Int32
 
 type flip struct{}
 
-func (flip) Detect(context.Context) ([]detect.Finding, error) {
-	var out []detect.Finding
+func (flip) Detect(context.Context) ([]finding.Finding, error) {
+	var out []finding.Finding
 	for i := range int(flipFindings.Load()) {
-		out = append(out, detect.Finding{Target: "t" + string(rune('a'+i)), Severity: detect.Warning, Message: "flip"})
+		out = append(out, finding.Finding{Target: "t" + string(rune('a'+i)), Severity: finding.Warning, Message: "flip"})
 	}
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -21,7 +22,7 @@ import (
 
 type quiet struct{}
 
-func (quiet) Detect(context.Context) ([]detect.Finding, error) { return nil, nil }
+func (quiet) Detect(context.Context) ([]finding.Finding, error) { return nil, nil }
 
 func init() {
 	detect.Define("DaemonTestQuiet", "test", func(*struct{}, *node.Node) (detect.Detector, error) { return quiet{}, nil })

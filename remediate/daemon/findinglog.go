@@ -4,8 +4,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/remediate"
+	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // findingLog logs a finding when it appears, changes severity or
@@ -13,14 +14,14 @@ import (
 // error, warning: warn, info: info). A rule skipped in a cycle keeps its
 // findings as they were: unknown is not resolved.
 type findingLog struct {
-	last map[string]remediate.ReportFinding // rule|target → last seen
+	last map[string]remediate.ReportFinding // guardrails.TargetKey → last seen
 }
 
-func levelOf(s detect.Severity) zapcore.Level {
+func levelOf(s finding.Severity) zapcore.Level {
 	switch s {
-	case detect.Critical:
+	case finding.Critical:
 		return zapcore.ErrorLevel
-	case detect.Warning:
+	case finding.Warning:
 		return zapcore.WarnLevel
 	}
 	return zapcore.InfoLevel
@@ -36,7 +37,7 @@ func (l *findingLog) observe(log *zap.Logger, rep *remediate.Report) {
 	}
 	now := map[string]remediate.ReportFinding{}
 	for _, f := range rep.Findings {
-		k := f.Rule + "|" + f.Target
+		k := guardrails.TargetKey(f.Rule, f.Target)
 		now[k] = f
 		fields := []zap.Field{zap.String("rule", f.Rule), zap.String("detector", f.Detector), zap.String("target", f.Target),
 			zap.String("severity", string(f.Severity)), zap.String("message", f.Message)}

@@ -8,7 +8,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/remediate"
 )
 
@@ -19,8 +19,8 @@ func TestFindingLogTransitionsOnly(t *testing.T) {
 	core, logs := observer.New(zap.DebugLevel)
 	log := zap.New(core)
 	var l findingLog
-	f := func(rule, target string, sev detect.Severity) remediate.ReportFinding {
-		return remediate.ReportFinding{Rule: rule, Finding: detect.Finding{Detector: "D", Target: target, Severity: sev, Message: "m"}}
+	f := func(rule, target string, sev finding.Severity) remediate.ReportFinding {
+		return remediate.ReportFinding{Rule: rule, Finding: finding.Finding{Detector: "D", Target: target, Severity: sev, Message: "m"}}
 	}
 	rep := func(skipped []string, fs ...remediate.ReportFinding) *remediate.Report {
 		r := &remediate.Report{Findings: fs}
@@ -33,12 +33,12 @@ func TestFindingLogTransitionsOnly(t *testing.T) {
 		rep  *remediate.Report
 		want []string
 	}{
-		{rep(nil, f("a", "t1", detect.Critical), f("b", "t2", detect.Warning)), []string{"error finding appeared a/t1", "warn finding appeared b/t2"}},
-		{rep(nil, f("a", "t1", detect.Critical), f("b", "t2", detect.Warning)), nil},
-		{rep(nil, f("a", "t1", detect.Warning), f("b", "t2", detect.Warning)), []string{"warn finding changed severity a/t1"}},
-		{rep([]string{"b"}, f("a", "t1", detect.Warning)), nil}, // b skipped: unknown, not resolved
-		{rep(nil, f("a", "t1", detect.Warning)), []string{"info finding resolved b/t2"}},
-		{rep(nil, f("a", "t1", detect.Info)), []string{"info finding changed severity a/t1"}},
+		{rep(nil, f("a", "t1", finding.Critical), f("b", "t2", finding.Warning)), []string{"error finding appeared a/t1", "warn finding appeared b/t2"}},
+		{rep(nil, f("a", "t1", finding.Critical), f("b", "t2", finding.Warning)), nil},
+		{rep(nil, f("a", "t1", finding.Warning), f("b", "t2", finding.Warning)), []string{"warn finding changed severity a/t1"}},
+		{rep([]string{"b"}, f("a", "t1", finding.Warning)), nil}, // b skipped: unknown, not resolved
+		{rep(nil, f("a", "t1", finding.Warning)), []string{"info finding resolved b/t2"}},
+		{rep(nil, f("a", "t1", finding.Info)), []string{"info finding changed severity a/t1"}},
 		{rep(nil), []string{"info finding resolved a/t1"}},
 		{rep(nil), nil},
 	}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/remediate-dev/remediate/deploy"
 	"github.com/remediate-dev/remediate/detect"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
@@ -366,9 +367,9 @@ func waitFor(t *testing.T, timeout time.Duration, what string, f func() (bool, s
 	t.Fatalf("timed out waiting for %s: %s", what, last)
 }
 
-func req(rule, target, act string, disruptive, dry bool) *remediate.Request {
-	return &remediate.Request{Rule: &policy.Rule{Name: rule}, ActionType: act, Disruptive: disruptive,
-		Finding: detect.Finding{Target: target}, DryRun: dry, Now: time.Now()}
+func req(rule, target, act string, disruptive, dry bool) *guardrails.Request {
+	return &guardrails.Request{Rule: &policy.Rule{Name: rule}, ActionType: act, Disruptive: disruptive,
+		Finding: finding.Finding{Target: target}, DryRun: dry, Now: time.Now()}
 }
 
 // testBudget: three daemons (each its own client, impersonating the
@@ -393,7 +394,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 			for k := 0; time.Now().Before(stop); k++ {
 				// Dry runs never take a slot.
 				if err := b.Check(ctx, req("r", "t", "RestartKubeProxy", true, true)); err != nil {
-					var bl *remediate.Blocked
+					var bl *guardrails.Blocked
 					if !errors.As(err, &bl) {
 						errs <- err
 						return
@@ -404,7 +405,7 @@ func testBudget(t *testing.T, cp *controlplane.ControlPlane) {
 				}
 				r := req("restart", fmt.Sprintf("kube-proxy/%s/%d", n, k), "RestartKubeProxy", true, false)
 				err := b.Check(ctx, r)
-				var bl *remediate.Blocked
+				var bl *guardrails.Blocked
 				if errors.As(err, &bl) {
 					blocked.Add(1)
 					time.Sleep(time.Duration(rng.Intn(20)) * time.Millisecond)
@@ -489,8 +490,8 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	r := kubeexporter.New(c.Interface, kubeexporter.Options{Node: "n1", Firing: storm.Publish,
 		Hysteresis: kubeexporter.Hysteresis{ProblemAfter: 2 * time.Second, ClearAfter: 3 * time.Second}, Log: zaptest.NewLogger(t)})
 	sick := &remediate.Report{
-		Findings: []remediate.ReportFinding{{Rule: "stale", Finding: detect.Finding{Detector: "KubeProxySyncStale",
-			Target: "kube-proxy/IPv4", Severity: detect.Critical, Message: "last sync 95s ago"}}},
+		Findings: []remediate.ReportFinding{{Rule: "stale", Finding: finding.Finding{Detector: "KubeProxySyncStale",
+			Target: "kube-proxy/IPv4", Severity: finding.Critical, Message: "last sync 95s ago"}}},
 		Decisions: []remediate.Decision{{Rule: "stale", Action: "RestartKubeProxy", Target: "kube-proxy/IPv4",
 			Outcome: remediate.OutcomeDryRun, Reason: "audit mode: would delete pod kube-system/kube-proxy-x"}},
 	}
@@ -570,7 +571,7 @@ func testActions(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
 	n := &node.Node{Name: "n1", Kube: c.Interface}
-	f := detect.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
+	f := finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
 
 	// No controller manager runs here: the test plays the DaemonSet
 	// controller (owner reference, then a Ready replacement).
@@ -659,16 +660,16 @@ var generation atomic.Int64
 
 type alwaysFinding struct{}
 
-func (alwaysFinding) Detect(context.Context) ([]detect.Finding, error) {
-	return []detect.Finding{{Detector: "E2EAlways", Target: fmt.Sprintf("e2e/%d", generation.Load()), Severity: detect.Warning, Message: "e2e"}}, nil
+func (alwaysFinding) Detect(context.Context) ([]finding.Finding, error) {
+	return []finding.Finding{{Detector: "E2EAlways", Target: fmt.Sprintf("e2e/%d", generation.Load()), Severity: finding.Warning, Message: "e2e"}}, nil
 }
 
 type countAction struct{ n *atomic.Int64 }
 
-func (a countAction) Plan(context.Context, detect.Finding) (action.Plan, error) {
+func (a countAction) Plan(context.Context, finding.Finding) (action.Plan, error) {
 	return action.Plan{Summary: "count"}, nil
 }
-func (a countAction) Execute(context.Context, detect.Finding) (action.Result, error) {
+func (a countAction) Execute(context.Context, finding.Finding) (action.Result, error) {
 	a.n.Add(1)
 	return action.Result{Summary: "counted"}, nil
 }

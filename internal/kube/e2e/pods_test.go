@@ -18,6 +18,7 @@ import (
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
@@ -105,9 +106,9 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 		pp := p.(*detect.CNIAgentUnhealthyParams)
 		pp.NotReadyFor, pp.RestartWindow = policy.D(time.Second), policy.D(4*time.Second)
 	})
-	detectUntil := func(d detect.Detector, what string, ok func([]detect.Finding) bool) []detect.Finding {
+	detectUntil := func(d detect.Detector, what string, ok func([]finding.Finding) bool) []finding.Finding {
 		t.Helper()
-		var fs []detect.Finding
+		var fs []finding.Finding
 		waitFor(t, 20*time.Second, what, func() (bool, string) {
 			var err error
 			fs, err = d.Detect(ctx)
@@ -115,15 +116,15 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 		})
 		return fs
 	}
-	none := func(fs []detect.Finding) bool { return len(fs) == 0 }
+	none := func(fs []finding.Finding) bool { return len(fs) == 0 }
 
 	// A workload pod on n1 stuck without sandbox, and one on n2.
 	fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, "stuck-1", "n1"), fakekubelet.SandboxNotReady(time.Now()))
 	fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, "other-node", "n2"), fakekubelet.SandboxNotReady(time.Now().Add(-time.Hour)))
-	detectUntil(podsDet, "the pod watch seeing stuck-1", func(fs []detect.Finding) bool {
+	detectUntil(podsDet, "the pod watch seeing stuck-1", func(fs []finding.Finding) bool {
 		return len(pw.NodePods()) == 1 && len(fs) == 0 // young: under minAge
 	})
-	fs := detectUntil(podsDet, "stuck-1 past minAge", func(fs []detect.Finding) bool { return len(fs) == 1 })
+	fs := detectUntil(podsDet, "stuck-1 past minAge", func(fs []finding.Finding) bool { return len(fs) == 1 })
 	if fs[0].Target != cluster.NodePodsTarget || fs[0].Evidence["stuckPods"] != 1 || !strings.Contains(fs[0].Message, podsNS+"/stuck-1") ||
 		strings.Contains(fs[0].Message, "other-node") || !strings.Contains(fs[0].Message, "no CNI agent pod found") {
 		t.Fatalf("finding %+v", fs[0])
@@ -136,7 +137,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	for i := 0; i < 12; i++ {
 		fakekubelet.Create(t, admin, fakekubelet.Workload(podsNS, fmt.Sprintf("batch-%02d", i), "n1"), fakekubelet.SandboxNotReady(time.Now().Add(-time.Minute)))
 	}
-	fs = detectUntil(podsDet, "12 stuck pods", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["stuckPods"] == 12 })
+	fs = detectUntil(podsDet, "12 stuck pods", func(fs []finding.Finding) bool { return len(fs) == 1 && fs[0].Evidence["stuckPods"] == 12 })
 	if l := fs[0].Evidence["pods"].([]map[string]any); len(l) != 10 || !strings.Contains(fs[0].Message, "and 2 more") {
 		t.Errorf("many: %d listed, %q", len(l), fs[0].Message)
 	}
@@ -144,15 +145,15 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	// The CNI agent, Ready: no finding; the pods finding names it.
 	fakekubelet.Create(t, admin, fakekubelet.CalicoNode("calico-system", "calico-node-n1", "n1"), fakekubelet.Running(0, nil))
 	fakekubelet.Create(t, admin, fakekubelet.CalicoNode("calico-system", "calico-node-n2", "n2"), fakekubelet.Running(0, nil))
-	detectUntil(agentDet, "agent Ready", func(fs []detect.Finding) bool { return len(fs) == 0 && len(pw.NodePods()) == 14 })
-	detectUntil(podsDet, "pods finding with the agent", func(fs []detect.Finding) bool {
+	detectUntil(agentDet, "agent Ready", func(fs []finding.Finding) bool { return len(fs) == 0 && len(pw.NodePods()) == 14 })
+	detectUntil(podsDet, "pods finding with the agent", func(fs []finding.Finding) bool {
 		return len(fs) == 1 && strings.Contains(fs[0].Message, "CNI agent calico-system/calico-node-n1 Ready")
 	})
 	// Not Ready.
 	nr := fakekubelet.Running(0, nil)
 	nr.Conditions[1] = corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: metav1.NewTime(time.Now().Add(-time.Minute))}
 	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", nr)
-	fs = detectUntil(agentDet, "agent not Ready", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Severity == detect.Critical })
+	fs = detectUntil(agentDet, "agent not Ready", func(fs []finding.Finding) bool { return len(fs) == 1 && fs[0].Severity == finding.Critical })
 	if fs[0].Target != "node-agent/calico-system/calico-node" || fs[0].Evidence["pod"] != "calico-node-n1" || fs[0].Evidence[cluster.EvidenceAgent] != "calico-node" {
 		t.Errorf("not ready finding %+v", fs[0])
 	}
@@ -160,7 +161,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	detectUntil(agentDet, "agent Ready again", none)
 	// Restart count rising (no last state): found, clears after the window.
 	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(2, nil))
-	fs = detectUntil(agentDet, "restarts rising", func(fs []detect.Finding) bool { return len(fs) == 1 })
+	fs = detectUntil(agentDet, "restarts rising", func(fs []finding.Finding) bool { return len(fs) == 1 })
 	if !strings.Contains(fs[0].Message, "restarting (2 restarts") || fs[0].Evidence["restartCount"] != int32(2) {
 		t.Errorf("restarting finding %+v", fs[0])
 	}
@@ -168,7 +169,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	// OOM-killed just now.
 	fakekubelet.SetStatus(t, admin, "calico-system", "calico-node-n1", fakekubelet.Running(3, &corev1.ContainerStateTerminated{
 		Reason: "OOMKilled", ExitCode: 137, FinishedAt: metav1.NewTime(time.Now())}))
-	fs = detectUntil(agentDet, "OOM-killed", func(fs []detect.Finding) bool { return len(fs) == 1 && fs[0].Evidence["oomKilled"] == true })
+	fs = detectUntil(agentDet, "OOM-killed", func(fs []finding.Finding) bool { return len(fs) == 1 && fs[0].Evidence["oomKilled"] == true })
 	if fs[0].Evidence["lastTerminatedReason"] != "OOMKilled" || !strings.Contains(fs[0].Message, "OOM-killed") {
 		t.Errorf("oom finding %+v", fs[0])
 	}
@@ -186,7 +187,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 		"pod/calico-system/calico-node-n2": "no pod calico-system/calico-node-n2 of an allowlisted agent on node n1",
 		"pod/" + podsNS + "/batch-00":      "no pod " + podsNS + "/batch-00 of an allowlisted agent",
 	} {
-		if _, err := a.Execute(ctx, detect.Finding{Target: target}); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := a.Execute(ctx, finding.Finding{Target: target}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", target, err, want)
 		}
 	}
@@ -219,7 +220,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 			_, _ = admin.CoreV1().Pods("calico-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
 		}
 	}()
-	res, err := a.Execute(ctx, detect.Finding{Target: "pod/calico-system/calico-node-n1"})
+	res, err := a.Execute(ctx, finding.Finding{Target: "pod/calico-system/calico-node-n1"})
 	if err != nil || res.Details["newPod"] != "calico-node-n1-new" {
 		t.Fatalf("restart: %+v %v", res, err)
 	}

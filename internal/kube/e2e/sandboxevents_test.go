@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"net/http"
 	"strings"
 	"sync"
@@ -145,7 +146,7 @@ func TestSandboxEventsEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	var sf map[string]any
-	var f detect.Finding
+	var f finding.Finding
 	waitFor(t, 30*time.Second, "the classified sandbox failures", func() (bool, string) {
 		mu.Lock()
 		lists = nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,7 +103,7 @@ func TestNodeHostLocalIPAMExhaustedAndLeaked(t *testing.T) {
 	if err != nil || len(fs) != 2 {
 		t.Fatalf("%+v %v", fs, err)
 	}
-	if fs[0].Target != "cni-ipam/rn" || fs[0].Severity != detect.Critical || !strings.Contains(fs[0].Message, "253 of 253 addresses of 10.244.0.1-10.244.0.254") {
+	if fs[0].Target != "cni-ipam/rn" || fs[0].Severity != finding.Critical || !strings.Contains(fs[0].Message, "253 of 253 addresses of 10.244.0.1-10.244.0.254") {
 		t.Errorf("usage finding %+v", fs[0])
 	}
 	// Leaked: exactly ours; the live sandboxes' addresses are not.

@@ -204,7 +204,7 @@ func (r *Reporter) event(ctx context.Context, d remediate.Decision) error {
 	if action == "" {
 		action = "Report"
 	}
-	return r.Emit(ctx, d.Rule+"|"+d.Target+"|"+outcome, typ, reason, action, note)
+	return r.Emit(ctx, guardrails.TargetKey(d.Rule, d.Target)+"|"+outcome, typ, reason, action, note)
 }
 
 // Emit records one occurrence of an event with dedup key key: the first in

@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -31,7 +32,7 @@ func TestKubeProxyNFTablesFailures(t *testing.T) {
 	n := &node.Node{Clock: clk, Log: zap.NewNop(), KubeProxy: kp}
 	d := newDetector(t, "KubeProxyNFTablesFailures", n, nil)
 	ctx := context.Background()
-	step := func(metrics string) ([]Finding, error) {
+	step := func(metrics string) ([]finding.Finding, error) {
 		kp.SetMetrics(metrics)
 		clk.Step(10 * time.Second)
 		return d.Detect(ctx)
@@ -48,7 +49,7 @@ func TestKubeProxyNFTablesFailures(t *testing.T) {
 	// The real capture after the table was deleted and a sync failed.
 	fs, err = step(failed)
 	wantTargets(t, "sync failure", fs, err, "kube-proxy/IPv4")
-	if f := fs[0]; f.Severity != Critical || f.Evidence["syncFailures"] != 1.0 || !strings.Contains(f.Message, "not being updated") {
+	if f := fs[0]; f.Severity != finding.Critical || f.Evidence["syncFailures"] != 1.0 || !strings.Contains(f.Message, "not being updated") {
 		t.Errorf("finding %+v", f)
 	}
 	// Out of the 4 x syncPeriod window: clears.
@@ -65,7 +66,7 @@ func TestKubeProxyNFTablesFailures(t *testing.T) {
 		"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family=\"IPv6\"} 3\n# HELP kubeproxy_sync_proxy_rules_last_queued", 1)
 	fs, err = step(cleanup)
 	wantTargets(t, "cleanup failures", fs, err, "kube-proxy/IPv6")
-	if fs[0].Severity != Warning {
+	if fs[0].Severity != finding.Warning {
 		t.Errorf("cleanup finding %+v", fs[0])
 	}
 
@@ -73,7 +74,7 @@ func TestKubeProxyNFTablesFailures(t *testing.T) {
 	kp.SetMode(kubeproxy.ModeIPTables, nil)
 	if _, err := d.Detect(ctx); err == nil {
 		t.Error("iptables mode: no skip")
-	} else if r, ok := IsSkip(err); !ok || !strings.Contains(r, "iptables mode") {
+	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "iptables mode") {
 		t.Errorf("iptables mode: %v", err)
 	}
 }
@@ -87,7 +88,7 @@ func TestIPTablesOnlyDetectorsSkipInNFTablesMode(t *testing.T) {
 	n := &node.Node{Clock: clk, Log: zap.NewNop(), KubeProxy: kp}
 	for _, name := range []string{"KubeProxyRestoreFailures", "KubeProxyRuleBloat"} {
 		_, err := newDetector(t, name, n, nil).Detect(context.Background())
-		if r, ok := IsSkip(err); !ok || !strings.Contains(r, "nftables mode") {
+		if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "nftables mode") {
 			t.Errorf("%s: %v, want a skip naming nftables mode", name, err)
 		}
 	}

@@ -91,7 +91,7 @@ func newKubeProxyKernelModules(p *KubeProxyKernelModulesParams, n *node.Node) (D
 // from it.
 type kmodReading struct {
 	at       time.Time
-	findings []Finding
+	findings []finding.Finding
 	judged   string
 	// attention: a module missing, or unknown on a kernel that can load
 	// modules, or the backend unknown: read again next cycle.
@@ -165,13 +165,13 @@ func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
 	return ms
 }
 
-func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
-		return nil, Skip("%s", why)
+		return nil, finding.Skip("%s", why)
 	}
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
-		return nil, Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
+		return nil, finding.Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
 	}
 	now := d.n.Clock.Now()
 	d.mu.Lock()
@@ -191,7 +191,7 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]Finding, error) 
 	} else {
 		d.set("%s; modules read at %s, reused until %s", r.judged, at, r.at.Add(d.p.ReuseFor.Duration).UTC().Format(time.RFC3339))
 	}
-	return append([]Finding(nil), r.findings...), nil
+	return append([]finding.Finding(nil), r.findings...), nil
 }
 
 // read reads the module sources and kube-proxy's backend and judges them.
@@ -202,7 +202,7 @@ func (d *kubeProxyKernelModules) read(ctx context.Context, now time.Time) *kmodR
 	if _, err := os.Stat(filepath.Join(d.n.ProcRoot, "sys", "net", "netfilter", "nf_conntrack_max")); err == nil {
 		conntrackSysctl = true
 	}
-	var out []Finding
+	var out []finding.Finding
 	var judged []string
 	attention := false
 	for _, fs := range d.p.Families {
@@ -243,10 +243,10 @@ func (d *kubeProxyKernelModules) read(ctx context.Context, now time.Time) *kmodR
 				ev["unreadable"] = snap.Errors
 			}
 			ev["readAt"] = now.UTC().Format(time.RFC3339)
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: "KubeProxyKernelModules",
 				Target:   "iptables/" + fs + "/kernel-modules",
-				Severity: Critical,
+				Severity: finding.Critical,
 				Message: fmt.Sprintf("%s: kernel modules kube-proxy's iptables rules need are neither loaded, built in nor installed: %s; its iptables-restore fails on the rules that use them",
 					fs, strings.Join(missing, ", ")),
 				Evidence: ev,

@@ -359,7 +359,7 @@ type ctScanNote struct {
 }
 
 // findings turns the stale backends into findings, most entries first.
-func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []Finding {
+func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []finding.Finding {
 	list := make([]*ctStaleBackend, 0, len(ix.stale))
 	for _, b := range ix.stale {
 		if b.entries >= minEntries {
@@ -375,7 +375,7 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []F
 		}
 		return list[i].key.Backend.String() < list[j].key.Backend.String()
 	})
-	var out []Finding
+	var out []finding.Finding
 	for _, b := range list {
 		if len(out) >= maxFindings {
 			break
@@ -406,12 +406,12 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []F
 		}
 		ref := conntrack.BackendRef{Protocol: proto, Backend: conntrack.Backend{IP: b.key.Backend.Addr(), Port: b.key.Backend.Port()}}
 		ref.PutEvidence(ev)
-		sev := Critical
+		sev := finding.Critical
 		hint := "; FlushConntrack deletes them"
 		if b.key.Proto != conntrack.ProtoUDP {
-			sev, hint = Warning, "; TCP: report only (FlushConntrack deletes UDP entries only)"
+			sev, hint = finding.Warning, "; TCP: report only (FlushConntrack deletes UDP entries only)"
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: ConntrackStaleServiceEntriesName,
 			Target:   ref.Target(),
 			Severity: sev,
@@ -419,6 +419,7 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []F
 				b.entries, proto, strings.Join(services, ", "), b.key.Backend, strings.Join(reasons, "; "),
 				ix.now.Sub(b.oldest).Round(time.Second), ix.grace, hint),
 			Evidence: ev,
+			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.entries}},
 		})
 	}
 	return out
@@ -471,14 +472,14 @@ func rememberCTVIPs(known map[ctVIP]ctKnown, ix *ctIndex, now time.Time, max int
 // original destination is a Service address and whose reply source no
 // longer serves it. Entries of deleted Services are recognised from the
 // Service addresses remembered over earlier cycles (not in --once).
-func (d *conntrackStale) Detect(ctx context.Context) ([]Finding, error) {
+func (d *conntrackStale) Detect(ctx context.Context) ([]finding.Finding, error) {
 	n := d.n
 	if n.Conntrack == nil {
-		return nil, Skip("%s", n.Why("conntrack"))
+		return nil, finding.Skip("%s", n.Why("conntrack"))
 	}
 	sc, ok := n.Conntrack.(conntrack.Scanner)
 	if !ok {
-		return nil, Skip("the conntrack adapter cannot stream the table")
+		return nil, finding.Skip("the conntrack adapter cannot stream the table")
 	}
 	if err := clusterViewGate(n, "no serving endpoints to compare with"); err != nil {
 		return nil, err
@@ -527,7 +528,7 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]Finding, error) {
 // report, not only a race it lost. Every cycle it records the run counts
 // (one cached scrape); a kube-proxy that cannot be read costs half the
 // time left at most and only leaves the evidence saying so.
-func (d *conntrackStale) reconciler(ctx context.Context, out []Finding) {
+func (d *conntrackStale) reconciler(ctx context.Context, out []finding.Finding) {
 	if d.n.KubeProxy == nil {
 		for i := range out {
 			out[i].Evidence["kubeProxyConntrackReconciler"] = "not read: " + d.n.Why(subsystemKubeProxy)

@@ -52,20 +52,20 @@ type kubeProxyNFTablesIntegrity struct {
 	n *node.Node
 }
 
-func (d *kubeProxyNFTablesIntegrity) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyNFTablesIntegrity) Detect(ctx context.Context) ([]finding.Finding, error) {
 	mode, modeSource, err := kubeProxyMode(ctx, d.n, d.p.ProxyMode)
 	if err != nil {
 		return nil, err
 	}
 	if mode != kubeproxy.ModeNFTables {
-		return nil, Skip("kube-proxy runs in %s mode (%s); KubeProxyNFTablesIntegrity applies to nftables mode only", mode, modeSource)
+		return nil, finding.Skip("kube-proxy runs in %s mode (%s); KubeProxyNFTablesIntegrity applies to nftables mode only", mode, modeSource)
 	}
 	fams, famSource, err := servedFamilies(ctx, d.n, d.p.mode())
 	if err != nil {
 		return nil, err
 	}
 	if len(fams) == 0 {
-		return nil, Skip("kube-proxy has not completed a sync yet: no family to check")
+		return nil, finding.Skip("kube-proxy has not completed a sync yet: no family to check")
 	}
 	s, err := listRuleset(ctx, d.n)
 	if err != nil {
@@ -178,8 +178,8 @@ func kubeProxyTableProblems(t *nftables.Table) (critical, warnings []string) {
 
 // nftIntegrityFindings is the decision: one finding per served family whose
 // kube-proxy table is missing or damaged.
-func nftIntegrityFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []Finding {
-	var out []Finding
+func nftIntegrityFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []finding.Finding {
+	var out []finding.Finding
 	for _, f := range fams {
 		nf := nftFamily(f)
 		cmd := fmt.Sprintf("nft list table %s %s", nf, nftables.KubeProxyTableName)
@@ -191,10 +191,10 @@ func nftIntegrityFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []Findi
 				present = append(present, string(o.Family)+" "+o.Name)
 			}
 			ev["tablesPresent"] = present
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: "KubeProxyNFTablesIntegrity",
 				Target:   nftTarget(nf, nftables.KubeProxyTableName),
-				Severity: Critical,
+				Severity: finding.Critical,
 				Message: fmt.Sprintf("kube-proxy runs in nftables mode and serves %s, but table %s %s is missing: every %s Service on this node is unreachable (deleted by a firewall reload or `nft flush ruleset`?); kube-proxy rebuilds it only on a full sync (restart)",
 					f, nf, nftables.KubeProxyTableName, f),
 				Evidence: ev,
@@ -205,12 +205,12 @@ func nftIntegrityFindings(rs *nftables.Ruleset, fams []kubeproxy.Family) []Findi
 		if len(critical)+len(warnings) == 0 {
 			continue
 		}
-		sev := Warning
+		sev := finding.Warning
 		if len(critical) > 0 {
-			sev = Critical
+			sev = finding.Critical
 		}
 		ev["critical"], ev["warnings"] = critical, warnings
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxyNFTablesIntegrity",
 			Target:   nftTarget(nf, nftables.KubeProxyTableName),
 			Severity: sev,

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -119,7 +120,7 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} %g
 	f.SetLocks("/run/xtables.lock", procs.FileLocks{})
 	kp.SetMetrics(kpMetrics(4, t0+13, t0+10))
 	got, err = d.Detect(ctx)
-	if err != nil || len(got) != 1 || got[0].Target != "xtables-lock/repeated-holds" || got[0].Severity != Warning {
+	if err != nil || len(got) != 1 || got[0].Target != "xtables-lock/repeated-holds" || got[0].Severity != finding.Warning {
 		t.Fatalf("t=17.5: %+v %v", got, err)
 	}
 	m := got[0].Message

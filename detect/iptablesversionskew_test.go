@@ -12,6 +12,7 @@ import (
 
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
@@ -131,7 +132,7 @@ func TestIPTablesVersionSkew(t *testing.T) {
 				}
 			})
 			got, err := d.Detect(context.Background())
-			if _, skip := IsSkip(err); skip != c.wantSkip || (err != nil && !skip) {
+			if _, skip := finding.IsSkip(err); skip != c.wantSkip || (err != nil && !skip) {
 				t.Fatalf("err = %v, wantSkip %v", err, c.wantSkip)
 			}
 			if !reflect.DeepEqual(findingTargets(got), c.want) {

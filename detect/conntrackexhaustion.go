@@ -162,24 +162,24 @@ func conntrackRates(prev *ctSample, cur ctSample) (r ctRates, ok bool) {
 }
 
 // judgeConntrack is the decision: which reasons hold and how severe.
-func judgeConntrack(p ConntrackExhaustionParams, u conntrack.Usage, r ctRates, haveRates bool) (reasons []string, sev Severity) {
+func judgeConntrack(p ConntrackExhaustionParams, u conntrack.Usage, r ctRates, haveRates bool) (reasons []string, sev finding.Severity) {
 	util := u.Utilization()
 	if u.Max > 0 && util >= p.UtilizationThreshold {
 		reasons = append(reasons, fmt.Sprintf("table %.1f%% full (%d/%d, threshold %.0f%%)", util*100, u.Count, u.Max, p.UtilizationThreshold*100))
-		sev = Warning
+		sev = finding.Warning
 		if util >= p.CriticalUtilization {
-			sev = Critical
+			sev = finding.Critical
 		}
 	}
 	if haveRates {
 		if d := r.Drop + r.EarlyDrop; p.DropRateThreshold > 0 && d >= p.DropRateThreshold {
 			reasons = append(reasons, fmt.Sprintf("dropping %.2f/s (drop %.2f/s, early_drop %.2f/s)", d, r.Drop, r.EarlyDrop))
-			sev = Critical
+			sev = finding.Critical
 		}
 		if p.InsertFailedRateThreshold > 0 && r.InsertFailed >= p.InsertFailedRateThreshold {
 			reasons = append(reasons, fmt.Sprintf("insert_failed %.2f/s", r.InsertFailed))
 			if sev == "" {
-				sev = Warning
+				sev = finding.Warning
 			}
 		}
 	}
@@ -223,10 +223,10 @@ func (d *conntrackExhaustion) breakdown(ctx context.Context, u conntrack.Usage) 
 }
 
 // Detect implements Detector.
-func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
+func (d *conntrackExhaustion) Detect(ctx context.Context) ([]finding.Finding, error) {
 	ct := d.n.Conntrack
 	if ct == nil {
-		return nil, Skip("%s", d.n.Why("conntrack"))
+		return nil, finding.Skip("%s", d.n.Why("conntrack"))
 	}
 	u, err := ct.Usage(ctx)
 	if err != nil {
@@ -243,7 +243,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 	d.prev = &cur
 	d.mu.Unlock()
 
-	var out []Finding
+	var out []finding.Finding
 	if reasons, sev := judgeConntrack(d.p, u, rates, haveRates); len(reasons) > 0 {
 		comp, haveComp, compErr := d.breakdown(ctx, u)
 		ev := map[string]any{
@@ -271,7 +271,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 		if compErr != nil {
 			ev["breakdownError"] = compErr.Error()
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: ConntrackExhaustionName,
 			Target:   ConntrackTableTarget,
 			Severity: sev,
@@ -295,10 +295,10 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]Finding, error) {
 			}
 		} else if ok && cur < rec.Max {
 			u.Max = cur
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: ConntrackExhaustionName,
 				Target:   ConntrackDriftTarget,
-				Severity: Warning,
+				Severity: finding.Warning,
 				Message: fmt.Sprintf("nf_conntrack_max is %d, lower than %d set by remediate at %s (a kube-proxy restart resets it to its own sizing)",
 					u.Max, rec.Max, rec.SetAt.UTC().Format(time.RFC3339)),
 				Evidence: map[string]any{

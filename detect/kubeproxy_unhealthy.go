@@ -28,7 +28,7 @@ func newKubeProxyUnhealthy(_ *KubeProxyUnhealthyParams, n *node.Node) (Detector,
 	return &kubeProxyUnhealthy{n: n}, nil
 }
 
-func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -43,8 +43,8 @@ func (d *kubeProxyUnhealthy) Detect(ctx context.Context) ([]Finding, error) {
 
 // unhealthyFindings is the decision: one finding per family /healthz names
 // unhealthy (or one for kube-proxy as a whole before 1.33).
-func unhealthyFindings(h *kubeproxy.Healthz) []Finding {
-	var out []Finding
+func unhealthyFindings(h *kubeproxy.Healthz) []finding.Finding {
+	var out []finding.Finding
 	for _, f := range h.UnhealthyFamilies() {
 		ev := map[string]any{
 			"statusCode":  h.StatusCode,
@@ -62,10 +62,10 @@ func unhealthyFindings(h *kubeproxy.Healthz) []Finding {
 		if !since.IsZero() {
 			msg += fmt.Sprintf(", rules last updated %s before kube-proxy's current time", h.CurrentTime.Sub(since).Round(1e9))
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "KubeProxyUnhealthy",
 			Target:   f.Target(),
-			Severity: Critical,
+			Severity: finding.Critical,
 			Message:  msg,
 			Evidence: ev,
 		})

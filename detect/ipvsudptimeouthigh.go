@@ -52,10 +52,7 @@ func newIPVSUDPTimeoutHigh(p *IPVSUDPTimeoutHighParams, n *node.Node) (Detector,
 	return &ipvsUDPTimeoutHigh{p: *p, n: n}, nil
 }
 
-// TimeoutsTarget is the finding target for IPVS's global timeouts.
-const TimeoutsTarget = ipvs.TimeoutsTarget
-
-func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
+func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, false); err != nil {
 		return nil, err
 	}
@@ -67,10 +64,10 @@ func (d *ipvsUDPTimeoutHigh) Detect(ctx context.Context) ([]Finding, error) {
 		d.set("IPVS UDP timeout %s (ceiling %s)", t.UDP, d.p.Ceiling.Duration)
 		return nil, nil
 	}
-	return []Finding{{
+	return []finding.Finding{{
 		Detector: "IPVSUDPTimeoutHigh",
-		Target:   TimeoutsTarget,
-		Severity: Warning,
+		Target:   ipvs.TimeoutsTarget,
+		Severity: finding.Warning,
 		Message:  fmt.Sprintf("IPVS UDP timeout is %s, above the ceiling of %s", t.UDP, d.p.Ceiling.Duration),
 		Evidence: map[string]any{
 			"udpTimeoutSeconds":    int(t.UDP / time.Second),

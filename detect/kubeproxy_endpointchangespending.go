@@ -66,7 +66,7 @@ func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams
 	return &kubeProxyPending{p: *p, n: n}, nil
 }
 
-func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
+func (d *kubeProxyPending) Detect(ctx context.Context) ([]finding.Finding, error) {
 	kp, err := kubeProxyOf(d.n)
 	if err != nil {
 		return nil, err
@@ -76,7 +76,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 		return nil, err
 	}
 	if sc.Metrics.EndpointChangesPending == nil {
-		return nil, Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_pending")
+		return nil, finding.Skip("kube-proxy does not export sync_proxy_rules_endpoint_changes_pending")
 	}
 	// Causes are judged over the scrapes the growth is seen in, at least
 	// 2 x syncPeriod.
@@ -88,7 +88,7 @@ func (d *kubeProxyPending) Detect(ctx context.Context) ([]Finding, error) {
 }
 
 // findings records the pending gauge and decides.
-func (d *kubeProxyPending) findings(sc *kubeproxy.Scrape) []Finding {
+func (d *kubeProxyPending) findings(sc *kubeproxy.Scrape) []finding.Finding {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sc.Seq != d.lastSeq {
@@ -103,11 +103,11 @@ func (d *kubeProxyPending) findings(sc *kubeproxy.Scrape) []Finding {
 		return nil
 	}
 	vals := append([]float64(nil), d.values...)
-	return []Finding{{
+	return []finding.Finding{{
 		Detector: "KubeProxyEndpointChangesPending",
 		// The gauge is node-wide: kube-proxy exports it without ip_family.
 		Target:   "kube-proxy",
-		Severity: Warning,
+		Severity: finding.Warning,
 		Message: fmt.Sprintf("kube-proxy has %g endpoint changes pending, growing over the last %d scrapes (%v): it is not applying them",
 			vals[len(vals)-1], len(vals), vals),
 		Evidence: map[string]any{"pending": vals, "scrapes": len(vals)},

@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/dataplane"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 )
@@ -373,7 +374,7 @@ func TestConntrackStaleSkipsAndErrors(t *testing.T) {
 	d, _ := newConntrackStaleServiceEntries(&p, w.n)
 	if _, err := d.Detect(context.Background()); err == nil {
 		t.Fatal("disconnected view: no skip")
-	} else if _, ok := IsSkip(err); !ok {
+	} else if _, ok := finding.IsSkip(err); !ok {
 		t.Fatalf("disconnected view: %v is not a skip", err)
 	}
 	w = newCTWorld()
@@ -381,7 +382,7 @@ func TestConntrackStaleSkipsAndErrors(t *testing.T) {
 	d, _ = newConntrackStaleServiceEntries(&p, w.n)
 	if _, err := d.Detect(context.Background()); err == nil || !strings.Contains(err.Error(), "netlink broke") {
 		t.Fatalf("scan error: %v", err)
-	} else if _, ok := IsSkip(err); ok {
+	} else if _, ok := finding.IsSkip(err); ok {
 		t.Fatalf("scan error reported as a skip: %v", err)
 	}
 	w.n.Conntrack = nil
@@ -420,7 +421,7 @@ func TestConntrackStaleKubeProxyReconciler(t *testing.T) {
 	p := defaultCTStaleParams(t)
 	d, _ := newConntrackStaleServiceEntries(&p, w.n)
 	d.(*conntrackStale).localAddrs = func() ([]netip.Addr, error) { return nil, nil }
-	detect := func() Finding {
+	detect := func() finding.Finding {
 		t.Helper()
 		fs, err := d.Detect(context.Background())
 		if err != nil || len(fs) != 1 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -79,7 +80,7 @@ func TestKubeProxyKernelModules(t *testing.T) {
 				}
 			})
 			got, err := d.Detect(context.Background())
-			if _, skip := IsSkip(err); skip != c.skip || (err != nil && !skip) {
+			if _, skip := finding.IsSkip(err); skip != c.skip || (err != nil && !skip) {
 				t.Fatalf("err = %v", err)
 			}
 			if !reflect.DeepEqual(findingTargets(got), c.want) {
@@ -190,7 +191,7 @@ func TestKubeProxyKernelModulesReusesReading(t *testing.T) {
 		return newIssue3Detector(t, "KubeProxyKernelModules", n, nil).(*kubeProxyKernelModules)
 	}
 	d := newDetector()
-	cycle := func(step time.Duration, wantReads int, wantFindings int, wantJudged string) []Finding {
+	cycle := func(step time.Duration, wantReads int, wantFindings int, wantJudged string) []finding.Finding {
 		t.Helper()
 		clk.Step(step)
 		got, err := d.Detect(context.Background())

@@ -106,7 +106,7 @@ const unknownHolder = "xtables-lock/holder-not-visible"
 // repeatedHolds is the target of the micro-outage finding.
 const repeatedHolds = "xtables-lock/repeated-holds"
 
-func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
+func (d *xtablesLock) Detect(ctx context.Context) ([]finding.Finding, error) {
 	out, err := d.detect(ctx)
 	if err != nil {
 		return nil, err
@@ -121,23 +121,23 @@ func (d *xtablesLock) Detect(ctx context.Context) ([]Finding, error) {
 	}
 	span := d.p.MaxHold.Duration
 	d.causes.observe(ctx, d.n, sc, span)
-	d.causes.attach(ctx, d.n, sc, func(Finding) kubeproxy.Family { return kubeproxy.Unlabelled }, span, out)
+	d.causes.attach(ctx, d.n, sc, func(finding.Finding) kubeproxy.Family { return kubeproxy.Unlabelled }, span, out)
 	return out, nil
 }
 
-func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
+func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.Procs == nil {
-		return nil, Skip("%s", d.n.Why("procs"))
+		return nil, finding.Skip("%s", d.n.Why("procs"))
 	}
 	if d.n.XtablesLock == "" {
-		return nil, Skip("no xtables lock file configured (--xtables-lock)")
+		return nil, finding.Skip("no xtables lock file configured (--xtables-lock)")
 	}
 	l, err := d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
 	if errors.Is(err, fs.ErrNotExist) {
 		// Either no legacy iptables ever ran here, or the host's /run is
 		// not mounted into this container: say so rather than "healthy".
 		d.track(nil, time.Time{})
-		return nil, Skip("xtables lock file %s does not exist (no legacy iptables has run on this node, or the host's /run is not mounted here)", d.n.XtablesLock)
+		return nil, finding.Skip("xtables lock file %s does not exist (no legacy iptables has run on this node, or the host's /run is not mounted here)", d.n.XtablesLock)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading locks on %s: %w", d.n.XtablesLock, err)
@@ -154,10 +154,10 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	now := d.n.Clock.Now()
-	var out []Finding
+	var out []finding.Finding
 	repeated := ""
 	if watch != nil {
-		var f *Finding
+		var f *finding.Finding
 		f, repeated = d.repeated(ctx, watch, now)
 		if f != nil {
 			out = append(out, *f)
@@ -257,7 +257,8 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 			}
 		}
 		var msg string
-		sev := Critical
+		sev := finding.Critical
+		sub := finding.Subject{AgeSeconds: durSeconds(hold)}
 		if k == unknownHolder {
 			msg = fmt.Sprintf("xtables lock %s held by a process not visible here (/proc/locks pid %v) %s", d.n.XtablesLock, l.LockPIDs, why)
 		} else {
@@ -271,17 +272,19 @@ func (d *xtablesLock) detect(ctx context.Context) ([]Finding, error) {
 			}
 			msg = fmt.Sprintf("xtables lock %s held by %s (pid %d) %s", d.n.XtablesLock, name, h.Pid, why)
 			ev["holdsXtablesLock"] = true
+			sub.Process = &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: durSeconds(hold)}
 			if notTarget := outOfReach(h, procs.NetfilterPrograms, d.n.Procs.SelfNetNS(), ev); notTarget != "" {
-				sev = Info
+				sev = finding.Info
 				msg += "; this holder is not a target: " + notTarget
 			}
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "XtablesLockContention",
 			Target:   k,
 			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  sub,
 		})
 	}
 	return out, nil

@@ -319,7 +319,7 @@ type spState struct {
 	fails int
 	// last is the last judged finding, reported again while the path is
 	// not probed (budget, minPeriod) until a connect answers.
-	last    *Finding
+	last    *finding.Finding
 	lastRun time.Time
 }
 
@@ -391,7 +391,7 @@ func spEvidence(r probe.Result) spResultEvidence {
 
 // judgeServicePath turns a failing Service path and its direct connects
 // into a finding. Pure.
-func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.Result) Finding {
+func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.Result) finding.Finding {
 	var ok, bad []string
 	for _, r := range direct {
 		if r.OK() {
@@ -404,11 +404,11 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 	head := fmt.Sprintf("%s port %d (%s ClusterIP %s) fails through the Service: %s, %d consecutive connects",
 		svcName, path.ref.Port, path.ref.Family, path.vip, svc, fails)
 	var verdict spVerdict
-	var sev Severity
+	var sev finding.Severity
 	var msg string
 	switch {
 	case len(bad) > 0:
-		verdict, sev = spBackend, Warning
+		verdict, sev = spBackend, finding.Warning
 		what := "its backend fails directly too"
 		if len(direct) > 1 {
 			what = fmt.Sprintf("%d of %d backends checked fail directly too", len(bad), len(direct))
@@ -418,11 +418,11 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 			msg += fmt.Sprintf(" (answering: %s)", strings.Join(ok, "; "))
 		}
 	case len(direct) < len(path.backends):
-		verdict, sev = spPartial, Warning
+		verdict, sev = spPartial, finding.Warning
 		msg = fmt.Sprintf("%s, while the %d of %d backends checked answer directly (%s); the others wait for the connect budget",
 			head, len(direct), len(path.backends), strings.Join(ok, "; "))
 	default:
-		verdict, sev = spDataplane, Critical
+		verdict, sev = spDataplane, finding.Critical
 		who := "its backend answers"
 		if len(direct) > 1 {
 			who = fmt.Sprintf("all %d backends answer", len(direct))
@@ -434,7 +434,7 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 	for _, r := range direct {
 		checked = append(checked, spEvidence(r))
 	}
-	return Finding{
+	return finding.Finding{
 		Detector: ServicePathProbeName,
 		Target:   path.ref.Target(),
 		Severity: sev,
@@ -458,11 +458,11 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 // within the connect budget: a Service connect each; a failing one is
 // confirmed by further Service connects, then compared with direct
 // connects to its backends.
-func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
+func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 	n := d.n
 	d.set("")
 	if n.Probe == nil {
-		return nil, Skip("%s", n.Why("probe"))
+		return nil, finding.Skip("%s", n.Why("probe"))
 	}
 	if err := clusterViewGate(n, "no ClusterIP or endpoint to probe"); err != nil {
 		return nil, err
@@ -477,7 +477,7 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 	paths, not := planServicePaths(n.Cluster, d.specs, d.p.Families, n.Name)
 	if len(paths) == 0 {
 		d.state = map[probe.Ref]*spState{}
-		return nil, Skip("no Service path to probe: %s", strings.Join(not, "; "))
+		return nil, finding.Skip("no Service path to probe: %s", strings.Join(not, "; "))
 	}
 	d.lastRun = now
 	live := map[probe.Ref]bool{}
@@ -598,8 +598,8 @@ func (d *servicePath) Detect(ctx context.Context) ([]Finding, error) {
 
 // lastFindings returns the judged findings still standing, by target; one
 // judged before now says how long ago (probedAgo).
-func (d *servicePath) lastFindings(now time.Time) []Finding {
-	var out []Finding
+func (d *servicePath) lastFindings(now time.Time) []finding.Finding {
+	var out []finding.Finding
 	for _, st := range d.state {
 		if st.last == nil {
 			continue

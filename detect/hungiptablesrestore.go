@@ -80,9 +80,9 @@ func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detecto
 	return &hungRestore{p: *p, n: n}, nil
 }
 
-func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
+func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.Procs == nil {
-		return nil, Skip("%s", d.n.Why("procs"))
+		return nil, finding.Skip("%s", d.n.Why("procs"))
 	}
 	found, err := d.n.Procs.Find(ctx, d.p.Names)
 	if err != nil {
@@ -107,14 +107,15 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 	if d.n.XtablesLock != "" {
 		locks, lockErr = d.n.Procs.FileLocks(ctx, d.n.XtablesLock)
 	}
-	var out []Finding
+	var out []finding.Finding
 	for _, p := range old {
 		age := p.Age(now)
 		ev := processEvidence(p, now)
+		sp := &finding.Process{}
 		msg := fmt.Sprintf("%s (pid %d) has been running for %s", p.Name(), p.Pid, age.Round(time.Second))
-		sev := Warning
+		sev := finding.Warning
 		if p.Blocked() {
-			sev = Critical
+			sev = finding.Critical
 			msg += ", in uninterruptible sleep (D)"
 		}
 		switch {
@@ -137,27 +138,29 @@ func (d *hungRestore) Detect(ctx context.Context) ([]Finding, error) {
 			}
 			ev["waitsOnXtablesLock"] = waits
 			ev["holdsXtablesLock"] = holds
+			sp.WaitsOnXtablesLock, sp.HoldsXtablesLock = waits, holds
 			ev["xtablesLock"] = d.n.XtablesLock
 			if holds {
-				sev = Critical
+				sev = finding.Critical
 				msg += fmt.Sprintf(", holding the xtables lock (%d waiting)", len(locks.Waiters))
 			}
 			if waits {
-				sev = Critical
+				sev = finding.Critical
 				ev["xtablesLockHolders"] = processSummaries(locks.Holders, now)
 				msg += ", waiting on the xtables lock" + heldBy(locks)
 			}
 		}
 		if why := outOfReach(p, d.p.Programs, d.n.Procs.SelfNetNS(), ev); why != "" {
-			sev = Info
+			sev = finding.Info
 			msg += "; not a target: " + why
 		}
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "HungIPTablesRestore",
 			Target:   p.Target(),
 			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  finding.Subject{AgeSeconds: durSeconds(age), Process: sp},
 		})
 	}
 	return out, nil

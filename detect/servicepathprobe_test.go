@@ -12,6 +12,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/probe/probetest"
@@ -66,7 +67,7 @@ func (f *spFixture) detector(t *testing.T, tweak func(*ServicePathProbeParams)) 
 	return d
 }
 
-func (f *spFixture) run(t *testing.T, d Detector) []Finding {
+func (f *spFixture) run(t *testing.T, d Detector) []finding.Finding {
 	t.Helper()
 	fs, err := d.Detect(context.Background())
 	if err != nil {
@@ -130,7 +131,7 @@ func TestServicePathDataplaneFault(t *testing.T) {
 		t.Fatalf("findings %+v", fs)
 	}
 	g := fs[0]
-	if g.Severity != Critical || g.Target != "service-path/IPv4/default/kubernetes:443" || g.Detector != ServicePathProbeName {
+	if g.Severity != finding.Critical || g.Target != "service-path/IPv4/default/kubernetes:443" || g.Detector != ServicePathProbeName {
 		t.Fatalf("finding %+v", g)
 	}
 	for _, want := range []string{"default/kubernetes", "10.96.0.1:443", "timeout after 2s", "2 consecutive", spAPIBackend + " connected in 1ms"} {
@@ -148,14 +149,14 @@ func TestServicePathDataplaneFault(t *testing.T) {
 	// Next run (after minPeriod): already confirmed, one Service connect
 	// and the direct one.
 	f.clock.Step(10 * time.Second)
-	if fs := f.run(t, d); len(fs) != 1 || fs[0].Severity != Critical {
+	if fs := f.run(t, d); len(fs) != 1 || fs[0].Severity != finding.Critical {
 		t.Fatalf("second run %+v", fs)
 	}
 	sameAddrs(t, "confirmed", f.dial.Calls(), spAPIVIP, spAPIBackend)
 
 	// Sooner than minPeriod: the same finding, no connect.
 	f.clock.Step(3 * time.Second)
-	if fs := f.run(t, d); len(fs) != 1 || fs[0].Severity != Critical {
+	if fs := f.run(t, d); len(fs) != 1 || fs[0].Severity != finding.Critical {
 		t.Fatalf("within minPeriod %+v", fs)
 	}
 	sameAddrs(t, "within minPeriod", f.dial.Calls())
@@ -174,7 +175,7 @@ func TestServicePathBackendDown(t *testing.T) {
 	f.dial.Set(spAPIVIP, probe.Refused)
 	f.dial.Set(spAPIBackend, probe.Refused)
 	fs := f.run(t, f.detector(t, nil))
-	if len(fs) != 1 || fs[0].Severity != Warning || fs[0].Evidence["verdict"] != "backend" {
+	if len(fs) != 1 || fs[0].Severity != finding.Warning || fs[0].Evidence["verdict"] != "backend" {
 		t.Fatalf("both fail: %+v", fs)
 	}
 	if m := fs[0].Message; !strings.Contains(m, "a backend problem, not the Service dataplane") || !strings.Contains(m, spAPIBackend+" refused") {
@@ -197,7 +198,7 @@ func TestServicePathOneFailureConfirmedAway(t *testing.T) {
 	// failures: 1 judges the first failing connect.
 	f.dial.Sequence(spAPIVIP, probe.Timeout)
 	fs := f.run(t, f.detector(t, func(p *ServicePathProbeParams) { p.Failures = 1 }))
-	if len(fs) != 1 || fs[0].Severity != Critical {
+	if len(fs) != 1 || fs[0].Severity != finding.Critical {
 		t.Fatalf("failures 1: %+v", fs)
 	}
 }
@@ -286,7 +287,7 @@ func TestServicePathSeveralBackends(t *testing.T) {
 		p.Kubernetes, p.Canaries, p.MaxConnects = false, []string{"team/web"}, 5
 	})
 	fs := f.run(t, d)
-	if len(fs) != 1 || fs[0].Severity != Warning || fs[0].Evidence["verdict"] != "backend" || !strings.Contains(fs[0].Message, "1 of 3 backends checked fail") {
+	if len(fs) != 1 || fs[0].Severity != finding.Warning || fs[0].Evidence["verdict"] != "backend" || !strings.Contains(fs[0].Message, "1 of 3 backends checked fail") {
 		t.Fatalf("one backend down: %+v", fs)
 	}
 	// All answer, but the budget (4) leaves room for 2 of 3 in the first
@@ -294,14 +295,14 @@ func TestServicePathSeveralBackends(t *testing.T) {
 	f.dial.Set("10.244.3.2:8080", probe.Connected)
 	d = f.detector(t, func(p *ServicePathProbeParams) { p.Kubernetes, p.Canaries = false, []string{"team/web"} })
 	fs = f.run(t, d)
-	if len(fs) != 1 || fs[0].Severity != Warning || fs[0].Evidence["verdict"] != "dataplane-partial" {
+	if len(fs) != 1 || fs[0].Severity != finding.Warning || fs[0].Evidence["verdict"] != "dataplane-partial" {
 		t.Fatalf("partial: %+v", fs)
 	}
 	f.dial.Calls()
 	f.clock.Step(10 * time.Second)
 	fs = f.run(t, d)
 	sameAddrs(t, "all backends", f.dial.Calls(), "10.96.3.3:80", "10.244.3.1:8080", "10.244.3.2:8080", "10.244.3.3:8080")
-	if len(fs) != 1 || fs[0].Severity != Critical || !strings.Contains(fs[0].Message, "all 3 backends answer") {
+	if len(fs) != 1 || fs[0].Severity != finding.Critical || !strings.Contains(fs[0].Message, "all 3 backends answer") {
 		t.Fatalf("all answer: %+v", fs)
 	}
 }
@@ -341,7 +342,7 @@ func TestServicePathNotProbedAndSkips(t *testing.T) {
 		t.Helper()
 		d := newDetector(t, ServicePathProbeName, n, nil)
 		_, err := d.Detect(context.Background())
-		if r, ok := IsSkip(err); !ok || !strings.Contains(r, want) {
+		if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, want) {
 			t.Errorf("%s: %v", what, err)
 		}
 	}
@@ -445,7 +446,7 @@ func TestServicePathIPv6SingleStack(t *testing.T) {
 	d := f.detector(t, nil)
 	fs := f.run(t, d)
 	sameAddrs(t, "IPv6", f.dial.Calls(), "[fd00:10:96::1]:443", "[fd00:10:96::1]:443", "[fd00:200::1]:6443")
-	if len(fs) != 1 || fs[0].Target != "service-path/IPv6/default/kubernetes:443" || fs[0].Severity != Critical ||
+	if len(fs) != 1 || fs[0].Target != "service-path/IPv6/default/kubernetes:443" || fs[0].Severity != finding.Critical ||
 		!strings.Contains(fs[0].Message, "(IPv6 ClusterIP [fd00:10:96::1]:443)") || !strings.Contains(fs[0].Message, "([fd00:200::1]:6443 connected") ||
 		fs[0].Evidence["clusterIP"] != "[fd00:10:96::1]:443" {
 		t.Fatalf("%+v", fs)
@@ -458,7 +459,7 @@ func TestServicePathIPv6SingleStack(t *testing.T) {
 	// says which Service and why.
 	d = f.detector(t, func(p *ServicePathProbeParams) { p.Families = []string{"IPv4"} })
 	_, err := d.Detect(context.Background())
-	r, ok := IsSkip(err)
+	r, ok := finding.IsSkip(err)
 	if want := "default/kubernetes: its ClusterIP fd00:10:96::1 is IPv6, not in families [IPv4]"; !ok || !strings.Contains(r, want) {
 		t.Fatalf("families [IPv4] on an IPv6 cluster: %v, want a skip saying %q", err, want)
 	}
@@ -471,7 +472,7 @@ func TestServicePathIPv6SingleStack(t *testing.T) {
 		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}})
 	f.clock.Step(time.Minute)
 	_, err = d.Detect(context.Background())
-	if r, ok := IsSkip(err); !ok || !strings.Contains(r, `default/kubernetes: ClusterIP "[fd00:10:96::1]" is not an IP address`) {
+	if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, `default/kubernetes: ClusterIP "[fd00:10:96::1]" is not an IP address`) {
 		t.Fatalf("bad ClusterIP: %v", err)
 	}
 }

@@ -188,16 +188,16 @@ func sameFile(a, b string) (bool, error) {
 	return ok1 && ok2 && sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
-func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]Finding, error) {
+func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
-		return nil, Skip("%s", why)
+		return nil, finding.Skip("%s", why)
 	}
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode == string(kubeproxy.ModeNFTables) {
-		return nil, Skip("kube-proxy runs in nftables mode (%s): it does not use iptables", mode.note)
+		return nil, finding.Skip("kube-proxy runs in nftables mode (%s): it does not use iptables", mode.note)
 	}
 	host, kp, cni, notes := readIPTablesParties(ctx, d.n, d.installs, d.p.CNIAgents)
-	var out []Finding
+	var out []finding.Finding
 	var compared []string
 	pair := func(a, b iptablesParty) {
 		if !a.known() || !b.known() {
@@ -237,14 +237,14 @@ func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]Finding, error) {
 		}
 	}
 	if len(compared) == 0 && len(out) == 0 {
-		return nil, Skip("nothing to compare: %s", strings.Join(append(parties, notes...), "; "))
+		return nil, finding.Skip("nothing to compare: %s", strings.Join(append(parties, notes...), "; "))
 	}
 	d.set("%s", strings.Join(append(parties, notes...), "; "))
 	return out, nil
 }
 
 // compare reports a backend or version skew between a and b.
-func (d *iptablesVersionSkew) compare(a, b iptablesParty, notes []string) []Finding {
+func (d *iptablesVersionSkew) compare(a, b iptablesParty, notes []string) []finding.Finding {
 	ev := func() map[string]any {
 		m := map[string]any{a.Who: a.evidence(), b.Who: b.evidence(), "parties": []string{a.Who, b.Who}}
 		if len(notes) > 0 {
@@ -252,13 +252,13 @@ func (d *iptablesVersionSkew) compare(a, b iptablesParty, notes []string) []Find
 		}
 		return m
 	}
-	var out []Finding
+	var out []finding.Finding
 	ab, bb := a.In.Backend, b.In.Backend
 	if ab != "" && bb != "" && ab != bb {
-		out = append(out, Finding{
+		out = append(out, finding.Finding{
 			Detector: "IPTablesVersionSkew",
 			Target:   "iptables/versions/" + a.Who + "/" + b.Who + "/backend",
-			Severity: Critical,
+			Severity: finding.Critical,
 			Message: fmt.Sprintf("%s's iptables uses the %s backend, %s's the %s backend: their rules live in different kernel tables, each blind to the other's (%s: %s; %s: %s)",
 				a.Who, ab, b.Who, bb, a.Who, a.In.Describe(), b.Who, b.In.Describe()),
 			Evidence: ev(),
@@ -268,10 +268,10 @@ func (d *iptablesVersionSkew) compare(a, b iptablesParty, notes []string) []Find
 		if level := versionSkew(a.In.Version, b.In.Version); level != "" && (level != "patch" || d.p.VersionSkew == "patch") {
 			e := ev()
 			e["skew"] = level
-			out = append(out, Finding{
+			out = append(out, finding.Finding{
 				Detector: "IPTablesVersionSkew",
 				Target:   "iptables/versions/" + a.Who + "/" + b.Who + "/version",
-				Severity: Warning,
+				Severity: finding.Warning,
 				Message: fmt.Sprintf("iptables %s on %s and %s on %s (%s skew): one saving and restoring rules the other wrote can drop match conditions it does not decode (the version-skew corruption IPTablesRules looks for)",
 					a.In.Version, a.Who, b.In.Version, b.Who, level),
 				Evidence: e,
@@ -301,7 +301,7 @@ func versionSkew(a, b string) string {
 
 // kubeRulesBackend compares kube-proxy's backend with the backends whose
 // saves hold KUBE-* rules.
-func (d *iptablesVersionSkew) kubeRulesBackend(ctx context.Context, kp iptablesParty, mode proxyMode) (*Finding, string) {
+func (d *iptablesVersionSkew) kubeRulesBackend(ctx context.Context, kp iptablesParty, mode proxyMode) (*finding.Finding, string) {
 	if d.n.IPTables == nil {
 		return nil, "KUBE-* backend not checked: " + d.n.Why("iptables")
 	}
@@ -343,10 +343,10 @@ func (d *iptablesVersionSkew) kubeRulesBackend(ctx context.Context, kp iptablesP
 	if kp.In.Backend == iptables.Legacy {
 		other = iptables.NFT
 	}
-	return &Finding{
+	return &finding.Finding{
 		Detector: "IPTablesVersionSkew",
 		Target:   "iptables/versions/kube-proxy/kube-rules/backend",
-		Severity: Critical,
+		Severity: finding.Critical,
 		Message: fmt.Sprintf("kube-proxy's iptables writes the %s backend, but the KUBE-* rules (%d) are in %s only: the rules the kernel runs are not the ones kube-proxy maintains (%s)",
 			kp.In.Backend, holding[other], other, kp.In.Describe()),
 		Evidence: map[string]any{

@@ -1,0 +1,57 @@
+package finding
+
+// Subject is what the engine's ordering and the paired action read of a
+// finding's target, typed: its kind and the few facts they judge by. The
+// detector fills it beside the Evidence; the Evidence stays a free-form
+// map for people (the report, the journal, the Node), and nothing across
+// the seam between detectors and actions reads it by key.
+//
+// It is not part of the report (the findings' JSON is unchanged): a
+// finding is acted on in the cycle that made it, never read back.
+type Subject struct {
+	// Kind is the kind of the target. A detector whose type declares one
+	// kind (detect.Targets) may leave it empty: the engine fills it in
+	// from the declaration.
+	Kind Kind
+	// AgeSeconds is how long the target has been in the state judged: how
+	// long a lock holder has held the xtables lock, how long a process has
+	// run, how long a kube-proxy family's sync is overdue. The engine acts
+	// on the oldest first; 0 when not known.
+	AgeSeconds float64
+	// Process holds the facts of a process target (KindProcess).
+	Process *Process
+	// Conntrack holds the facts of a dead backend's conntrack entries
+	// (KindConntrackBackend).
+	Conntrack *Conntrack
+	// Agent holds the facts of a node agent target (KindNodeAgent).
+	Agent *Agent
+}
+
+// Process is what the ordering and KillProcess read of a process target
+// (its identity is the target itself, procs.Ref).
+type Process struct {
+	// HoldsXtablesLock: the process holds the node's xtables lock.
+	HoldsXtablesLock bool
+	// WaitsOnXtablesLock: the process waits on the node's xtables lock.
+	WaitsOnXtablesLock bool
+	// HoldMeasured says HoldSeconds was measured: the finding is about a
+	// lock holder from the detector that watches the lock
+	// (XtablesLockContention). KillProcess applies its minHoldTime then.
+	HoldMeasured bool
+	// HoldSeconds is how long the process has held the xtables lock.
+	HoldSeconds float64
+}
+
+// Conntrack is what FlushConntrack reads of a dead backend's entries.
+type Conntrack struct {
+	// Entries is how many entries the detector counted this cycle (from
+	// the same table the action deletes from); 0 when it did not count.
+	Entries int
+}
+
+// Agent is what RestartNodeAgent reads of a node agent target.
+type Agent struct {
+	// PodUID is the UID of the agent's pod the detector judged ("" when
+	// not known): another pod now means the agent was replaced since.
+	PodUID string
+}
