@@ -140,7 +140,8 @@ func kernel() string {
 	return "Linux " + strings.TrimSpace(string(b))
 }
 
-// policyFile is examples/audit.yaml at interval, without jitter.
+// policyFile is examples/audit.yaml at interval, without jitter, the
+// detector and action timeouts 4/5 of it.
 func policyFile(b *testing.B, interval time.Duration) string {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
@@ -148,7 +149,8 @@ func policyFile(b *testing.B, interval time.Duration) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pol = regexp.MustCompile(`(?m)^interval: .*$`).ReplaceAll(pol, []byte("interval: "+interval.String()))
+	pol = regexp.MustCompile(`(?m)^interval: .*$`).ReplaceAll(pol, []byte("interval: "+interval.String()+
+		"\ndetectorTimeout: "+(interval*4/5).String()+"\nactionTimeout: "+(interval*4/5).String()))
 	pol = regexp.MustCompile(`(?m)^jitter: .*$`).ReplaceAll(pol, []byte("jitter: 0"))
 	p := filepath.Join(b.TempDir(), "policy.yaml")
 	if err := os.WriteFile(p, pol, 0o644); err != nil {
@@ -198,9 +200,9 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 	state := b.TempDir()
 	addr := "127.0.0.1:19809"
 	cmd := cp.NetNS.Command(bin, "--policy", pol, "--state-dir", state, "--node-name", "node1", "--kubeconfig", kubeconfig,
-		"--metrics-addr", addr, "--xtables-lock", lock, "--log-level", "warn")
+		"--metrics-addr", addr, "--xtables-lock", lock, "--log-level", "info")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + state}
-	logf, err := os.Create(filepath.Join(state, "daemon.log"))
+	logf, err := os.Create(filepath.Join(b.TempDir(), "daemon.log"))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -214,13 +216,16 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 	fmt.Printf("daemon pid %d\n", pid)
 	c := cp.NetNS.HTTPClient(5 * time.Second)
 	var entries, saves float64
+	var lastErr string
 	count := func() int {
 		body, err := get(c, "http://"+addr+"/metrics")
 		if err != nil {
+			lastErr = err.Error()
 			return -1
 		}
 		n, ok := Metric(body, "remediate_cycle_duration_seconds_count")
 		if !ok {
+			lastErr = "no remediate_cycle_duration_seconds_count in /metrics"
 			return -1
 		}
 		entries, _ = Metric(body, `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="entries"}`)
@@ -228,15 +233,17 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 		return int(n)
 	}
 	wait := func(n int) int {
-		deadline := time.Now().Add(time.Duration(n+5) * (interval + 5*time.Second))
+		deadline := time.Now().Add(time.Duration(n+1) * (interval + 5*time.Second))
 		for time.Now().Before(deadline) {
 			if k := count(); k >= n {
 				return k
 			}
 			time.Sleep(interval / 5)
 		}
+		_ = cmd.Process.Signal(syscall.SIGQUIT) // its goroutines into the log
+		time.Sleep(2 * time.Second)
 		log, _ := os.ReadFile(logf.Name())
-		b.Fatalf("%d cycles not reached; daemon log:\n%s", n, tailBytes(log, 4000))
+		b.Fatalf("%d cycles not reached (%s); daemon log:\n%s", n, lastErr, tailBytes(log, 20000))
 		return 0
 	}
 	c0 := wait(2)
