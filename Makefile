@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load fuzz clean image stress-procs
+.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load bench-load-cluster fuzz clean image stress-procs
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -158,13 +158,24 @@ perf-docs-render:
 # The real binary on a loaded node (root): ~20k kube-proxy-shaped nat rules
 # in iptables-legacy in a namespace of its own, 1,000 extra processes, no
 # kube-proxy, no cluster access; prints CPU per cycle (own + children) and
-# RSS, idle and loaded (internal/testing/benchload).
+# RSS, idle and loaded (internal/testing/benchload); then the same binary
+# beside a real apiserver and kube-proxy (internal/testing/clusterload,
+# below; figures in docs/SCALE.md).
 # The binary measured is built as released (static, stripped: the file-backed
 # part of its RSS depends on it), not the development build.
 BENCH_BIN := _output/bench/remediate
 bench-load:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
 	$(GO) run ./internal/testing/benchload -bin $(BENCH_BIN) $(BENCHLOAD_ARGS)
+	REMEDIATE_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -run '^$$' -bench BenchmarkCycleWithClusterView -benchtime 1x -timeout 30m ./internal/testing/clusterload/
+
+# Only the cluster part of bench-load (docs/SCALE.md): a real apiserver and
+# kube-proxy, the released binary beside them, CPU per cycle and RSS at
+# CLUSTERLOAD_SERVICES (default 500,5000,10000) Services, steady and under
+# CLUSTERLOAD_CHURN (20) changes a minute.
+bench-load-cluster:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
+	REMEDIATE_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -run '^$$' -bench BenchmarkCycleWithClusterView -benchtime 1x -timeout 30m ./internal/testing/clusterload/
 
 # Every real-process test of the process scan (internal/procs), STRESS_COUNT
 # times in one test binary (built once): a test that fails 1 in 50 runs is a

@@ -95,6 +95,9 @@ type conntrackStale struct {
 	// reconRuns are the run counts of kube-proxy's own conntrack
 	// reconciler per IP family at the previous cycle (nil before one).
 	reconRuns map[kubeproxy.Family]uint64
+	// base is the index's part derived from the view, kept per view
+	// generation: on a quiet cluster no cycle reads the view.
+	base ctBaseCache
 }
 
 func newConntrackStaleServiceEntries(p *ConntrackStaleServiceEntriesParams, n *node.Node) (Detector, error) {
@@ -155,7 +158,11 @@ type ctPort struct {
 type ctIndex struct {
 	now   time.Time
 	grace time.Duration
-	vips  map[ctVIP]*ctPort
+	// vips, nodePorts, local and live are shared with later cycles
+	// (ctBaseCache): read only.
+	vips map[ctVIP]*ctPort
+	// gone are the remembered Service addresses no longer in the view.
+	gone map[ctVIP]*ctPort
 	// nodePorts are keyed by the unspecified address of their family;
 	// they match entries to one of the node's own addresses (local).
 	nodePorts map[ctVIP]*ctPort
@@ -214,25 +221,64 @@ func ctProtoNum(s string) (uint8, bool) {
 // NodePorts on the node's own addresses local) and the remembered deleted
 // ones, with the endpoints serving each.
 func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, known map[ctVIP]ctKnown, local []netip.Addr, now time.Time, grace time.Duration) *ctIndex {
-	ix := &ctIndex{now: now, grace: grace, vips: map[ctVIP]*ctPort{}, nodePorts: map[ctVIP]*ctPort{}, local: map[netip.Addr]bool{},
-		live: map[netip.AddrPort]bool{}, stale: map[ctStaleKey]*ctStaleBackend{}}
-	for _, a := range local {
-		ix.local[a.Unmap()] = true
+	return indexFrom(buildCTBase(v, nodeName, fams, local), known, now, grace)
+}
+
+// ctBase is the part of the index derived from the cluster view and the
+// node's addresses alone: kept while neither changed (ctBaseCache), read
+// only once built.
+type ctBase struct {
+	vips      map[ctVIP]*ctPort
+	nodePorts map[ctVIP]*ctPort
+	local     map[netip.Addr]bool
+	live      map[netip.AddrPort]bool
+}
+
+// indexFrom is the index of one cycle: the shared base plus the Service
+// addresses remembered from earlier cycles that the view no longer has
+// (gone).
+func indexFrom(b *ctBase, known map[ctVIP]ctKnown, now time.Time, grace time.Duration) *ctIndex {
+	ix := &ctIndex{now: now, grace: grace, vips: b.vips, nodePorts: b.nodePorts, local: b.local, live: b.live,
+		stale: map[ctStaleKey]*ctStaleBackend{}}
+	for vip, k := range known {
+		if _, ok := ix.vips[vip]; ok || k.MissingSince.IsZero() {
+			continue
+		}
+		if ix.gone == nil {
+			ix.gone = map[ctVIP]*ctPort{}
+		}
+		ix.gone[vip] = &ctPort{service: k.Service, kind: dataplane.ClusterIP, changed: k.MissingSince, deleted: true, backends: map[netip.AddrPort]bool{}}
 	}
+	return ix
+}
+
+// buildCTBase reads the view once: each Service's endpoints are merged
+// once (View.Endpoints builds them) and shared by the live set and the
+// per-port serving sets; the desired state is dataplane.DesireCached,
+// shared with DataplaneDrift's comparison of the same view generation.
+func buildCTBase(v cluster.View, nodeName string, fams []dataplane.Family, local []netip.Addr) *ctBase {
+	b := &ctBase{vips: map[ctVIP]*ctPort{}, nodePorts: map[ctVIP]*ctPort{}, local: map[netip.Addr]bool{}, live: map[netip.AddrPort]bool{}}
+	for _, a := range local {
+		b.local[a.Unmap()] = true
+	}
+	svcs := v.Services()
+	eps := make(map[[2]string][]cluster.Endpoint, len(svcs))
 	// Every endpoint that serves (ready, or serving while terminating) of
 	// any Service, any address: never a flush target.
-	for _, s := range v.Services() {
-		for _, e := range v.Endpoints(s.Namespace, s.Name) {
+	for _, s := range svcs {
+		list := v.Endpoints(s.Namespace, s.Name)
+		eps[[2]string{s.Namespace, s.Name}] = list
+		for _, e := range list {
 			if !(e.Ready || e.Serving) || e.Port <= 0 || e.Port > 65535 {
 				continue
 			}
 			if a, err := netip.ParseAddr(e.Address); err == nil {
-				ix.live[netip.AddrPortFrom(a.Unmap(), uint16(e.Port))] = true
+				b.live[netip.AddrPortFrom(a.Unmap(), uint16(e.Port))] = true
 			}
 		}
 	}
 	for _, f := range fams {
-		d := dataplane.Desire(v, f, nodeName)
+		d := dataplane.DesireCached(v, f, nodeName)
 		for name, dp := range d.Ports {
 			proto, ok := ctProtoNum(dp.Protocol)
 			if !ok {
@@ -242,10 +288,10 @@ func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, know
 			if dp.Created.After(changed) {
 				changed = dp.Created
 			}
-			backends := ctServing(v, name, dp.Protocol, f)
+			backends := ctServing(eps[[2]string{name.Namespace, name.Name}], name, dp.Protocol, f)
 			for _, e := range dp.Entries {
-				for _, b := range e.Backends { // what kube-proxy forwards to
-					backends[b] = true
+				for _, be := range e.Backends { // what kube-proxy forwards to
+					backends[be] = true
 				}
 				sp := &ctPort{service: name.String(), kind: e.Kind, changed: changed, backends: backends}
 				if e.Kind == dataplane.NodePort || !e.Key.Addr.IsValid() {
@@ -255,27 +301,62 @@ func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, know
 					if f == dataplane.IPv6 {
 						fam = netip.IPv6Unspecified()
 					}
-					ix.nodePorts[ctVIP{fam, e.Key.Port, proto}] = sp
+					b.nodePorts[ctVIP{fam, e.Key.Port, proto}] = sp
 					continue
 				}
-				ix.vips[ctVIP{e.Key.Addr.Unmap(), e.Key.Port, proto}] = sp
+				b.vips[ctVIP{e.Key.Addr.Unmap(), e.Key.Port, proto}] = sp
 			}
 		}
 	}
-	for vip, k := range known {
-		if _, ok := ix.vips[vip]; ok || k.MissingSince.IsZero() {
-			continue
-		}
-		ix.vips[vip] = &ctPort{service: k.Service, kind: dataplane.ClusterIP, changed: k.MissingSince, deleted: true, backends: map[netip.AddrPort]bool{}}
+	return b
+}
+
+// ctBaseKey is what a kept ctBase was built from: the view and its
+// generation, the node, the families and the node's addresses.
+type ctBaseKey struct {
+	view  cluster.View
+	gen   uint64
+	node  string
+	fams  string
+	local string
+}
+
+// ctBaseCache keeps the last base. A view that does not count its
+// generations (cluster.Generational) is read every cycle.
+type ctBaseCache struct {
+	key  ctBaseKey
+	base *ctBase
+	// builds counts the bases built (not reused), for tests.
+	builds int
+}
+
+func (c *ctBaseCache) get(v cluster.View, nodeName string, fams []dataplane.Family, local []netip.Addr) *ctBase {
+	g, ok := v.(cluster.Generational)
+	if !ok {
+		c.builds++
+		return buildCTBase(v, nodeName, fams, local)
 	}
-	return ix
+	var fs, ls strings.Builder
+	for _, f := range fams {
+		fs.WriteString(string(f) + ",")
+	}
+	for _, a := range local {
+		ls.WriteString(a.String() + ",")
+	}
+	k := ctBaseKey{view: v, gen: g.Generation(), node: nodeName, fams: fs.String(), local: ls.String()}
+	if c.base != nil && c.key == k {
+		return c.base
+	}
+	c.builds++
+	c.key, c.base = k, buildCTBase(v, nodeName, fams, local)
+	return c.base
 }
 
 // ctServing returns the endpoints of one Service port that serve: ready,
 // or serving while terminating (kube-proxy's fallback), of the family.
-func ctServing(v cluster.View, name dataplane.PortName, proto string, f dataplane.Family) map[netip.AddrPort]bool {
+func ctServing(eps []cluster.Endpoint, name dataplane.PortName, proto string, f dataplane.Family) map[netip.AddrPort]bool {
 	out := map[netip.AddrPort]bool{}
-	for _, e := range v.Endpoints(name.Namespace, name.Name) {
+	for _, e := range eps {
 		if e.PortName != name.Port || (e.Protocol != "" && e.Protocol != proto) || !(e.Ready || e.Serving) || e.Port <= 0 || e.Port > 65535 {
 			continue
 		}
@@ -291,6 +372,9 @@ func ctServing(v cluster.View, name dataplane.PortName, proto string, f dataplan
 func (ix *ctIndex) observe(fl *conntrack.Flow) {
 	vip := ctVIP{fl.OrigDst.Addr().Unmap(), fl.OrigDst.Port(), fl.Proto}
 	sp := ix.vips[vip]
+	if sp == nil {
+		sp = ix.gone[vip]
+	}
 	if sp == nil && ix.local[vip.Addr] {
 		fam := netip.IPv4Unspecified()
 		if vip.Addr.Is6() {
@@ -494,7 +578,7 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]finding.Finding, error) 
 	// Without the node's addresses NodePort entries are not matched (the
 	// Service addresses still are).
 	local, _ := d.localAddrs()
-	ix := buildCTIndex(n.Cluster, n.Name, fams, d.known, local, now, d.p.Grace.Duration)
+	ix := indexFrom(d.base.get(n.Cluster, n.Name, fams, local), d.known, now, d.p.Grace.Duration)
 	protos := []uint8{conntrack.ProtoUDP}
 	if d.p.IncludeTCP {
 		protos = append(protos, conntrack.ProtoTCP)

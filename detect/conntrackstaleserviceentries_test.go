@@ -467,3 +467,64 @@ func TestConntrackStaleKubeProxyReconciler(t *testing.T) {
 		t.Fatalf("unreadable: %v", f.Evidence["kubeProxyConntrackReconciler"])
 	}
 }
+
+// genView is a clustertest.Fake that counts its generations (as kube.View
+// does) and its Endpoints reads.
+type genView struct {
+	*clustertest.Fake
+	gen   uint64
+	reads int
+}
+
+func (g *genView) Generation() uint64 { return g.gen }
+func (g *genView) Endpoints(namespace, name string) []cluster.Endpoint {
+	g.reads++
+	return g.Fake.Endpoints(namespace, name)
+}
+
+// TestConntrackStaleReadsTheViewOncePerGeneration: a cycle at a view
+// generation already indexed reads no endpoint (the index's view part is
+// kept, issue #31: every cycle merged every Service's endpoints three
+// times), and the kept part still follows a change: a Service deleted at a
+// new generation is recognised as deleted, as without the cache.
+func TestConntrackStaleReadsTheViewOncePerGeneration(t *testing.T) {
+	w := newCTWorld()
+	v := &genView{Fake: w.view}
+	w.n.Cluster = v
+	old := ctT0.Add(-10 * time.Minute)
+	w.view.SetService(dnsService(old), eps(ep("10.244.1.5", true, true, false, old))...)
+	w.ct.Flows = []conntrack.Flow{svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.1.5:53")}
+	p := defaultCTStaleParams(t)
+	d, _ := newConntrackStaleServiceEntries(&p, w.n)
+	detect := func(want int) {
+		t.Helper()
+		fs, err := d.Detect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fs) != want {
+			t.Fatalf("at %s: %d findings, want %d: %+v", w.clock.Now().Sub(ctT0), len(fs), want, fs)
+		}
+	}
+	detect(0)
+	if v.reads == 0 {
+		t.Fatal("the first cycle read no endpoints")
+	}
+	first := v.reads
+	w.clock.Step(10 * time.Second)
+	detect(0)
+	if v.reads != first {
+		t.Errorf("a cycle at the same generation read the endpoints again (%d reads, then %d)", first, v.reads)
+	}
+	if b := d.(*conntrackStale).base.builds; b != 1 {
+		t.Errorf("%d index bases built at one generation, want 1", b)
+	}
+	w.view.DeleteService("kube-system", "dns")
+	v.gen++
+	detect(0) // first cycle without the Service: remembered as missing now
+	w.clock.Step(p.Grace.Duration + time.Second)
+	detect(1)
+	if b := d.(*conntrackStale).base.builds; b != 2 {
+		t.Errorf("%d index bases built over two generations, want 2", b)
+	}
+}
