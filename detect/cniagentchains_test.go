@@ -1,0 +1,54 @@
+package detect
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/remediate-dev/remediate/internal/cnichains"
+	"github.com/remediate-dev/remediate/internal/iptables"
+	"github.com/remediate-dev/remediate/internal/procs"
+)
+
+// TestCNIAgentChainsWhoRuns: a process of the agent's name in another
+// network namespace (a pod's) is not the node's agent: skipped with that
+// said; an agent whose chains were never seen (nftables or eBPF mode) is
+// ok with that said, and nothing is remembered for it.
+func TestCNIAgentChainsWhoRuns(t *testing.T) {
+	p := procs.NewFake(1)
+	n, _ := newIssue3Node(p)
+	fk := iptables.NewFake()
+	b, err := os.ReadFile("testdata/cniagents/calico.save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fk.SetRules(iptables.IPv4, iptables.Legacy, string(b))
+	n.IPTables = fk
+	store := &cnichains.MemStore{}
+	n.CNIChains = store
+	d := newIssue3Detector(t, "CNIAgentChains", n, func(p any) {
+		pp := p.(*CNIAgentChainsParams)
+		pp.Families, pp.Backends = []string{"IPv4"}, []string{"legacy"}
+	})
+	inPod := fakeProc(77, 1, "flanneld", procT0.Add(-time.Hour), "S", "flanneld")
+	inPod.NetNS = "net:[4026532999]"
+	p.Add(inPod)
+	_, err = d.Detect(context.Background())
+	if why, ok := IsSkip(err); !ok || !strings.Contains(why, "in other network namespaces only: flanneld pid 77") {
+		t.Fatalf("agent in a pod's netns: %v", err)
+	}
+
+	p.Add(fakeProc(78, 1, "flanneld", procT0.Add(-time.Hour), "S", "flanneld"))
+	got, err := d.Detect(context.Background())
+	if err != nil || len(got) != 0 {
+		t.Fatalf("flannel in nftables mode: %+v, %v", got, err)
+	}
+	if j := d.(Judged).Judged(); !strings.Contains(j, "no iptables chain of flannel seen yet") {
+		t.Errorf("judged %q", j)
+	}
+	if m, _ := store.Load(); len(m.Agents) != 0 {
+		t.Errorf("remembered %+v for an agent with no chain", m.Agents)
+	}
+}
