@@ -82,7 +82,7 @@ func (p *CNIAgentChainsParams) Validate() []policy.FieldError {
 func init() {
 	Define("CNIAgentChains",
 		"a CNI agent runs on the node (a process of its name) but its own iptables chains or their jumps from the built-in chains are gone (iptables -F/-X, a firewalld reload): Flannel, Calico, the AWS VPC CNI, kube-router, Cilium in iptables mode; from the cycle's shared saves, with the chains seen before remembered in the state directory",
-		newCNIAgentChains, Targets(finding.KindProcess))
+		newCNIAgentChains, Targets(finding.KindCNIAgentProcess))
 }
 
 type cniAgentChains struct {
