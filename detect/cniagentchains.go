@@ -90,9 +90,10 @@ type cniAgentChains struct {
 	n      *node.Node
 	agents []cnichains.Agent
 
-	mu     sync.Mutex
-	mem    cnichains.Memory
-	loaded bool
+	mu      sync.Mutex
+	mem     cnichains.Memory
+	loaded  bool
+	savedAt time.Time // when the memory was last written
 	judgement
 }
 
@@ -158,14 +159,54 @@ func (d *cniAgentChains) memory() cnichains.Memory {
 	return d.mem
 }
 
-func (d *cniAgentChains) store(m cnichains.Memory) error {
+// saveEvery bounds how often an unchanged memory (only its lastSeen times
+// moved) is written: a restart loses at most that much of lastSeen, far
+// under forgetAfter. A chain or hook appearing or forgotten is written at
+// once.
+const saveEvery = time.Minute
+
+func (d *cniAgentChains) store(m cnichains.Memory, now time.Time) error {
 	d.mu.Lock()
+	changed := !sameKeys(d.mem, m)
 	d.mem = m
+	due := changed || now.Sub(d.savedAt) >= saveEvery
+	if due {
+		d.savedAt = now
+	}
 	d.mu.Unlock()
-	if d.n.CNIChains == nil {
+	if d.n.CNIChains == nil || !due {
 		return nil
 	}
 	return d.n.CNIChains.Save(m)
+}
+
+// sameKeys reports whether two memories remember the same chains and
+// hooks (whatever their times and counts).
+func sameKeys(a, b cnichains.Memory) bool {
+	keys := func(m cnichains.Memory) map[string]bool {
+		out := map[string]bool{}
+		for ag, bySave := range m.Agents {
+			for k, s := range bySave {
+				for c := range s.Chains {
+					out[ag+" "+k+" "+c] = true
+				}
+				for h := range s.Hooks {
+					out[ag+" "+k+" "+h] = true
+				}
+			}
+		}
+		return out
+	}
+	ka, kb := keys(a), keys(b)
+	if len(ka) != len(kb) {
+		return false
+	}
+	for k := range ka {
+		if !kb[k] {
+			return false
+		}
+	}
+	return true
 }
 
 func (d *cniAgentChains) Detect(ctx context.Context) ([]Finding, error) {
@@ -322,7 +363,7 @@ func (d *cniAgentChains) Detect(ctx context.Context) ([]Finding, error) {
 			notUsed = append(notUsed, ra.a.Name)
 		}
 	}
-	if err := d.store(next); err != nil {
+	if err := d.store(next, now); err != nil {
 		// The check stands; what is lost is the memory of this cycle.
 		if d.n.Log != nil {
 			d.n.Log.Warn("CNI agent chains memory not saved", zap.Error(err))

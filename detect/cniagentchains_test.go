@@ -52,3 +52,56 @@ func TestCNIAgentChainsWhoRuns(t *testing.T) {
 		t.Errorf("remembered %+v for an agent with no chain", m.Agents)
 	}
 }
+
+// TestCNIAgentChainsSavesBounded: the memory is written when what it
+// remembers changes, and otherwise at most once a minute (not every
+// cycle).
+func TestCNIAgentChainsSavesBounded(t *testing.T) {
+	p := procs.NewFake(1)
+	n, clk := newIssue3Node(p)
+	fk := iptables.NewFake()
+	b, err := os.ReadFile("testdata/cniagents/flannel.save")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fk.SetRules(iptables.IPv4, iptables.Legacy, string(b))
+	n.IPTables = fk
+	store := &cnichains.MemStore{}
+	n.CNIChains = store
+	p.Add(fakeProc(78, 1, "flanneld", procT0.Add(-time.Hour), "S", "flanneld"))
+	d := newIssue3Detector(t, "CNIAgentChains", n, func(p any) {
+		pp := p.(*CNIAgentChainsParams)
+		pp.Families, pp.Backends = []string{"IPv4"}, []string{"legacy"}
+	})
+	detect := func() {
+		t.Helper()
+		if got, err := d.Detect(context.Background()); err != nil || len(got) != 0 {
+			t.Fatalf("%+v, %v", got, err)
+		}
+	}
+	detect()
+	for i := 0; i < 5; i++ {
+		clk.Step(10 * time.Second)
+		detect()
+	}
+	if store.Saves != 1 {
+		t.Fatalf("%d saves in 50 s of unchanged rules, want 1", store.Saves)
+	}
+	clk.Step(10 * time.Second)
+	detect()
+	if store.Saves != 2 {
+		t.Fatalf("%d saves after a minute, want 2", store.Saves)
+	}
+	// A hook gone: the finding, and the hook stays remembered.
+	rs, _ := iptables.ParseString(string(b))
+	rs.DeleteRules("filter", "FORWARD", func(r iptables.Rule) bool { return r.Target == "FLANNEL-FWD" })
+	fk.SetRules(iptables.IPv4, iptables.Legacy, rs.String())
+	clk.Step(time.Second)
+	if got, err := d.Detect(context.Background()); err != nil || len(got) != 1 {
+		t.Fatalf("hook removed: %+v, %v", got, err)
+	}
+	m, _ := store.Load()
+	if _, ok := m.Get("flannel", "IPv4/legacy").Hooks["filter/FORWARD->FLANNEL-FWD"]; !ok {
+		t.Errorf("the remembered hook was dropped: %+v", m)
+	}
+}
