@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/remediate-dev/remediate/internal/cnichains"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/iptables"
@@ -147,6 +148,12 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		ct := conntrack.New(conntrack.Config{ProcRoot: w.o.procRoot, SysRoot: w.o.sysRoot, StateDir: w.o.stateDir})
 		n.Conntrack = ct
 		w.ct.Store(ct)
+	}
+
+	// cnichains: what CNIAgentChains remembers of the CNI agents' chains,
+	// in --state-dir (it survives a restart).
+	if w.o.stateDir != "" {
+		n.CNIChains = &cnichains.FileStore{Dir: w.o.stateDir}
 	}
 
 	// cpustat: kube-proxy's cgroup cpu.stat (found from /proc/<pid>/cgroup

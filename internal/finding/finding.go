@@ -109,6 +109,11 @@ const (
 	// as a connection from the node sees it
 	// ("service-path/IPv4/default/kubernetes:443"; probe.Ref).
 	KindServicePath Kind = "service-path"
+	// KindCNIAgentProcess: the process of a CNI agent on this node, in the
+	// form of a process target ("process/<pid>@<createTimeMs>",
+	// procs.Ref): restarting the agent's pod (RestartNodeAgent) acts on
+	// it; killing the process (KillProcess) does not.
+	KindCNIAgentProcess Kind = "cni-agent-process"
 )
 
 // SkipError says a detector or action cannot run on this node and why (IPVS

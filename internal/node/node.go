@@ -15,6 +15,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cnichains"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/cri"
@@ -109,6 +110,10 @@ type Node struct {
 	// LockHistory, when set, gives the xtables lock holds of a recent
 	// window for those causes; nil: the current /proc/locks snapshot.
 	LockHistory causes.LockSource
+	// CNIChains keeps what CNIAgentChains remembers of the CNI agents'
+	// iptables chains across restarts (in the state directory); nil:
+	// nothing is remembered beyond the detector's life.
+	CNIChains cnichains.Store
 	// Probe makes bounded TCP connects (connect, close, no payload) from
 	// the node's network namespace, for the Service path probe (subsystem
 	// "probe").

@@ -58,7 +58,7 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 func init() {
 	Define("RestartNodeAgent",
 		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready",
-		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindNodeAgent, finding.KindPod, finding.KindKubeProxy, finding.KindProcess))
+		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindNodeAgent, finding.KindPod, finding.KindKubeProxy, finding.KindProcess, finding.KindCNIAgentProcess))
 }
 
 type restartNodeAgent struct {

@@ -1,0 +1,71 @@
+package kubelet
+
+import (
+	"bytes"
+	"os"
+	"strings"
+	"testing"
+)
+
+// TestParseMetricsBounded: a body over MaxBody is refused, not truncated
+// into a wrong figure.
+func TestParseMetricsBounded(t *testing.T) {
+	var b bytes.Buffer
+	b.WriteString("# TYPE kubelet_run_podsandbox_errors_total counter\nkubelet_run_podsandbox_errors_total{runtime_handler=\"\"} 3\n")
+	for b.Len() <= MaxBody {
+		b.WriteString("# a comment line that only takes room in the body of this test\n")
+	}
+	if _, err := ParseMetrics(&b); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("oversized body: %v", err)
+	}
+}
+
+// FuzzParseMetrics: any body parses or fails cleanly (expfmt's panics
+// become errors); sums are never negative.
+func FuzzParseMetrics(f *testing.F) {
+	if b, err := os.ReadFile("testdata/kubelet-metrics-v1.34.4.txt"); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte("# TYPE kubelet_run_podsandbox_errors_total counter\nkubelet_run_podsandbox_errors_total{runtime_handler=\"\"} -3\n"))
+	f.Add([]byte("# TYPE kubelet_pod_start_sli_duration_seconds histogram\nkubelet_pod_start_sli_duration_seconds_bucket{le=\"60\"} 1\nkubelet_pod_start_sli_duration_seconds_bucket{le=\"+Inf\"} 2\nkubelet_pod_start_sli_duration_seconds_sum 70\nkubelet_pod_start_sli_duration_seconds_count 2\n"))
+	f.Add([]byte("# HELP x\n{"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseMetrics(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		if m.SandboxErrors != nil && *m.SandboxErrors < 0 {
+			t.Fatalf("negative error count %v", *m.SandboxErrors)
+		}
+		if m.PodStartSLI != nil {
+			m.PodStartSLI.Quantile(0.99)
+		}
+	})
+}
+
+// TestParseMetricsRealCapture reads the real kubelet v1.34.4's /metrics
+// captured on the real-node lane (TestNodeKubeletMetricsRBAC, see
+// testdata/README.md): one sandbox run; no sandbox error yet and no pod
+// start SLI observation yet, so those two series are absent (a labelled
+// vector with no child is not exposed), which the parser reports as nil,
+// not as zero.
+func TestParseMetricsRealCapture(t *testing.T) {
+	f, err := os.Open("testdata/kubelet-metrics-v1.34.4.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	m, err := ParseMetrics(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.SandboxDuration == nil || m.SandboxDuration.Count != 1 || len(m.SandboxDuration.Buckets) == 0 {
+		t.Fatalf("sandbox duration %+v", m.SandboxDuration)
+	}
+	if v, inf, ok := m.SandboxDuration.Quantile(0.99); !ok || inf || v > 0.005 {
+		t.Errorf("sandbox p99 = %v (inf %v, ok %v), want within the first bucket (0.005 s)", v, inf, ok)
+	}
+	if m.SandboxErrors != nil || m.PodStartSLI != nil {
+		t.Errorf("absent series parsed as present: errors %v, SLI %+v", m.SandboxErrors, m.PodStartSLI)
+	}
+}
