@@ -639,10 +639,19 @@ func cniAgentOOM(t *testing.T, n *realnode.Node) {
 	t.Logf("intent after %.0fs: %s", time.Since(t0).Seconds(), intent.Summary)
 	out := waitJournal(t, n, "restart-unready-cni-agent", "outcome", 2*time.Minute)
 	t.Logf("outcome after %.0fs: %s %s %s", time.Since(t0).Seconds(), out.Outcome, out.Summary, out.Error)
-	if !strings.Contains(fmt.Sprint(intent.Details)+intent.Summary, "OOM") {
-		// The finding's evidence names the OOM kill (the journal's
-		// intent carries the finding).
-		t.Logf("intent details: %v", intent.Details)
+	// The finding the daemon logged names the kubelet's OOM kill.
+	logs := podLog(ctx, n, remediatePod(t, n))
+	oomFinding := ""
+	for _, l := range strings.Split(logs, "\n") {
+		if strings.Contains(l, `"rule":"restart-unready-cni-agent"`) && strings.Contains(l, "OOM-killed") {
+			oomFinding = l
+			break
+		}
+	}
+	if oomFinding == "" {
+		t.Errorf("no CNIAgentUnhealthy finding naming the OOM kill in the daemon's log:\n%s", lastLines(logs, 20))
+	} else {
+		t.Logf("finding: %s", oomFinding)
 	}
 	// The pod was deleted (precondition on its UID), whatever the wait
 	// for a Ready replacement says (this one OOMs again: not Ready).
