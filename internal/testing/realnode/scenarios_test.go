@@ -245,8 +245,8 @@ func waitReloads(t *testing.T, n *realnode.Node, want float64) {
 	}
 }
 
-// journalRecords reads the daemon's journal from the node's state dir
-// (the chart's hostPath).
+// journalRecord is one line of the daemon's journal.jsonl (the fields
+// this test reads).
 type journalRecord struct {
 	Time    time.Time      `json:"time"`
 	ID      string         `json:"id"`
@@ -260,6 +260,8 @@ type journalRecord struct {
 	Details map[string]any `json:"details"`
 }
 
+// journalRecords reads the daemon's journal from the node's state dir
+// (the chart's hostPath): its records and its bytes.
 func journalRecords(t *testing.T, n *realnode.Node) ([]journalRecord, []byte) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(n.StateDir, "journal.jsonl"))
