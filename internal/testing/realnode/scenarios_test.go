@@ -624,14 +624,15 @@ func cniAgentOOM(t *testing.T, n *realnode.Node) {
 			return false, fmt.Sprint("no pod ", err)
 		}
 		p := pods.Items[0]
-		for _, cs := range p.Status.ContainerStatuses {
-			if lt := cs.LastTerminationState.Terminated; lt != nil && lt.Reason == "OOMKilled" && cs.RestartCount >= 1 {
-				first = p
-				return true, ""
-			}
-			return false, fmt.Sprintf("restarts %d, last %+v, state %+v", cs.RestartCount, cs.LastTerminationState.Terminated, cs.State)
+		if len(p.Status.ContainerStatuses) == 0 {
+			return false, "no container status"
 		}
-		return false, "no container status"
+		cs := p.Status.ContainerStatuses[0]
+		if lt := cs.LastTerminationState.Terminated; lt != nil && lt.Reason == "OOMKilled" && cs.RestartCount >= 1 {
+			first = p
+			return true, ""
+		}
+		return false, fmt.Sprintf("restarts %d, last %+v, state %+v", cs.RestartCount, cs.LastTerminationState.Terminated, cs.State)
 	}); err != nil {
 		t.Fatal(err)
 	}
