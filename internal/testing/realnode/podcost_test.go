@@ -44,16 +44,26 @@ func TestNodePodCost(t *testing.T) {
 		t.Fatalf("pods: %v %d", err, len(pods.Items))
 	}
 	pod := pods.Items[0]
-	find := func(ctrl string) string {
-		m, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/%s/kubepods/*/pod%s", ctrl, pod.UID))
-		m2, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/%s/kubepods/pod%s", ctrl, pod.UID))
-		m = append(m, m2...)
-		if len(m) != 1 {
-			t.Fatalf("pod cgroup under %s: %v", ctrl, m)
+	// The pod's cgroup under the first of ctrls mounted: cpuacct is
+	// co-mounted with cpu on most distributions (cpu,cpuacct) and mounted
+	// alone on others (this machine).
+	find := func(ctrls ...string) string {
+		for _, ctrl := range ctrls {
+			if _, err := os.Stat("/sys/fs/cgroup/" + ctrl); err != nil {
+				continue
+			}
+			m, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/%s/kubepods/*/pod%s", ctrl, pod.UID))
+			m2, _ := filepath.Glob(fmt.Sprintf("/sys/fs/cgroup/%s/kubepods/pod%s", ctrl, pod.UID))
+			m = append(m, m2...)
+			if len(m) != 1 {
+				t.Fatalf("pod cgroup under %s: %v", ctrl, m)
+			}
+			return m[0]
 		}
-		return m[0]
+		t.Fatalf("none of the cgroup controllers %v is mounted under /sys/fs/cgroup", ctrls)
+		return ""
 	}
-	cpuDir, memDir := find("cpu,cpuacct"), find("memory")
+	cpuDir, memDir := find("cpu,cpuacct", "cpuacct"), find("memory")
 	readInt := func(p, key string) int64 {
 		b, err := os.ReadFile(p)
 		if err != nil {

@@ -495,6 +495,7 @@ podCIDR: %s
 evictionHard: {memory.available: 100Mi, nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
+syncFrequency: 10s
 `, n.ContainerdSock, n.path("pki", "ca.crt"), NodeIP, PodCIDR)
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
