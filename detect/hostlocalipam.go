@@ -3,7 +3,9 @@ package detect
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -110,6 +112,29 @@ func (d *hostLocalIPAM) Detect(ctx context.Context) ([]finding.Finding, error) {
 	return out, nil
 }
 
+// storeDir is where host-local's store of c is read: a configuration's
+// own dataDir (a host path) where it exists here, as on the host; else
+// --cni-ipam-dir, the store as mounted here (the pod mounts the host's
+// store there, whatever its host path). Neither present is a skip, never
+// "nothing allocated": a store that is not mounted is not an empty one.
+func (d *hostLocalIPAM) storeDir(c hostlocal.Config) (string, error) {
+	candidates := []string{d.n.CNIIPAMDir}
+	if c.DataDir != "" && c.DataDir != hostlocal.DefaultDataDir {
+		candidates = []string{c.DataDir, d.n.CNIIPAMDir}
+	}
+	var tried []string
+	for _, dir := range candidates {
+		if dir == "" || slices.Contains(tried, dir) {
+			continue
+		}
+		tried = append(tried, dir)
+		if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+			return dir, nil
+		}
+	}
+	return "", finding.Skip("host-local data directory not found here (tried %s): mount the host's store and set --cni-ipam-dir", strings.Join(tried, ", "))
+}
+
 // sandboxes is the set of the runtime's sandbox IDs, or why the leak
 // check is skipped.
 func (d *hostLocalIPAM) sandboxes(ctx context.Context) (map[string]bool, string) {
@@ -128,9 +153,9 @@ func (d *hostLocalIPAM) sandboxes(ctx context.Context) (map[string]bool, string)
 }
 
 func (d *hostLocalIPAM) network(c hostlocal.Config, file string, live map[string]bool, leakSkip string, now time.Time) ([]finding.Finding, string, error) {
-	dataDir := d.n.CNIIPAMDir
-	if c.DataDir != "" && c.DataDir != hostlocal.DefaultDataDir {
-		dataDir = c.DataDir // the configuration's own dataDir, as the plugin sees it
+	dataDir, err := d.storeDir(c)
+	if err != nil {
+		return nil, "", err
 	}
 	st, err := hostlocal.ReadNetwork(dataDir, c.Network, hostlocal.Limits{})
 	if hostlocal.IsNotExist(err) {

@@ -144,3 +144,43 @@ func TestHostLocalIPAM(t *testing.T) {
 		t.Errorf("calico-ipam: %v", err)
 	}
 }
+
+// TestHostLocalIPAMStoreAsMounted: in the pod the configuration's dataDir
+// (a host path) is not there; the store is read where it is mounted
+// (--cni-ipam-dir), and a store found nowhere is a skip, never "nothing
+// allocated" (the chart's pod judged an unmounted store empty).
+func TestHostLocalIPAMStoreAsMounted(t *testing.T) {
+	ctx := context.Background()
+	confDir, mounted := t.TempDir(), t.TempDir()
+	hostPath := filepath.Join(t.TempDir(), "not-here", "networks")
+	ranges := `"ranges":[[{"subnet":"10.97.0.0/24","rangeStart":"10.97.0.2","rangeEnd":"10.97.0.5"}]]`
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"tiny","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local",%s,"dataDir":%q}}]}`, ranges, hostPath)
+	if err := os.WriteFile(filepath.Join(confDir, "10-tiny.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The real plugin writes the store; the daemon sees it at "mounted".
+	plugin := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"tiny","type":"bridge","ipam":{"type":"host-local",%s,"dataDir":%q}}`, ranges, mounted)
+	ids := []string{strings.Repeat("5", 64), strings.Repeat("6", 64)}
+	for _, id := range ids {
+		if err := hostLocalADD(t, plugin, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	n := &node.Node{Name: "node1", Clock: clk, CNIConfDir: confDir, CNIIPAMDir: mounted, CRI: &fakeCRI{ids: ids}}
+	d := newIssue3Detector(t, "HostLocalIPAM", n, nil)
+	if fs, err := d.Detect(ctx); err != nil || len(fs) != 0 {
+		t.Fatalf("mounted store: %+v %v", fs, err)
+	}
+	if j := d.(Judged).Judged(); !strings.Contains(j, "2 of 4 addresses of 10.97.0.2-10.97.0.5") {
+		t.Errorf("judged %q, want the mounted store's 2 of 4", j)
+	}
+	// Neither the configuration's dataDir nor --cni-ipam-dir here.
+	n2 := &node.Node{Name: "node1", Clock: clk, CNIConfDir: confDir, CNIIPAMDir: filepath.Join(mounted, "absent"), CRI: &fakeCRI{ids: ids}}
+	d2 := newIssue3Detector(t, "HostLocalIPAM", n2, nil)
+	fs, err := d2.Detect(ctx)
+	why, skipped := finding.IsSkip(err)
+	if !skipped || len(fs) != 0 || !strings.Contains(why, "host-local data directory not found here") {
+		t.Fatalf("no store anywhere: %+v %v, want a skip", fs, err)
+	}
+}

@@ -129,7 +129,7 @@ func helm(t *testing.T, n *realnode.Node, args ...string) string {
 // node's folder (a scenario may break them), the conf dir is containerd's,
 // the xtables lock and the state dir are the node's own.
 func chartValues(n *realnode.Node) []string {
-	return []string{"--set", "host.cniConfDir=" + n.CNIConfDir, "--set", "host.cniBinDir=" + n.CNIBinDir,
+	return []string{"--set", "host.cniConfDir=" + n.CNIConfDir, "--set", "host.cniBinDir=" + n.CNIBinDir, "--set", "host.cniIPAMDir=" + n.CNIIPAMDir,
 		"--set", "host.xtablesLock=" + n.XtablesLock, "--set", "host.stateDir=" + n.StateDir}
 }
 

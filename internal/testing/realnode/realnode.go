@@ -103,6 +103,8 @@ type Node struct {
 	// CNIBinDir is the node's copy of the CNI plugins (a scenario may
 	// remove one without touching the host's), CNIConfDir its conf dir.
 	CNIBinDir, CNIConfDir string
+	// CNIIPAMDir is host-local's store, the conflist's dataDir.
+	CNIIPAMDir string
 	// ContainerdSock is containerd's socket.
 	ContainerdSock string
 	// XtablesLock is the node's xtables lock file (kube-proxy's pod mounts
@@ -344,7 +346,7 @@ func (n *Node) startContainerd(ctx context.Context) error {
 	if out, err := exec.Command("cp", "-a", "/usr/lib/cni/.", n.path("cni", "bin")).CombinedOutput(); err != nil {
 		return fmt.Errorf("copy CNI plugins: %w: %s", err, out)
 	}
-	n.CNIBinDir, n.CNIConfDir = n.path("cni", "bin"), n.path("cni", "net.d")
+	n.CNIBinDir, n.CNIConfDir, n.CNIIPAMDir = n.path("cni", "bin"), n.path("cni", "net.d"), n.path("cni", "ipam")
 	conflist := fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "rn", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": true, "hairpinMode": true,
    "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}]}},
