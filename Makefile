@@ -32,9 +32,10 @@ build:
 # bin/remediate-image-linux-ARCH.tar named as the chart's default image
 # (`ctr -n k8s.io images import` or `docker load` it). deploy/image_test.go
 # checks that this build and deploy/Dockerfile agree.
-# Archives: amd64 only. arm64 would need mmdebstrap to run arm64 maintainer
-# scripts under qemu-user-static/binfmt_misc, which this machine lacks: arm64
-# gets its binary and the SBOM, and deploy/Dockerfile (buildx) builds its image.
+# Archives: amd64 only. arm64 needs mmdebstrap to run arm64 maintainer
+# scripts under qemu-user-static and binfmt_misc (this kernel has it, not
+# mounted; not set up or tried yet): arm64 gets its binary and the SBOM, and
+# deploy/Dockerfile (buildx) builds its image.
 # Without root and without a cached rootfs, the archive is skipped (said so).
 IMAGE_ARCHES ?= amd64 arm64
 IMAGE_ARCHIVE_ARCHES ?= amd64
