@@ -121,7 +121,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 			return nil, err
 		}
 		ns, name = ref.Namespace, ref.Name
-	case finding.KindProcess:
+	case finding.KindProcess, finding.KindCNIAgentProcess:
 		ref, err := procs.ParseRef(f.Target)
 		if err != nil {
 			return nil, err

@@ -104,6 +104,11 @@ func TestRestartNodeAgent(t *testing.T) {
 	if plan, err := a.Plan(ctx, kindFinding(finding.KindProcess, "process/77@5")); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
 		t.Errorf("lock holder plan %+v %v", plan, err)
 	}
+	// A CNI agent's process (CNIAgentChains' kind): its pod, by cgroup, as
+	// for any process.
+	if plan, err := a.Plan(ctx, kindFinding(finding.KindCNIAgentProcess, "process/77@5")); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
+		t.Errorf("CNI agent process plan %+v %v", plan, err)
+	}
 	if plan, err := a.Plan(ctx, kindFinding(finding.KindKubeProxy, "kube-proxy/IPv4")); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-1") {
 		t.Errorf("kube-proxy plan %+v %v", plan, err)
 	}
