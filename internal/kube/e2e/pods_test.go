@@ -187,7 +187,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 		"pod/calico-system/calico-node-n2": "no pod calico-system/calico-node-n2 of an allowlisted agent on node n1",
 		"pod/" + podsNS + "/batch-00":      "no pod " + podsNS + "/batch-00 of an allowlisted agent",
 	} {
-		if _, err := a.Execute(ctx, finding.Finding{Target: target}); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := a.Execute(ctx, finding.Finding{Target: target, Subject: finding.Subject{Kind: finding.KindPod}}); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v, want %q", target, err, want)
 		}
 	}
@@ -220,7 +220,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 			_, _ = admin.CoreV1().Pods("calico-system").UpdateStatus(ctx, p, metav1.UpdateOptions{})
 		}
 	}()
-	res, err := a.Execute(ctx, finding.Finding{Target: "pod/calico-system/calico-node-n1"})
+	res, err := a.Execute(ctx, finding.Finding{Target: "pod/calico-system/calico-node-n1", Subject: finding.Subject{Kind: finding.KindPod}})
 	if err != nil || res.Details["newPod"] != "calico-node-n1-new" {
 		t.Fatalf("restart: %+v %v", res, err)
 	}
