@@ -4,9 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
-	"strings"
 	"testing"
 )
 
@@ -15,34 +12,11 @@ import (
 // constant a second name (type Finding = finding.Finding, const Warning =
 // finding.Warning).
 func TestSharedTypesHaveOneName(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := 0
-	for _, dir := range []string{"detect", "remediate", "policy", "internal"} {
-		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return err
-			}
-			files++
-			fset := token.NewFileSet()
-			f, err := parser.ParseFile(fset, path, nil, 0)
-			if err != nil {
-				return err
-			}
-			for _, n := range secondNames(f) {
-				t.Errorf("%s: %s", fset.Position(n.Pos()), n.key)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
+	eachSource(t, []string{"detect", "remediate", "policy", "internal"}, 100, nil, func(fset *token.FileSet, f *ast.File) {
+		for _, n := range secondNames(f) {
+			t.Errorf("%s: %s", fset.Position(n.Pos()), n.key)
 		}
-	}
-	if files < 100 {
-		t.Fatalf("only %d files read: is the walk broken?", files)
-	}
+	})
 }
 
 // TestSecondNamesFound: the check finds what it is for.

@@ -4,8 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -19,32 +17,11 @@ import (
 // "entries")). Keys named by the adapter that owns them (a typed
 // reference's decoder, conntrack.EvidenceMax) are not literal reads.
 func TestNoEvidenceReadByLiteralKey(t *testing.T) {
-	root, err := filepath.Abs("../../remediate")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := 0
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-			return err
-		}
-		files++
-		fset := token.NewFileSet()
-		f, err := parser.ParseFile(fset, path, nil, 0)
-		if err != nil {
-			return err
-		}
+	eachSource(t, []string{"remediate"}, 20, nil, func(fset *token.FileSet, f *ast.File) {
 		for _, r := range literalEvidenceReads(f) {
 			t.Errorf("%s: evidence read by literal key %s: give the finding's Subject the fact (internal/finding/subject.go) and read that", fset.Position(r.Pos()), r.key)
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if files < 20 {
-		t.Fatalf("only %d files read under %s: is the walk broken?", files, root)
-	}
 }
 
 // TestLiteralEvidenceReadsFound: the check finds the reads it is for (a

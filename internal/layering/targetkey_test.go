@@ -4,8 +4,6 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"io/fs"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -15,37 +13,12 @@ import (
 // learns the kind of its target from the finding's Subject, not from the
 // target's prefix. Neither comes back under remediate/ or cmd/.
 func TestOneSpellingOfTheTargetKey(t *testing.T) {
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	files := 0
-	for _, dir := range []string{"remediate", "cmd"} {
-		err = filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
-				return err
-			}
-			if strings.HasSuffix(filepath.ToSlash(path), "remediate/guardrails/guardrail.go") {
-				return nil // the one spelling
-			}
-			files++
-			fset := token.NewFileSet()
-			f, err := parser.ParseFile(fset, path, nil, 0)
-			if err != nil {
-				return err
-			}
-			for _, n := range keySpellings(f) {
-				t.Errorf("%s: %s", fset.Position(n.Pos()), n.key)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
+	theOne := func(path string) bool { return strings.HasSuffix(path, "remediate/guardrails/guardrail.go") }
+	eachSource(t, []string{"remediate", "cmd"}, 40, theOne, func(fset *token.FileSet, f *ast.File) {
+		for _, n := range keySpellings(f) {
+			t.Errorf("%s: %s", fset.Position(n.Pos()), n.key)
 		}
-	}
-	if files < 40 {
-		t.Fatalf("only %d files read: is the walk broken?", files)
-	}
+	})
 }
 
 // TestKeySpellingsFound: the check finds what it is for.
