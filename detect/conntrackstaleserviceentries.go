@@ -141,7 +141,7 @@ func ctFindings(ix *stale.Index, now time.Time, grace time.Duration, minEntries,
 		}
 		proto := stale.ProtoName(b.Proto())
 		vips := b.ServiceAddrs()
-		services := b.Services()
+		services := b.ServiceNames()
 		reasons := b.Reasons()
 		ev := map[string]any{
 			"entries":         b.Entries(),

@@ -400,9 +400,9 @@ func (b *Backend) Entries() int { return b.entries }
 // Oldest is the oldest change among the Services concerned.
 func (b *Backend) Oldest() time.Time { return b.oldest }
 
-// Services are the Services concerned ("namespace/name:port"), sorted; at
+// ServiceNames are the Services concerned ("namespace/name:port"), sorted; at
 // most MaxListed.
-func (b *Backend) Services() []string { return sortedKeys(b.services) }
+func (b *Backend) ServiceNames() []string { return sortedKeys(b.services) }
 
 // Reasons say why the entries are stale, sorted.
 func (b *Backend) Reasons() []string { return sortedKeys(b.reasons) }
