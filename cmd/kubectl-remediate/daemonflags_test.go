@@ -123,3 +123,24 @@ func TestOnceCommandCarriesEveryDaemonFlag(t *testing.T) {
 		t.Errorf("argv\n%q\nwant\n%q", argv, want)
 	}
 }
+
+// FuzzExpandEnv: whatever a pod's argument holds, its expansion ends (no
+// panic), keeps a text without '$' as it is, and expands a known variable
+// between any two texts without '$'.
+func FuzzExpandEnv(f *testing.F) {
+	for _, s := range []string{"", "$", "$$", "$(", "$()", "$(A)", "$$(A)", "x$(A)y$(B", "$(A)$(A)", "$((A))"} {
+		f.Add(s, "pre", "post")
+	}
+	env := map[string]string{"A": "v$(A)", "": "empty"}
+	f.Fuzz(func(t *testing.T, s, pre, post string) {
+		_ = expandEnv(s, env)
+		if !strings.Contains(s, "$") && expandEnv(s, env) != s {
+			t.Fatalf("%q expanded to %q", s, expandEnv(s, env))
+		}
+		if !strings.Contains(pre+post, "$") {
+			if got := expandEnv(pre+"$(A)"+post, env); got != pre+"v$(A)"+post {
+				t.Fatalf("%q: %q", pre+"$(A)"+post, got)
+			}
+		}
+	})
+}
