@@ -45,11 +45,20 @@ func newCNIConfig(p *CNIConfigParams, n *node.Node) (Detector, error) {
 	return &cniConfig{p: *p, n: n}, nil
 }
 
+// readCNI is the node's CNI configuration: the cycle's shared read
+// (node.CNI) when wired, else a read of its own.
+func readCNI(ctx context.Context, n *node.Node) cni.Dir {
+	if n.CNI != nil {
+		return n.CNI.Read(ctx)
+	}
+	return cni.Read(n.CNIConfDir, n.CNIBinDir)
+}
+
 func (d *cniConfig) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.CNIConfDir == "" {
 		return nil, finding.Skip("no CNI configuration directory configured (--cni-conf-dir)")
 	}
-	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
+	dir := readCNI(ctx, d.n)
 	ev := map[string]any{"confDir": dir.ConfDir, "binDir": dir.BinDir}
 	found := func(sev finding.Severity, format string, args ...any) ([]finding.Finding, error) {
 		if len(dir.Files) > 0 {

@@ -5,13 +5,12 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/conntrack"
+	"github.com/remediate-dev/remediate/internal/conntrack/stale"
 	"github.com/remediate-dev/remediate/internal/dataplane"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -89,7 +88,7 @@ type conntrackStale struct {
 	mu sync.Mutex
 	// known remembers the Service addresses seen, to recognise the entries
 	// of Services deleted since (only the daemon, over cycles, can).
-	known map[ctVIP]ctKnown
+	known map[stale.VIP]stale.Known
 	// localAddrs lists the node's addresses (NodePort destinations).
 	localAddrs func() ([]netip.Addr, error)
 	// reconRuns are the run counts of kube-proxy's own conntrack
@@ -97,11 +96,11 @@ type conntrackStale struct {
 	reconRuns map[kubeproxy.Family]uint64
 	// base is the index's part derived from the view, kept per view
 	// generation: on a quiet cluster no cycle reads the view.
-	base ctBaseCache
+	base stale.BaseCache
 }
 
 func newConntrackStaleServiceEntries(p *ConntrackStaleServiceEntriesParams, n *node.Node) (Detector, error) {
-	return &conntrackStale{p: *p, n: n, known: map[ctVIP]ctKnown{}, localAddrs: interfaceAddrs}, nil
+	return &conntrackStale{p: *p, n: n, known: map[stale.VIP]stale.Known{}, localAddrs: interfaceAddrs}, nil
 }
 
 // interfaceAddrs lists the addresses of the daemon's network namespace (the
@@ -122,317 +121,6 @@ func interfaceAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-// ctVIP is one Service address:port of one protocol.
-type ctVIP struct {
-	Addr  netip.Addr
-	Port  uint16
-	Proto uint8
-}
-
-func (v ctVIP) String() string {
-	return fmt.Sprintf("%s/%s", ctProtoName(v.Proto), netip.AddrPortFrom(v.Addr, v.Port))
-}
-
-// ctKnown is a remembered Service address.
-type ctKnown struct {
-	Service string
-	// MissingSince is the first cycle that no longer saw the Service
-	// (zero while it exists).
-	MissingSince time.Time
-}
-
-// ctPort is what the index knows of one Service address.
-type ctPort struct {
-	service string
-	kind    dataplane.Kind
-	// changed is the newest API change of the Service and its slices, or
-	// when a deleted Service was first missed.
-	changed time.Time
-	deleted bool
-	// backends are the serving endpoints of this Service port (empty when
-	// scaled to zero).
-	backends map[netip.AddrPort]bool
-}
-
-// ctIndex classifies conntrack entries against the cluster view.
-type ctIndex struct {
-	now   time.Time
-	grace time.Duration
-	// vips, nodePorts, local and live are shared with later cycles
-	// (ctBaseCache): read only.
-	vips map[ctVIP]*ctPort
-	// gone are the remembered Service addresses no longer in the view.
-	gone map[ctVIP]*ctPort
-	// nodePorts are keyed by the unspecified address of their family;
-	// they match entries to one of the node's own addresses (local).
-	nodePorts map[ctVIP]*ctPort
-	local     map[netip.Addr]bool
-	// live are the endpoints serving any Service: flushing by reply source
-	// would hit their entries of other Services too, so they are never
-	// reported.
-	live map[netip.AddrPort]bool
-
-	stale       map[ctStaleKey]*ctStaleBackend
-	inGrace     int
-	sharedLive  int
-	serviceFlow int
-}
-
-type ctStaleKey struct {
-	Proto   uint8
-	Backend netip.AddrPort
-}
-
-type ctStaleBackend struct {
-	key      ctStaleKey
-	entries  int
-	services map[string]bool
-	vips     map[ctVIP]bool
-	reasons  map[string]bool
-	oldest   time.Time // oldest change among the Services concerned
-}
-
-// ctMaxListed bounds the Services and addresses remembered per stale
-// backend (memory).
-const ctMaxListed = 32
-
-func ctProtoName(p uint8) string {
-	switch p {
-	case conntrack.ProtoUDP:
-		return "UDP"
-	case conntrack.ProtoTCP:
-		return "TCP"
-	}
-	return fmt.Sprint(p)
-}
-
-func ctProtoNum(s string) (uint8, bool) {
-	switch s {
-	case "UDP":
-		return conntrack.ProtoUDP, true
-	case "TCP":
-		return conntrack.ProtoTCP, true
-	}
-	return 0, false
-}
-
-// buildCTIndex indexes the Service addresses kube-proxy programs
-// (dataplane.Desire: ClusterIPs, external IPs, load-balancer IPs, and the
-// NodePorts on the node's own addresses local) and the remembered deleted
-// ones, with the endpoints serving each.
-func buildCTIndex(v cluster.View, nodeName string, fams []dataplane.Family, known map[ctVIP]ctKnown, local []netip.Addr, now time.Time, grace time.Duration) *ctIndex {
-	return indexFrom(buildCTBase(v, nodeName, fams, local), known, now, grace)
-}
-
-// ctBase is the part of the index derived from the cluster view and the
-// node's addresses alone: kept while neither changed (ctBaseCache), read
-// only once built.
-type ctBase struct {
-	vips      map[ctVIP]*ctPort
-	nodePorts map[ctVIP]*ctPort
-	local     map[netip.Addr]bool
-	live      map[netip.AddrPort]bool
-}
-
-// indexFrom is the index of one cycle: the shared base plus the Service
-// addresses remembered from earlier cycles that the view no longer has
-// (gone).
-func indexFrom(b *ctBase, known map[ctVIP]ctKnown, now time.Time, grace time.Duration) *ctIndex {
-	ix := &ctIndex{now: now, grace: grace, vips: b.vips, nodePorts: b.nodePorts, local: b.local, live: b.live,
-		stale: map[ctStaleKey]*ctStaleBackend{}}
-	for vip, k := range known {
-		if _, ok := ix.vips[vip]; ok || k.MissingSince.IsZero() {
-			continue
-		}
-		if ix.gone == nil {
-			ix.gone = map[ctVIP]*ctPort{}
-		}
-		ix.gone[vip] = &ctPort{service: k.Service, kind: dataplane.ClusterIP, changed: k.MissingSince, deleted: true, backends: map[netip.AddrPort]bool{}}
-	}
-	return ix
-}
-
-// buildCTBase reads the view once: each Service's endpoints are merged
-// once (View.Endpoints builds them) and shared by the live set and the
-// per-port serving sets; the desired state is dataplane.DesireCached,
-// shared with DataplaneDrift's comparison of the same view generation.
-func buildCTBase(v cluster.View, nodeName string, fams []dataplane.Family, local []netip.Addr) *ctBase {
-	b := &ctBase{vips: map[ctVIP]*ctPort{}, nodePorts: map[ctVIP]*ctPort{}, local: map[netip.Addr]bool{}, live: map[netip.AddrPort]bool{}}
-	for _, a := range local {
-		b.local[a.Unmap()] = true
-	}
-	svcs := v.Services()
-	eps := make(map[[2]string][]cluster.Endpoint, len(svcs))
-	// Every endpoint that serves (ready, or serving while terminating) of
-	// any Service, any address: never a flush target.
-	for _, s := range svcs {
-		list := v.Endpoints(s.Namespace, s.Name)
-		eps[[2]string{s.Namespace, s.Name}] = list
-		for _, e := range list {
-			if !(e.Ready || e.Serving) || e.Port <= 0 || e.Port > 65535 {
-				continue
-			}
-			if a, err := netip.ParseAddr(e.Address); err == nil {
-				b.live[netip.AddrPortFrom(a.Unmap(), uint16(e.Port))] = true
-			}
-		}
-	}
-	for _, f := range fams {
-		d := dataplane.DesireCached(v, f, nodeName)
-		for name, dp := range d.Ports {
-			proto, ok := ctProtoNum(dp.Protocol)
-			if !ok {
-				continue
-			}
-			changed := dp.Changed
-			if dp.Created.After(changed) {
-				changed = dp.Created
-			}
-			backends := ctServing(eps[[2]string{name.Namespace, name.Name}], name, dp.Protocol, f)
-			for _, e := range dp.Entries {
-				for _, be := range e.Backends { // what kube-proxy forwards to
-					backends[be] = true
-				}
-				sp := &ctPort{service: name.String(), kind: e.Kind, changed: changed, backends: backends}
-				if e.Kind == dataplane.NodePort || !e.Key.Addr.IsValid() {
-					// Keyed by port and protocol; the family is the
-					// address's (an IPv4 node address and an IPv6 one).
-					fam := netip.IPv4Unspecified()
-					if f == dataplane.IPv6 {
-						fam = netip.IPv6Unspecified()
-					}
-					b.nodePorts[ctVIP{fam, e.Key.Port, proto}] = sp
-					continue
-				}
-				b.vips[ctVIP{e.Key.Addr.Unmap(), e.Key.Port, proto}] = sp
-			}
-		}
-	}
-	return b
-}
-
-// ctBaseKey is what a kept ctBase was built from: the view and its
-// generation, the node, the families and the node's addresses.
-type ctBaseKey struct {
-	view  cluster.View
-	gen   uint64
-	node  string
-	fams  string
-	local string
-}
-
-// ctBaseCache keeps the last base. A view that does not count its
-// generations (cluster.Generational) is read every cycle.
-type ctBaseCache struct {
-	key  ctBaseKey
-	base *ctBase
-	// builds counts the bases built (not reused), for tests.
-	builds int
-}
-
-func (c *ctBaseCache) get(v cluster.View, nodeName string, fams []dataplane.Family, local []netip.Addr) *ctBase {
-	g, ok := v.(cluster.Generational)
-	if !ok {
-		c.builds++
-		return buildCTBase(v, nodeName, fams, local)
-	}
-	var fs, ls strings.Builder
-	for _, f := range fams {
-		fs.WriteString(string(f) + ",")
-	}
-	for _, a := range local {
-		ls.WriteString(a.String() + ",")
-	}
-	k := ctBaseKey{view: v, gen: g.Generation(), node: nodeName, fams: fs.String(), local: ls.String()}
-	if c.base != nil && c.key == k {
-		return c.base
-	}
-	c.builds++
-	c.key, c.base = k, buildCTBase(v, nodeName, fams, local)
-	return c.base
-}
-
-// ctServing returns the endpoints of one Service port that serve: ready,
-// or serving while terminating (kube-proxy's fallback), of the family.
-func ctServing(eps []cluster.Endpoint, name dataplane.PortName, proto string, f dataplane.Family) map[netip.AddrPort]bool {
-	out := map[netip.AddrPort]bool{}
-	for _, e := range eps {
-		if e.PortName != name.Port || (e.Protocol != "" && e.Protocol != proto) || !(e.Ready || e.Serving) || e.Port <= 0 || e.Port > 65535 {
-			continue
-		}
-		if a, err := netip.ParseAddr(e.Address); err == nil && dataplane.FamilyOf(a.Unmap()) == f {
-			out[netip.AddrPortFrom(a.Unmap(), uint16(e.Port))] = true
-		}
-	}
-	return out
-}
-
-// observe classifies one entry. Hot path: no allocation unless the entry
-// is stale.
-func (ix *ctIndex) observe(fl *conntrack.Flow) {
-	vip := ctVIP{fl.OrigDst.Addr().Unmap(), fl.OrigDst.Port(), fl.Proto}
-	sp := ix.vips[vip]
-	if sp == nil {
-		sp = ix.gone[vip]
-	}
-	if sp == nil && ix.local[vip.Addr] {
-		fam := netip.IPv4Unspecified()
-		if vip.Addr.Is6() {
-			fam = netip.IPv6Unspecified()
-		}
-		sp = ix.nodePorts[ctVIP{fam, vip.Port, vip.Proto}]
-	}
-	if sp == nil {
-		return
-	}
-	ix.serviceFlow++
-	reply := netip.AddrPortFrom(fl.ReplySrc.Addr().Unmap(), fl.ReplySrc.Port())
-	var reason string
-	switch {
-	case sp.backends[reply]:
-		return // a serving backend of this Service
-	case reply == netip.AddrPortFrom(vip.Addr, vip.Port):
-		// Not DNATed: made while the Service had no endpoint (or no rule);
-		// it blackholes the client once endpoints exist.
-		if len(sp.backends) == 0 {
-			return
-		}
-		reason = "not DNATed although the Service now has serving endpoints"
-	case ix.live[reply]:
-		// Serving another Service: a flush by reply source would cut
-		// that Service's entries too.
-		ix.sharedLive++
-		return
-	case sp.deleted:
-		reason = "Service (or this port) deleted"
-	case len(sp.backends) == 0:
-		reason = "Service has no serving endpoint"
-	default:
-		reason = "not a serving endpoint of the Service"
-	}
-	if ix.now.Sub(sp.changed) < ix.grace || sp.changed.IsZero() {
-		ix.inGrace++
-		return
-	}
-	k := ctStaleKey{fl.Proto, reply}
-	b := ix.stale[k]
-	if b == nil {
-		b = &ctStaleBackend{key: k, services: map[string]bool{}, vips: map[ctVIP]bool{}, reasons: map[string]bool{}, oldest: sp.changed}
-		ix.stale[k] = b
-	}
-	b.entries++
-	if len(b.services) < ctMaxListed {
-		b.services[sp.service] = true
-	}
-	if len(b.vips) < ctMaxListed {
-		b.vips[vip] = true
-	}
-	b.reasons[reason] = true
-	if sp.changed.Before(b.oldest) {
-		b.oldest = sp.changed
-	}
-}
-
 // ctScanNote describes one scan for the evidence.
 type ctScanNote struct {
 	Family    string `json:"family"`
@@ -442,57 +130,40 @@ type ctScanNote struct {
 	Filtered  bool   `json:"kernelFiltered"`
 }
 
-// findings turns the stale backends into findings, most entries first.
-func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []finding.Finding {
-	list := make([]*ctStaleBackend, 0, len(ix.stale))
-	for _, b := range ix.stale {
-		if b.entries >= minEntries {
-			list = append(list, b)
-		}
-	}
-	sort.Slice(list, func(i, j int) bool {
-		if list[i].entries != list[j].entries {
-			return list[i].entries > list[j].entries
-		}
-		if list[i].key.Proto != list[j].key.Proto {
-			return list[i].key.Proto > list[j].key.Proto // UDP first
-		}
-		return list[i].key.Backend.String() < list[j].key.Backend.String()
-	})
+// ctFindings turns the index's stale backends into findings, most entries
+// first.
+func ctFindings(ix *stale.Index, now time.Time, grace time.Duration, minEntries, maxFindings int, scans []ctScanNote) []finding.Finding {
+	counts := ix.Counts()
 	var out []finding.Finding
-	for _, b := range list {
+	for _, b := range ix.Backends(minEntries) {
 		if len(out) >= maxFindings {
 			break
 		}
-		proto := ctProtoName(b.key.Proto)
-		vips := make([]string, 0, len(b.vips))
-		for v := range b.vips {
-			vips = append(vips, v.String())
-		}
-		sort.Strings(vips)
-		services := ipvsSortedKeys(b.services)
-		reasons := ipvsSortedKeys(b.reasons)
+		proto := stale.ProtoName(b.Proto())
+		vips := b.ServiceAddrs()
+		services := b.ServiceNames()
+		reasons := b.Reasons()
 		ev := map[string]any{
-			"entries":         b.entries,
+			"entries":         b.Entries(),
 			"services":        services,
 			"serviceAddrs":    vips,
 			"reasons":         reasons,
-			"changedAgo":      ix.now.Sub(b.oldest).Round(time.Second).String(),
-			"grace":           ix.grace.String(),
+			"changedAgo":      now.Sub(b.Oldest()).Round(time.Second).String(),
+			"grace":           grace.String(),
 			"scans":           scans,
-			"reportOnlyProto": b.key.Proto != conntrack.ProtoUDP,
+			"reportOnlyProto": b.Proto() != conntrack.ProtoUDP,
 			// Cycle totals: entries to Service addresses, stale ones held
 			// back by the grace, and ones whose backend serves another
 			// Service (never named).
-			"cycleServiceEntries":     ix.serviceFlow,
-			"cycleWithinGrace":        ix.inGrace,
-			"cycleBackendServesOther": ix.sharedLive,
+			"cycleServiceEntries":     counts.ServiceEntries,
+			"cycleWithinGrace":        counts.WithinGrace,
+			"cycleBackendServesOther": counts.BackendServesOther,
 		}
-		ref := conntrack.BackendRef{Protocol: proto, Backend: conntrack.Backend{IP: b.key.Backend.Addr(), Port: b.key.Backend.Port()}}
+		ref := conntrack.BackendRef{Protocol: proto, Backend: conntrack.Backend{IP: b.Addr().Addr(), Port: b.Addr().Port()}}
 		ref.PutEvidence(ev)
 		sev := finding.Critical
 		hint := "; FlushConntrack deletes them"
-		if b.key.Proto != conntrack.ProtoUDP {
+		if b.Proto() != conntrack.ProtoUDP {
 			sev, hint = finding.Warning, "; TCP: report only (FlushConntrack deletes UDP entries only)"
 		}
 		out = append(out, finding.Finding{
@@ -500,53 +171,11 @@ func (ix *ctIndex) findings(minEntries, maxFindings int, scans []ctScanNote) []f
 			Target:   ref.Target(),
 			Severity: sev,
 			Message: fmt.Sprintf("%d %s conntrack entries to %s still answer from %s (%s), changed %s ago (grace %s)%s",
-				b.entries, proto, strings.Join(services, ", "), b.key.Backend, strings.Join(reasons, "; "),
-				ix.now.Sub(b.oldest).Round(time.Second), ix.grace, hint),
+				b.Entries(), proto, strings.Join(services, ", "), b.Addr(), strings.Join(reasons, "; "),
+				now.Sub(b.Oldest()).Round(time.Second), grace, hint),
 			Evidence: ev,
-			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.entries}},
+			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.Entries()}},
 		})
-	}
-	return out
-}
-
-// remember updates the remembered Service addresses from the view (pure:
-// returns the new map). A Service address no longer in the view is kept
-// with the first time it was missed; at most max are kept, the ones
-// missing longest dropped first.
-func rememberCTVIPs(known map[ctVIP]ctKnown, ix *ctIndex, now time.Time, max int) map[ctVIP]ctKnown {
-	out := make(map[ctVIP]ctKnown, len(known))
-	for vip, sp := range ix.vips {
-		if !sp.deleted {
-			out[vip] = ctKnown{Service: sp.service}
-		}
-	}
-	for vip, k := range known {
-		if _, ok := out[vip]; ok {
-			continue
-		}
-		if k.MissingSince.IsZero() {
-			k.MissingSince = now
-		}
-		out[vip] = k
-	}
-	if len(out) > max {
-		type kv struct {
-			vip ctVIP
-			k   ctKnown
-		}
-		var missing []kv
-		for vip, k := range out {
-			if !k.MissingSince.IsZero() {
-				missing = append(missing, kv{vip, k})
-			}
-		}
-		sort.Slice(missing, func(i, j int) bool { return missing[i].k.MissingSince.Before(missing[j].k.MissingSince) })
-		for _, m := range missing {
-			if len(out) <= max {
-				break
-			}
-			delete(out, m.vip)
-		}
 	}
 	return out
 }
@@ -578,7 +207,7 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]finding.Finding, error) 
 	// Without the node's addresses NodePort entries are not matched (the
 	// Service addresses still are).
 	local, _ := d.localAddrs()
-	ix := indexFrom(d.base.get(n.Cluster, n.Name, fams, local), d.known, now, d.p.Grace.Duration)
+	ix := stale.NewIndex(d.base.Get(n.Cluster, n.Name, fams, local), d.known, now, d.p.Grace.Duration)
 	protos := []uint8{conntrack.ProtoUDP}
 	if d.p.IncludeTCP {
 		protos = append(protos, conntrack.ProtoTCP)
@@ -587,17 +216,17 @@ func (d *conntrackStale) Detect(ctx context.Context) ([]finding.Finding, error) 
 	for _, f := range fams {
 		for _, proto := range protos {
 			res, err := sc.ScanProtocol(ctx, f == dataplane.IPv6, proto, d.p.MaxScan, func(fl *conntrack.Flow) error {
-				ix.observe(fl)
+				ix.Observe(fl)
 				return nil
 			})
 			if err != nil {
-				return nil, fmt.Errorf("scan the conntrack table (%s %s): %w", f, ctProtoName(proto), err)
+				return nil, fmt.Errorf("scan the conntrack table (%s %s): %w", f, stale.ProtoName(proto), err)
 			}
-			scans = append(scans, ctScanNote{Family: string(f), Protocol: ctProtoName(proto), Scanned: res.Scanned, Truncated: res.Truncated, Filtered: res.KernelFiltered})
+			scans = append(scans, ctScanNote{Family: string(f), Protocol: stale.ProtoName(proto), Scanned: res.Scanned, Truncated: res.Truncated, Filtered: res.KernelFiltered})
 		}
 	}
-	d.known = rememberCTVIPs(d.known, ix, now, d.p.MaxRemembered)
-	out := ix.findings(d.p.MinEntries, d.p.MaxFindings, scans)
+	d.known = stale.Remember(d.known, ix, now, d.p.MaxRemembered)
+	out := ctFindings(ix, now, d.p.Grace.Duration, d.p.MinEntries, d.p.MaxFindings, scans)
 	d.reconciler(ctx, out)
 	return out, nil
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/conntrack"
-	"github.com/remediate-dev/remediate/internal/dataplane"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -306,25 +305,6 @@ func TestConntrackStaleParamsValidate(t *testing.T) {
 	}
 }
 
-// Classifying an entry allocates nothing unless it is stale: the scan's
-// memory does not grow with the table.
-func TestConntrackStaleObserveAllocs(t *testing.T) {
-	w := newCTWorld()
-	old := ctT0.Add(-10 * time.Minute)
-	w.view.SetService(dnsService(old), eps(ep("10.244.2.7", true, true, false, old))...)
-	ix := buildCTIndex(w.view, "node1", []dataplane.Family{dataplane.IPv4}, nil, nil, ctT0, 90*time.Second)
-	live := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.2.7:53")
-	other := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "192.0.2.1:53", "192.0.2.1:53")
-	stale := svcFlow(conntrack.ProtoUDP, "10.0.0.5:40000", "10.96.0.10:53", "10.244.1.5:53")
-	ix.observe(&stale) // the stale backend's record exists from now on
-	if n := testing.AllocsPerRun(100, func() { ix.observe(&live); ix.observe(&other); ix.observe(&stale) }); n != 0 {
-		t.Errorf("observe allocates %.1f times per entry", n)
-	}
-	if b := ix.stale[ctStaleKey{conntrack.ProtoUDP, netip.MustParseAddrPort("10.244.1.5:53")}]; b == nil || b.entries != 102 {
-		t.Errorf("stale record %+v", b)
-	}
-}
-
 // The scan is bounded by maxScan and says so in the evidence.
 func TestConntrackStaleMaxScan(t *testing.T) {
 	w := newCTWorld()
@@ -343,25 +323,6 @@ func TestConntrackStaleMaxScan(t *testing.T) {
 	scans := fs[0].Evidence["scans"].([]ctScanNote)
 	if len(scans) != 2 || !scans[0].Truncated || scans[0].Scanned != 4 || scans[1].Truncated {
 		t.Errorf("scans %+v", scans)
-	}
-}
-
-// Remembered Service addresses: a vanished one keeps the first time it was
-// missed; over the bound, the ones missing longest go first.
-func TestRememberCTVIPs(t *testing.T) {
-	a := ctVIP{netip.MustParseAddr("10.96.0.1"), 53, conntrack.ProtoUDP}
-	b := ctVIP{netip.MustParseAddr("10.96.0.2"), 53, conntrack.ProtoUDP}
-	c := ctVIP{netip.MustParseAddr("10.96.0.3"), 53, conntrack.ProtoUDP}
-	t1, t2 := ctT0, ctT0.Add(time.Minute)
-	ix := &ctIndex{vips: map[ctVIP]*ctPort{c: {service: "ns/c:dns"}}}
-	known := map[ctVIP]ctKnown{a: {Service: "ns/a:dns", MissingSince: t1}, b: {Service: "ns/b:dns"}}
-	got := rememberCTVIPs(known, ix, t2, 10)
-	if len(got) != 3 || got[a].MissingSince != t1 || got[b].MissingSince != t2 || !got[c].MissingSince.IsZero() {
-		t.Fatalf("remembered %+v", got)
-	}
-	got = rememberCTVIPs(known, ix, t2, 2)
-	if _, ok := got[a]; ok || len(got) != 2 {
-		t.Fatalf("bounded to 2: %+v (the oldest missing, a, must go)", got)
 	}
 }
 
@@ -516,7 +477,7 @@ func TestConntrackStaleReadsTheViewOncePerGeneration(t *testing.T) {
 	if v.reads != first {
 		t.Errorf("a cycle at the same generation read the endpoints again (%d reads, then %d)", first, v.reads)
 	}
-	if b := d.(*conntrackStale).base.builds; b != 1 {
+	if b := d.(*conntrackStale).base.Builds(); b != 1 {
 		t.Errorf("%d index bases built at one generation, want 1", b)
 	}
 	w.view.DeleteService("kube-system", "dns")
@@ -524,7 +485,7 @@ func TestConntrackStaleReadsTheViewOncePerGeneration(t *testing.T) {
 	detect(0) // first cycle without the Service: remembered as missing now
 	w.clock.Step(p.Grace.Duration + time.Second)
 	detect(1)
-	if b := d.(*conntrackStale).base.builds; b != 2 {
+	if b := d.(*conntrackStale).base.Builds(); b != 2 {
 		t.Errorf("%d index bases built over two generations, want 2", b)
 	}
 }

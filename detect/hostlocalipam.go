@@ -4,14 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/remediate-dev/remediate/internal/boundedfile"
-	"github.com/remediate-dev/remediate/internal/cni"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/hostlocal"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -77,16 +74,14 @@ func (d *hostLocalIPAM) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.CNIConfDir == "" {
 		return nil, finding.Skip("no CNI configuration directory configured (--cni-conf-dir)")
 	}
-	dir := cni.Read(d.n.CNIConfDir, d.n.CNIBinDir)
+	// The cycle's one read, shared with CNIConfig: the file in use's
+	// bytes come with it.
+	dir := readCNI(ctx, d.n)
 	f := dir.InUse()
 	if dir.ConfDirErr != nil || f == nil || f.Err != "" {
 		return nil, finding.Skip("no loadable CNI configuration in %s (CNIConfig reports it)", d.n.CNIConfDir)
 	}
-	b, err := boundedfile.Read(filepath.Join(dir.ConfDir, f.Name), cni.MaxFileSize)
-	if err != nil {
-		return nil, fmt.Errorf("reading CNI configuration %s/%s: %w", dir.ConfDir, f.Name, err)
-	}
-	confs, err := hostlocal.ParseConfig(b)
+	confs, err := hostlocal.ParseConfig(f.Data)
 	if err != nil {
 		return nil, finding.Skip("CNI configuration %s/%s: %v", dir.ConfDir, f.Name, err)
 	}

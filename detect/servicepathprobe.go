@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
@@ -82,9 +80,9 @@ func (p *ServicePathProbeParams) Validate() []policy.FieldError {
 	if len(p.Canaries) > spMaxCanaries {
 		errs = append(errs, policy.FieldError{Field: "canaries", Msg: fmt.Sprintf("at most %d", spMaxCanaries)})
 	}
-	seen := map[spSpec]bool{}
+	seen := map[probe.Spec]bool{}
 	for i, c := range p.Canaries {
-		s, err := parseCanary(c)
+		s, err := probe.ParseCanary(c)
 		if err != nil {
 			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("canaries[%d]", i), Msg: err.Error()})
 			continue
@@ -115,204 +113,6 @@ func init() {
 		newServicePathProbe, Targets(finding.KindServicePath), UsesClusterView())
 }
 
-// spSpec is one Service to probe; Port is a port name, a number, or ""
-// (the first TCP port).
-type spSpec struct {
-	Namespace, Name, Port string
-}
-
-func (s spSpec) String() string {
-	if s.Port == "" {
-		return s.Namespace + "/" + s.Name
-	}
-	return s.Namespace + "/" + s.Name + "/" + s.Port
-}
-
-// parseCanary reads "namespace/name[/port]".
-func parseCanary(c string) (spSpec, error) {
-	parts := strings.Split(c, "/")
-	if len(parts) < 2 || len(parts) > 3 {
-		return spSpec{}, fmt.Errorf("%q: want namespace/name or namespace/name/port", c)
-	}
-	for _, p := range parts[:2] {
-		if !isDNSLabel(p) {
-			return spSpec{}, fmt.Errorf("%q: %q is not a namespace or Service name", c, p)
-		}
-	}
-	s := spSpec{Namespace: parts[0], Name: parts[1]}
-	if len(parts) == 3 {
-		s.Port = parts[2]
-		if n, err := strconv.Atoi(s.Port); err == nil {
-			if n < 1 || n > 65535 {
-				return spSpec{}, fmt.Errorf("%q: port %d out of range", c, n)
-			}
-		} else if !isDNSLabel(s.Port) {
-			return spSpec{}, fmt.Errorf("%q: %q is neither a port number nor a port name", c, s.Port)
-		}
-	}
-	return s, nil
-}
-
-// isDNSLabel: lower-case alphanumerics and '-', 1..63, not starting or
-// ending with '-'.
-func isDNSLabel(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-// spPath is one Service port of one family to probe.
-type spPath struct {
-	ref      probe.Ref
-	portName string
-	vip      netip.AddrPort
-	// backends are the endpoints kube-proxy sends this node's ClusterIP
-	// traffic to (ready, or serving-terminating as its fallback; local
-	// ones only with internalTrafficPolicy Local), sorted.
-	backends []netip.AddrPort
-}
-
-// planServicePaths resolves the specs against the view: the paths to
-// probe, in spec order (family order within a Service), and why the
-// others are not probed. Pure.
-func planServicePaths(v cluster.View, specs []spSpec, families []string, nodeName string) ([]spPath, []string) {
-	svcs := v.Services()
-	find := func(ns, name string) (cluster.Service, bool) {
-		i := sort.Search(len(svcs), func(i int) bool {
-			return svcs[i].Namespace > ns || svcs[i].Namespace == ns && svcs[i].Name >= name
-		})
-		if i < len(svcs) && svcs[i].Namespace == ns && svcs[i].Name == name {
-			return svcs[i], true
-		}
-		for _, s := range svcs { // a view not sorted (fakes): linear
-			if s.Namespace == ns && s.Name == name {
-				return s, true
-			}
-		}
-		return cluster.Service{}, false
-	}
-	wantFam := map[string]bool{}
-	for _, f := range families {
-		wantFam[f] = true
-	}
-	var paths []spPath
-	var not []string
-	for _, spec := range specs {
-		s, ok := find(spec.Namespace, spec.Name)
-		switch {
-		case !ok:
-			not = append(not, spec.String()+": not in the cluster view")
-			continue
-		case s.Type == "ExternalName":
-			not = append(not, spec.String()+": ExternalName (kube-proxy does not proxy it)")
-			continue
-		case s.ProxyName != "":
-			not = append(not, spec.String()+": belongs to service proxy "+s.ProxyName)
-			continue
-		case len(s.ClusterIPs) == 0:
-			not = append(not, spec.String()+": headless (no ClusterIP)")
-			continue
-		}
-		var sp *cluster.ServicePort
-		for i := range s.Ports {
-			p := &s.Ports[i]
-			switch {
-			case spec.Port == "" && (p.Protocol == "TCP" || p.Protocol == ""):
-			case spec.Port != "" && (spec.Port == p.Name || spec.Port == strconv.Itoa(int(p.Port))):
-			default:
-				continue
-			}
-			sp = p
-			break
-		}
-		if sp == nil {
-			not = append(not, spec.String()+": no such TCP port")
-			continue
-		}
-		if sp.Protocol != "TCP" && sp.Protocol != "" {
-			not = append(not, fmt.Sprintf("%s: port %d is %s (only TCP is probed)", spec, sp.Port, sp.Protocol))
-			continue
-		}
-		eps := v.Endpoints(s.Namespace, s.Name)
-		// ClusterIPs of a family the policy leaves out; said when they
-		// are all the Service has (an IPv6 single-stack cluster with
-		// families [IPv4] would otherwise skip with no reason).
-		var otherFam []string
-		wanted := 0
-		for _, ip := range s.ClusterIPs {
-			a, err := netip.ParseAddr(ip)
-			if err != nil {
-				not = append(not, fmt.Sprintf("%s: ClusterIP %q is not an IP address", spec, ip))
-				continue
-			}
-			a = a.Unmap()
-			fam := "IPv4"
-			if a.Is6() {
-				fam = "IPv6"
-			}
-			if !wantFam[fam] {
-				otherFam = append(otherFam, fmt.Sprintf("%s is %s", a, fam))
-				continue
-			}
-			wanted++
-			path := spPath{ref: probe.Ref{Family: fam, Namespace: s.Namespace, Name: s.Name, Port: sp.Port},
-				portName: sp.Name, vip: netip.AddrPortFrom(a, uint16(sp.Port))}
-			path.backends = spBackends(eps, sp.Name, fam, s.InternalPolicyLocal, nodeName)
-			if len(path.backends) == 0 {
-				why := "no ready endpoint (kube-proxy rejects its traffic by design)"
-				if s.InternalPolicyLocal {
-					why = "internalTrafficPolicy Local and no ready endpoint on this node (kube-proxy drops by design)"
-				}
-				not = append(not, fmt.Sprintf("%s %s %s: %s", spec, fam, path.vip, why))
-				continue
-			}
-			paths = append(paths, path)
-		}
-		if wanted == 0 && len(otherFam) > 0 {
-			not = append(not, fmt.Sprintf("%s: its ClusterIP %s, not in families %v", spec, strings.Join(otherFam, ", "), families))
-		}
-	}
-	return paths, not
-}
-
-// spBackends applies kube-proxy's choice of endpoints for ClusterIP
-// traffic from this node (cluster.UsableForCluster; internalTrafficPolicy
-// Local keeps the node's own).
-func spBackends(eps []cluster.Endpoint, portName, fam string, local bool, nodeName string) []netip.AddrPort {
-	var cand []cluster.Endpoint
-	for _, e := range eps {
-		if e.PortName != portName || (e.Protocol != "" && e.Protocol != "TCP") || e.Port < 1 || e.Port > 65535 {
-			continue
-		}
-		if local && e.NodeName != nodeName {
-			continue
-		}
-		a, err := netip.ParseAddr(e.Address)
-		if err != nil || a.Unmap().Is4() != (fam == "IPv4") {
-			continue
-		}
-		cand = append(cand, e)
-	}
-	anyReady := false
-	for _, e := range cand {
-		anyReady = anyReady || (e.Ready && !e.Secondary)
-	}
-	var out []netip.AddrPort
-	for _, e := range cand {
-		if cluster.UsableForCluster(e, anyReady) {
-			out = append(out, netip.AddrPortFrom(netip.MustParseAddr(e.Address).Unmap(), uint16(e.Port)))
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Compare(out[j]) < 0 })
-	return out
-}
-
 // spState is what the detector remembers of one path between runs.
 type spState struct {
 	// fails counts consecutive failing Service connects.
@@ -327,7 +127,7 @@ type servicePath struct {
 	judgement
 	p     ServicePathProbeParams
 	n     *node.Node
-	specs []spSpec
+	specs []probe.Spec
 	// pause waits between confirming connects (a test replaces it).
 	pause func(ctx context.Context, d time.Duration) error
 
@@ -341,10 +141,10 @@ type servicePath struct {
 func newServicePathProbe(p *ServicePathProbeParams, n *node.Node) (Detector, error) {
 	d := &servicePath{p: *p, n: n, state: map[probe.Ref]*spState{}, pause: sleepCtx}
 	if p.Kubernetes {
-		d.specs = append(d.specs, spSpec{Namespace: spKubernetesNS, Name: spKubernetesSvc})
+		d.specs = append(d.specs, probe.Spec{Namespace: spKubernetesNS, Name: spKubernetesSvc})
 	}
 	for _, c := range p.Canaries {
-		s, err := parseCanary(c)
+		s, err := probe.ParseCanary(c)
 		if err != nil {
 			return nil, err
 		}
@@ -391,7 +191,7 @@ func spEvidence(r probe.Result) spResultEvidence {
 
 // judgeServicePath turns a failing Service path and its direct connects
 // into a finding. Pure.
-func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.Result) finding.Finding {
+func judgeServicePath(path probe.Path, svc probe.Result, fails int, direct []probe.Result) finding.Finding {
 	var ok, bad []string
 	for _, r := range direct {
 		if r.OK() {
@@ -400,9 +200,9 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 			bad = append(bad, fmt.Sprintf("%s %s", r.Addr, r))
 		}
 	}
-	svcName := path.ref.Service()
+	svcName := path.Ref.Service()
 	head := fmt.Sprintf("%s port %d (%s ClusterIP %s) fails through the Service: %s, %d consecutive connects",
-		svcName, path.ref.Port, path.ref.Family, path.vip, svc, fails)
+		svcName, path.Ref.Port, path.Ref.Family, path.VIP, svc, fails)
 	var verdict spVerdict
 	var sev finding.Severity
 	var msg string
@@ -417,10 +217,10 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 		if len(ok) > 0 {
 			msg += fmt.Sprintf(" (answering: %s)", strings.Join(ok, "; "))
 		}
-	case len(direct) < len(path.backends):
+	case len(direct) < len(path.Backends):
 		verdict, sev = spPartial, finding.Warning
 		msg = fmt.Sprintf("%s, while the %d of %d backends checked answer directly (%s); the others wait for the connect budget",
-			head, len(direct), len(path.backends), strings.Join(ok, "; "))
+			head, len(direct), len(path.Backends), strings.Join(ok, "; "))
 	default:
 		verdict, sev = spDataplane, finding.Critical
 		who := "its backend answers"
@@ -436,20 +236,20 @@ func judgeServicePath(path spPath, svc probe.Result, fails int, direct []probe.R
 	}
 	return finding.Finding{
 		Detector: ServicePathProbeName,
-		Target:   path.ref.Target(),
+		Target:   path.Ref.Target(),
 		Severity: sev,
 		Message:  msg,
 		Evidence: map[string]any{
 			"service":             svcName,
-			"family":              path.ref.Family,
-			"port":                int(path.ref.Port),
-			"portName":            path.portName,
-			"clusterIP":           path.vip.String(),
+			"family":              path.Ref.Family,
+			"port":                int(path.Ref.Port),
+			"portName":            path.PortName,
+			"clusterIP":           path.VIP.String(),
 			"verdict":             string(verdict),
 			"serviceResult":       spEvidence(svc),
 			"consecutiveFailures": fails,
 			"backendsChecked":     checked,
-			"backendsUsable":      len(path.backends),
+			"backendsUsable":      len(path.Backends),
 		},
 	}
 }
@@ -474,7 +274,7 @@ func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 		d.set("%s (probed %s ago; not again within minPeriod %s)", d.lastJudged, now.Sub(d.lastRun).Round(time.Second), d.p.MinPeriod.Duration)
 		return d.lastFindings(now), nil
 	}
-	paths, not := planServicePaths(n.Cluster, d.specs, d.p.Families, n.Name)
+	paths, not := probe.Plan(n.Cluster, d.specs, d.p.Families, n.Name)
 	if len(paths) == 0 {
 		d.state = map[probe.Ref]*spState{}
 		return nil, finding.Skip("no Service path to probe: %s", strings.Join(not, "; "))
@@ -483,12 +283,12 @@ func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 	live := map[probe.Ref]bool{}
 	start := 0
 	for i, p := range paths {
-		live[p.ref] = true
-		if p.ref == d.next {
+		live[p.Ref] = true
+		if p.Ref == d.next {
 			start = i
 		}
-		if d.state[p.ref] == nil {
-			d.state[p.ref] = &spState{}
+		if d.state[p.Ref] == nil {
+			d.state[p.Ref] = &spState{}
 		}
 	}
 	for ref := range d.state {
@@ -522,10 +322,10 @@ func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 	d.next = probe.Ref{}
 	for k := 0; k < len(paths); k++ {
 		path := paths[(start+k)%len(paths)]
-		st := d.state[path.ref]
-		svc, ok := connect(path.vip)
+		st := d.state[path.Ref]
+		svc, ok := connect(path.VIP)
 		if !ok {
-			d.next = path.ref
+			d.next = path.Ref
 			break
 		}
 		for !svc.OK() {
@@ -538,31 +338,31 @@ func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 				stopped, ok = "the detector's deadline", false
 				break
 			}
-			if svc, ok = connect(path.vip); !ok {
+			if svc, ok = connect(path.VIP); !ok {
 				break
 			}
 		}
 		if !ok {
-			d.next = path.ref
+			d.next = path.Ref
 			break
 		}
 		if svc.OK() {
 			if st.fails > 0 {
-				recovered = append(recovered, fmt.Sprintf("%s answered after %d failed connect(s)", path.ref.Service(), st.fails))
+				recovered = append(recovered, fmt.Sprintf("%s answered after %d failed connect(s)", path.Ref.Service(), st.fails))
 			}
 			st.fails, st.last, st.lastRun = 0, nil, now
-			answered = append(answered, fmt.Sprintf("%s %s %s", path.ref.Service(), path.vip, svc))
+			answered = append(answered, fmt.Sprintf("%s %s %s", path.Ref.Service(), path.VIP, svc))
 			done++
 			continue
 		}
 		if st.fails < d.p.Failures {
 			// Not confirmed yet: the next run starts here.
 			stopped = "connect budget"
-			d.next = path.ref
+			d.next = path.Ref
 			break
 		}
 		var direct []probe.Result
-		for _, b := range path.backends {
+		for _, b := range path.Backends {
 			r, ok := connect(b)
 			if !ok {
 				break
@@ -570,7 +370,7 @@ func (d *servicePath) Detect(ctx context.Context) ([]finding.Finding, error) {
 			direct = append(direct, r)
 		}
 		if len(direct) == 0 {
-			d.next = path.ref
+			d.next = path.Ref
 			break
 		}
 		f := judgeServicePath(path, svc, st.fails, direct)

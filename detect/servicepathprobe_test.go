@@ -427,7 +427,7 @@ func TestServicePathParams(t *testing.T) {
 		}
 	}
 	for _, ok := range []string{"a/b", "kube-system/kube-dns/53", "team/web/http"} {
-		if _, err := parseCanary(ok); err != nil {
+		if _, err := probe.ParseCanary(ok); err != nil {
 			t.Errorf("%s: %v", ok, err)
 		}
 	}

@@ -212,8 +212,8 @@ func (d *decoder) checkPairs(p *Policy) {
 // collection ("did not find expected ',' or '}'"), its own position is
 // the answer: the '{' or '[' that is not closed, on yaml.v3's context line
 // (unclosedFlow), and the message says where the parser stopped. Should
-// goccy/go-yaml accept what yaml.v3 refused, yaml.v3's line is said as
-// it is, without a column.
+// goccy/go-yaml accept what yaml.v3 refused, yaml.v3's line is said
+// without a column, made 1-based for a parser error (yamlParserProblems).
 func yamlSyntaxError(name string, data []byte, err error) *Error {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	near := 0
@@ -225,11 +225,15 @@ func yamlSyntaxError(name string, data []byte, err error) *Error {
 			}
 		}
 	}
+	if yamlParserProblems[msg] {
+		// The parser's line is 0-based, and unsaid on the first line.
+		near++
+	}
 	e := &Error{File: name, Msg: msg}
 	if line, col, ok := syntaxPosition(data); ok {
 		e.Line, e.Column = line, col
 		if kind, open := flowCloserExpected(msg); open {
-			if ol, oc, ok := unclosedFlow(data, kind, line, col, near+1); ok {
+			if ol, oc, ok := unclosedFlow(data, kind, line, col, near); ok {
 				e.Line, e.Column = ol, oc
 				e.Msg = fmt.Sprintf("%s (the '%c' here is not closed before %d:%d)", msg, kind, line, col)
 			}
@@ -238,6 +242,25 @@ func yamlSyntaxError(name string, data []byte, err error) *Error {
 		e.Msg = fmt.Sprintf("%s (near line %d)", msg, near)
 	}
 	return e
+}
+
+// yamlParserProblems are the problems yaml.v3's parser reports
+// (parserc.go, yaml_parser_set_parser_error*). It says their line as its
+// 0-based mark ("line 5" for line 6; nothing for line 1), while a scanner
+// error's line is 1-based: parser.fail in decode.go adds 1 for scanner
+// errors only. Pinned with gopkg.in/yaml.v3 v3.0.1.
+var yamlParserProblems = map[string]bool{
+	"did not find expected <stream-start>":   true,
+	"did not find expected <document start>": true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found duplicate %TAG directive":         true,
+	"found undefined tag handle":             true,
+	"did not find expected node content":     true,
+	"did not find expected key":              true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
 }
 
 // syntaxPosition is where goccy/go-yaml's parser stops on data (1-based

@@ -2,6 +2,10 @@ package policy
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -395,5 +399,64 @@ func TestSyntaxErrorPosition(t *testing.T) {
 				t.Errorf("got  %v\nwant %s", err, c.want)
 			}
 		})
+	}
+}
+
+// TestSyntaxErrorNearLine: where goccy/go-yaml accepts what yaml.v3
+// refuses, the error says yaml.v3's line, "near line N", the 1-based line
+// of the file: yaml.v3 names a parser error's line 0-based (it said "near
+// line 2" for line 3, and nothing for line 1) and a scanner error's
+// 1-based.
+func TestSyntaxErrorNearLine(t *testing.T) {
+	const head = "apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\nmode: audit\nrules:\n- name: a\n"
+	for _, c := range []struct{ name, body, want string }{
+		// Parser errors.
+		{"undefined tag handle", "a: 1\nb: !x!foo bar\n", "p.yaml: found undefined tag handle (near line 2)"},
+		{"undefined tag handle on line 1", "a: !x!foo bar\n", "p.yaml: found undefined tag handle (near line 1)"},
+		{"comma before a key", "apiVersion: remediate.dev/v1alpha1\nkind: RemediationPolicy\n,mode: audit\n", "p.yaml: did not find expected key (near line 3)"},
+		{"question mark in a flow list", head + "  detector:\n    type: X\n    x: [1?, 2]\n", "p.yaml: did not find expected ',' or ']' (near line 8)"},
+		{"closing brace as a value", head + "  detector:\n    type: }X\n", "p.yaml: did not find expected node content (near line 7)"},
+		// Scanner errors: already 1-based.
+		{"percent at a key", head + "  detector:\n    %type: X\n", "p.yaml: found character that cannot start any token (near line 7)"},
+		{"unclosed verbatim tag", "a: 1\nb: !<x\n", "p.yaml: did not find the expected '>' (near line 2)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("p.yaml", []byte(c.body), testCatalog{})
+			if err == nil || err.Error() != c.want {
+				t.Errorf("got  %v\nwant %s", err, c.want)
+			}
+		})
+	}
+}
+
+// TestYAMLParserProblemsComplete: yamlParserProblems lists every problem
+// the pinned yaml.v3's parser reports (read from its parserc.go in the
+// module cache), so that an upgrade adding one is caught here rather than
+// said a line early.
+func TestYAMLParserProblemsComplete(t *testing.T) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "gopkg.in/yaml.v3").Output()
+	if err != nil {
+		t.Skipf("go list gopkg.in/yaml.v3: %v", err)
+	}
+	src, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "parserc.go"))
+	if err != nil {
+		t.Skipf("yaml.v3 source: %v", err)
+	}
+	// yaml_parser_set_parser_error(parser, "problem", mark) and
+	// yaml_parser_set_parser_error_context(parser, "context", mark, "problem", mark).
+	re := regexp.MustCompile(`yaml_parser_set_parser_error(_context)?\(parser,\s*("[^"]*"|\w+),\s*[\w.]+(,\s*"([^"]*)")?`)
+	found := 0
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		problem := strings.Trim(m[2], `"`)
+		if m[1] != "" {
+			problem = m[4]
+		}
+		found++
+		if !yamlParserProblems[problem] {
+			t.Errorf("yaml.v3 parser problem %q is not in yamlParserProblems", problem)
+		}
+	}
+	if found < len(yamlParserProblems) {
+		t.Errorf("found %d parser problems in yaml.v3's parserc.go, fewer than the %d listed: is the pattern broken?", found, len(yamlParserProblems))
 	}
 }

@@ -62,10 +62,109 @@ const (
 	maxBundleCopy = 1<<30 + 1<<20
 )
 
-// daemonFlags are the daemon's flags the one-shot run takes over: where
-// its policy, state, procfs, sysfs, lock file, CNI directories, CRI socket
-// and credentials are (TestDaemonFlagsCoverTheChart).
-var daemonFlags = []string{"--policy", "--state-dir", "--proc-root", "--sys-root", "--cgroup-root", "--host-root", "--xtables-lock", "--cni-conf-dir", "--cni-bin-dir", "--cni-ipam-dir", "--cri-socket", "--kubeconfig"}
+// oneShotFlags are the daemon's flags the one-shot run does not take over
+// from the pod's container: it sets them itself (--once, --node-name,
+// --dry-run unless --act, -o, --sample, --bundle), or they only shape the
+// daemon (--metrics-addr serves its /metrics; --log-format json is for a
+// log collector, the one-shot run logs for a person). Every other argument
+// of the container is carried as it is, so a new daemon flag (where a
+// mount is, a budget) reaches the one-shot run without a change here
+// (TestDaemonFlagsCoverTheChart). The value says whether the flag takes a
+// value, so that "--flag value" drops both.
+var oneShotFlags = map[string]bool{
+	"--once": false, "--node-name": true, "--dry-run": false, "--output": true, "-o": true,
+	"--sample": true, "--bundle": true, "--metrics-addr": true, "--log-format": true,
+}
+
+// daemonArgs are the container's arguments (its command's after the
+// binary, then args) the one-shot run takes over, in their order: all but
+// oneShotFlags, "--flag value" written "--flag=value", $(VAR) references
+// expanded as the kubelet does (expandEnv).
+func daemonArgs(pod *corev1.Pod, ctr *corev1.Container) []string {
+	all := append(append([]string(nil), ctr.Command[min(1, len(ctr.Command)):]...), ctr.Args...)
+	env := containerEnv(pod, ctr)
+	var out []string
+	for i := 0; i < len(all); i++ {
+		a := expandEnv(all[i], env)
+		name, _, hasValue := strings.Cut(a, "=")
+		separate := !hasValue && strings.HasPrefix(a, "-") && i+1 < len(all) && !strings.HasPrefix(all[i+1], "-")
+		if takesValue, own := oneShotFlags[name]; own {
+			if takesValue && !hasValue && i+1 < len(all) {
+				i++
+			}
+			continue
+		}
+		if separate {
+			i++
+			a += "=" + expandEnv(all[i], env)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// containerEnv are the container's environment variables whose value is
+// known from the pod's spec: literal values (expanded against the ones
+// before, as the kubelet does) and the downward API fields the kubelet
+// resolves from the pod object itself.
+func containerEnv(pod *corev1.Pod, ctr *corev1.Container) map[string]string {
+	env := map[string]string{}
+	for _, e := range ctr.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = expandEnv(e.Value, env)
+		case e.ValueFrom.FieldRef != nil:
+			v, ok := map[string]string{
+				"spec.nodeName":           pod.Spec.NodeName,
+				"spec.serviceAccountName": pod.Spec.ServiceAccountName,
+				"metadata.name":           pod.Name,
+				"metadata.namespace":      pod.Namespace,
+				"metadata.uid":            string(pod.UID),
+				"status.podIP":            pod.Status.PodIP,
+				"status.hostIP":           pod.Status.HostIP,
+			}[e.ValueFrom.FieldRef.FieldPath]
+			if ok {
+				env[e.Name] = v
+			}
+		}
+	}
+	return env
+}
+
+// expandEnv expands $(VAR) references in s as the kubelet expands a
+// container's arguments: a known variable by its value, an unknown one
+// left as written, $$ as a literal $.
+func expandEnv(s string, env map[string]string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+			continue
+		case '(':
+			if j := strings.IndexByte(s[i+2:], ')'); j >= 0 {
+				name := s[i+2 : i+2+j]
+				if v, ok := env[name]; ok {
+					b.WriteString(v)
+				} else {
+					b.WriteString(s[i : i+3+j])
+				}
+				i += 2 + j
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
 
 // Executor runs a command in a pod's container and streams its output;
 // a command that exits non-zero returns a utilexec.ExitError.
@@ -287,7 +386,7 @@ func pickPod(items []corev1.Pod, ns, selector, nodeName string) (*corev1.Pod, er
 }
 
 // onceCommand is the command run in the pod: the container's remediate
-// with the daemon's location flags, --once, forced dry-run unless --act,
+// with the daemon's own arguments (daemonArgs), --once, forced dry-run unless --act,
 // and what was asked.
 func onceCommand(pod *corev1.Pod, o *options, nodeName, remoteBundle string, extra []string) ([]string, error) {
 	var ctr *corev1.Container
@@ -303,20 +402,7 @@ func onceCommand(pod *corev1.Pod, o *options, nodeName, remoteBundle string, ext
 	if len(ctr.Command) > 0 {
 		bin = ctr.Command[0]
 	}
-	argv := []string{bin, "--once", "--node-name=" + nodeName}
-	all := append(append([]string(nil), ctr.Command[min(1, len(ctr.Command)):]...), ctr.Args...)
-	for i := 0; i < len(all); i++ {
-		a := all[i]
-		for _, fl := range daemonFlags {
-			switch {
-			case strings.HasPrefix(a, fl+"="):
-				argv = append(argv, a)
-			case a == fl && i+1 < len(all):
-				argv = append(argv, a+"="+all[i+1])
-				i++
-			}
-		}
-	}
+	argv := append([]string{bin, "--once", "--node-name=" + nodeName}, daemonArgs(pod, ctr)...)
 	if !o.act {
 		argv = append(argv, "--dry-run")
 	}

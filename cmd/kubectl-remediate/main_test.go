@@ -54,7 +54,9 @@ func (f *fakeExec) Exec(_ context.Context, pod *corev1.Pod, container string, cm
 	return nil
 }
 
-// daemonPod is a pod shaped like deploy/base's DaemonSet pod.
+// daemonPod is a pod shaped like deploy/base's DaemonSet pod, with a
+// flag the one-shot run used not to take over (--cluster-view-memory) and
+// an argument naming an env variable.
 func daemonPod(name, nodeName string, labels map[string]string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
@@ -62,7 +64,8 @@ func daemonPod(name, nodeName string, labels map[string]string) *corev1.Pod {
 			Name: "remediate", Image: "ghcr.io/remediate-dev/remediate:v1",
 			Args: []string{"--policy=/etc/remediate/policy.yaml", "--state-dir=/var/lib/remediate", "--node-name=$(NODE_NAME)",
 				"--proc-root=/host/proc", "--sys-root", "/host/sys", "--xtables-lock=/run/xtables.lock",
-				"--metrics-addr=127.0.0.1:9808", "--log-format=json"},
+				"--metrics-addr=127.0.0.1:9808", "--log-format=json", "--cluster-view-memory", "128Mi", "--cni-conf-dir=/host/$(POD_NAMESPACE)/net.d"},
+			Env: []corev1.EnvVar{{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}},
 		}}},
 	}
 }
@@ -168,7 +171,7 @@ func TestPluginAgainstAPIServer(t *testing.T) {
 		}
 		want := []string{"/usr/local/bin/remediate", "--once", "--node-name=node1", "--policy=/etc/remediate/policy.yaml",
 			"--state-dir=/var/lib/remediate", "--proc-root=/host/proc", "--sys-root=/host/sys", "--xtables-lock=/run/xtables.lock",
-			"--dry-run", "-o", "text", "--sample=20s", "--bundle=" + remote, "--log-level=debug"}
+			"--cluster-view-memory=128Mi", "--cni-conf-dir=/host/remediate/net.d", "--dry-run", "-o", "text", "--sample=20s", "--bundle=" + remote, "--log-level=debug"}
 		if once.pod != ns+"/remediate-abcde" || once.container != "remediate" || strings.Join(once.cmd, " ") != strings.Join(want, " ") {
 			t.Errorf("once ran as %+v\nwant %q", once, want)
 		}

@@ -59,6 +59,10 @@ type File struct {
 	// MissingPlugins are the plugin types with no executable in the bin
 	// directory (checked for the file in use only).
 	MissingPlugins []string `json:"missingPlugins,omitempty"`
+	// Data is the file's content as read (at most MaxFileSize), kept for
+	// the file in use only: the detectors that parse more of it (host-local
+	// IPAM) read these bytes, not the file again. Read only.
+	Data []byte `json:"-"`
 }
 
 // Dir is what one read of the configuration found.
@@ -100,6 +104,9 @@ func Read(confDir, binDir string) Dir {
 		data, err := boundedfile.Read(filepath.Join(confDir, n), MaxFileSize)
 		if err == nil {
 			f.Network, f.Version, f.Plugins, err = Parse(n, data)
+			if len(d.Files) == 0 {
+				f.Data = data
+			}
 		}
 		if err != nil {
 			f.Err = err.Error()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cni"
 	"github.com/remediate-dev/remediate/internal/cnichains"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/cpustat"
@@ -91,6 +92,9 @@ type Node struct {
 	// means not configured.
 	CNIConfDir string
 	CNIBinDir  string
+	// CNI reads CNIConfDir and CNIBinDir once for the detectors of a
+	// cycle (cni.Shared); nil: each detector reads them itself.
+	CNI cni.Reader
 	// CNIIPAMDir is host-local IPAM's data directory as mounted here
 	// (--cni-ipam-dir; the host's /var/lib/cni/networks); empty means not
 	// configured.

@@ -8,7 +8,10 @@
 // aborted because the caller's context ended first (inconclusive, never a
 // failure of the path).
 //
-// It also owns the typed reference of the probe's findings (Ref).
+// It also owns the typed reference of the probe's findings (Ref), and plans
+// the paths to probe from the cluster view (Plan: which Service ports, in
+// which families, compared with which endpoints, and why a Service is not
+// probed); the detector judges what their connects mean.
 package probe
 
 import (

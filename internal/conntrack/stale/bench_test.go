@@ -1,4 +1,4 @@
-package detect
+package stale
 
 import (
 	"fmt"
@@ -28,10 +28,10 @@ func (v *ctBenchView) Endpoints(ns, name string) []cluster.Endpoint {
 func (v *ctBenchView) Generation() uint64 { return v.gen }
 
 func newCTBenchView(n int) *ctBenchView {
-	f := clustertest.New(ctT0)
+	f := clustertest.New(t0)
 	for i := 0; i < n; i++ {
 		s := cluster.Service{Namespace: fmt.Sprintf("ns%d", i%10), Name: fmt.Sprintf("svc%d", i), ClusterIPs: []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)},
-			Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}}, Created: ctT0.Add(-time.Hour)}
+			Ports: []cluster.ServicePort{{Name: "dns", Protocol: "UDP", Port: 53}}, Created: t0.Add(-time.Hour)}
 		var eps []cluster.Endpoint
 		for j := 0; j < 5; j++ {
 			k := i*5 + j
@@ -57,22 +57,22 @@ func BenchmarkConntrackStaleIndex5kServices(b *testing.B) {
 	fams := []dataplane.Family{dataplane.IPv4}
 	local := []netip.Addr{netip.MustParseAddr("10.200.0.1")}
 	b.Run("changed", func(b *testing.B) {
-		var c ctBaseCache
+		var c BaseCache
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
 			v.gen++
-			if len(c.get(v, "node1", fams, local).vips) != 5000 {
+			if len(c.Get(v, "node1", fams, local).vips) != 5000 {
 				b.Fatal("wrong index")
 			}
 		}
 	})
 	b.Run("unchanged", func(b *testing.B) {
-		var c ctBaseCache
-		c.get(v, "node1", fams, local)
+		var c BaseCache
+		c.Get(v, "node1", fams, local)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			ix := indexFrom(c.get(v, "node1", fams, local), nil, ctT0, time.Minute)
+			ix := NewIndex(c.Get(v, "node1", fams, local), nil, t0, time.Minute)
 			if len(ix.vips) != 5000 {
 				b.Fatal("wrong index")
 			}
