@@ -144,6 +144,12 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	if err != nil {
 		return err
 	}
+	for _, rr := range rules {
+		if rr.actType.ReplacedBy != "" {
+			e.opts.Log.Warn("rule uses a deprecated action type: it runs as "+rr.actType.ReplacedBy,
+				zap.String("rule", rr.rule.Name), zap.String("action", rr.actType.Name), zap.String("note", rr.actType.Deprecation))
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
