@@ -182,6 +182,7 @@ func Parse(name string, data []byte, cat Catalog) (*Policy, error) {
 	if len(d.errs) > 0 {
 		return nil, d.result()
 	}
+	p.Notes = d.notes
 	return p, nil
 }
 
@@ -361,6 +362,8 @@ type decoder struct {
 	pos  map[string]*yaml.Node
 	// failed holds the paths that already have an error.
 	failed map[string]bool
+	// notes are said about a policy without refusing it (Policy.Notes).
+	notes []*Error
 }
 
 func (d *decoder) fail(e *Error) error {
@@ -683,6 +686,11 @@ func (d *decoder) decodeComponent(n *yaml.Node, v reflect.Value, path string) {
 		return
 	}
 	comp.Params = params
+	if dc, ok := d.cat.(Deprecator); ok && kind == "action" {
+		if note := dc.DeprecatedAction(typ); note != "" {
+			d.notes = append(d.notes, &Error{File: d.file, Line: typeNode.Line, Column: typeNode.Column, Path: join(path, "type"), Msg: note})
+		}
+	}
 	if params == nil {
 		return
 	}

@@ -34,3 +34,11 @@ type Catalog interface {
 type PairChecker interface {
 	CheckPair(det, act string) string
 }
+
+// Deprecator is implemented by catalogs that keep old type names working.
+// DeprecatedAction returns what to say about action type typ when it is
+// such an old name (the loader accepts it and puts the note in
+// Policy.Notes), "" otherwise.
+type Deprecator interface {
+	DeprecatedAction(typ string) string
+}

@@ -51,6 +51,10 @@ type Policy struct {
 	Cluster Cluster `yaml:"cluster"`
 	// Rules pair detectors with actions.
 	Rules []Rule `yaml:"rules"`
+	// Notes are what the loader says about a valid policy without refusing
+	// it (a deprecated type name), positioned as errors are; `policy
+	// check` prints them. Not part of the document.
+	Notes []*Error `yaml:"-" json:"-"`
 }
 
 // KubeProxy locates kube-proxy's observable surface.

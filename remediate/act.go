@@ -64,20 +64,14 @@ func (c *cycle) plan(ctx context.Context, a *attempt) bool {
 	return true
 }
 
-// chain is the cycle's guardrail chain for a request.
-func (c *cycle) chain(req *guardrails.Request) []guardrails.Guardrail {
-	cl := c.e.opts.Cluster
-	cl.Extra = append(append([]guardrails.Guardrail(nil), cl.Extra...), c.e.opts.Guardrails...)
+// admit runs the guardrail chain (guardrails.Chain: the node's guardrails
+// and the engine's Options.Cluster) in order; the first that blocks
+// decides (dry-run, the last, turns the attempt into a report). Resources
+// taken by holders are kept in a.held.
+func (c *cycle) admit(ctx context.Context, a *attempt) bool {
 	n := guardrails.Node{Ledger: c.st, MaxActionsPerHour: c.pol.Guardrails.MaxActionsPerHour,
 		MaxTargetsPerCycle: c.pol.Guardrails.MaxTargetsPerCycle, Acted: c.acted}
-	return guardrails.Chain(n, cl, guardrails.DryRunReason(c.pol, req.Rule, c.e.opts.ForceDryRun))
-}
-
-// admit runs the guardrail chain in order; the first that blocks decides
-// (dry-run, the last, turns the attempt into a report). Resources taken by
-// holders are kept in a.held.
-func (c *cycle) admit(ctx context.Context, a *attempt) bool {
-	for _, g := range c.chain(a.req) {
+	for _, g := range guardrails.Chain(n, c.e.opts.Cluster, guardrails.DryRunReason(c.pol, a.req.Rule, c.e.opts.ForceDryRun)) {
 		err := g.Check(ctx, a.req)
 		if err == nil {
 			if h, ok := g.(guardrails.Holder); ok && !a.req.DryRun {

@@ -53,6 +53,17 @@ func (Catalog) ActionTypes() []string {
 	return out
 }
 
+var _ policy.Deprecator = Catalog{}
+
+// DeprecatedAction implements policy.Deprecator: the note of an action
+// type kept as an old name of another (action.DeprecatedFor).
+func (Catalog) DeprecatedAction(typ string) string {
+	if t, ok := action.Lookup(typ); ok && t.ReplacedBy != "" {
+		return t.Deprecation
+	}
+	return ""
+}
+
 var _ policy.PairChecker = Catalog{}
 
 // CheckPair implements policy.PairChecker: "" when findings of detector

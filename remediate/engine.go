@@ -40,11 +40,10 @@ type Options struct {
 	// Once makes every rule's `for` count as met (remediate --once).
 	Once bool
 	// Cluster holds the cluster guardrails (opt-out, API freshness, storm
-	// guard, budget); guardrails.Chain puts them in order.
+	// guard, fleet pause, kube-proxy rollout, budget), one named field
+	// each; guardrails.Chain puts them in order. It is the one way a
+	// guardrail is added.
 	Cluster guardrails.Cluster
-	// Guardrails are extra guardrails, checked after the storm guard and
-	// before the budget (guardrails.Cluster.Extra).
-	Guardrails []guardrails.Guardrail
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
 	// Metrics, if set, are updated every cycle.
@@ -144,6 +143,12 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	rules, err := build(p, n)
 	if err != nil {
 		return err
+	}
+	for _, rr := range rules {
+		if rr.actType.ReplacedBy != "" {
+			e.opts.Log.Warn("rule uses a deprecated action type: it runs as "+rr.actType.ReplacedBy,
+				zap.String("rule", rr.rule.Name), zap.String("action", rr.actType.Name), zap.String("note", rr.actType.Deprecation))
+		}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()

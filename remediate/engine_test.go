@@ -622,9 +622,12 @@ func (g *countingHolder) Release(ctx context.Context, _ *guardrails.Request) {
 	g.releases.Add(1)
 }
 
-func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
+// TestClusterGuardrailsFailClosedAndRelease: a cluster guardrail that
+// errs blocks; a holder (the budget) is held until verification and not
+// taken by a dry run.
+func TestClusterGuardrailsFailClosedAndRelease(t *testing.T) {
 	h := newHarness(t)
-	h.opts.Guardrails = []guardrails.Guardrail{failingGuard{}}
+	h.opts.Cluster = guardrails.Cluster{Budget: failingGuard{}}
 	setPresent("a", "p")
 	d := decisionFor(h.cycle(h.engine(mustPolicy(t, enforceRule))), "p")
 	if d.Outcome != OutcomeBlocked || !strings.Contains(d.Reason, "failing closed: apiserver unreachable") {
@@ -633,7 +636,7 @@ func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 
 	h2 := newHarness(t)
 	holder := &countingHolder{}
-	h2.opts.Guardrails = []guardrails.Guardrail{holder}
+	h2.opts.Cluster = guardrails.Cluster{Budget: holder}
 	e := h2.engine(mustPolicy(t, enforceRule))
 	w.fixes["a"] = true
 	setPresent("a", "p")
@@ -649,7 +652,7 @@ func TestExtraGuardrailsFailClosedAndRelease(t *testing.T) {
 	// A dry run asks but takes nothing.
 	h3 := newHarness(t)
 	holder3 := &countingHolder{}
-	h3.opts.Guardrails = []guardrails.Guardrail{holder3}
+	h3.opts.Cluster = guardrails.Cluster{Budget: holder3}
 	setPresent("a", "p")
 	h3.cycle(h3.engine(mustPolicy(t, strings.Replace(enforceRule, "enforce", "audit", 1))))
 	if !holder3.sawDryRun.Load() || holder3.checks.Load() != 0 || holder3.releases.Load() != 0 {
@@ -811,7 +814,7 @@ func TestOnceDryRunDoesNotShortenTheDaemonsFor(t *testing.T) {
 func TestReloadRemovingARuleReleasesWhatItHolds(t *testing.T) {
 	h := newHarness(t)
 	holder := &countingHolder{}
-	h.opts.Guardrails = []guardrails.Guardrail{holder}
+	h.opts.Cluster = guardrails.Cluster{Budget: holder}
 	e := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	h.cycle(e)
@@ -887,7 +890,9 @@ func TestNoNewActionAfterStop(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	holder := &countingHolder{}
-	h.opts.Guardrails = []guardrails.Guardrail{holder, stopGuard{cancel}}
+	// The stop arrives after the holder took its slot: the holder sits
+	// before the budget's place in the chain, the stop in it.
+	h.opts.Cluster = guardrails.Cluster{KubeProxyRollout: holder, Budget: stopGuard{cancel}}
 	e := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	rep, err := e.Cycle(ctx)
@@ -972,7 +977,7 @@ func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	holder := &countingHolder{}
-	h.opts.Guardrails = []guardrails.Guardrail{holder}
+	h.opts.Cluster = guardrails.Cluster{Budget: holder}
 	e := h.engine(mustPolicy(t, enforceRule))
 	// SIGTERM arrives while the action runs; the action fails with it.
 	w.actHook["a"] = cancel
@@ -990,14 +995,14 @@ func TestSlotReleasedWhenStopCancelsTheAction(t *testing.T) {
 func TestSlotReleasedWhenAnotherRunJudgedTheVerification(t *testing.T) {
 	h := newHarness(t)
 	holder := &countingHolder{}
-	h.opts.Guardrails = []guardrails.Guardrail{holder}
+	h.opts.Cluster = guardrails.Cluster{Budget: holder}
 	daemon := h.engine(mustPolicy(t, enforceRule))
 	setPresent("a", "p")
 	h.cycle(daemon) // executed, Verifying, slot held
 	// After verifyAfter, on-call runs `remediate --once --dry-run` on the
 	// daemon's state dir: the finding is still there, verification failed.
 	once := h.opts
-	once.Once, once.ForceDryRun, once.Guardrails = true, true, nil
+	once.Once, once.ForceDryRun, once.Cluster = true, true, guardrails.Cluster{}
 	e1, err := New(mustPolicy(t, enforceRule), once)
 	if err != nil {
 		t.Fatal(err)

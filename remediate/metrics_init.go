@@ -23,16 +23,8 @@ func (e *Engine) initMetrics(p *policy.Policy) {
 	if m == nil {
 		return
 	}
-	// The guardrails that can block, in the chain's order (dry-run is not
-	// a block).
-	cl := e.opts.Cluster
-	cl.Extra = append(append([]guardrails.Guardrail(nil), cl.Extra...), e.opts.Guardrails...)
-	var guards []string
-	for _, g := range guardrails.Chain(guardrails.Node{}, cl, "") {
-		if g.Name() != guardrails.GuardDryRun {
-			guards = append(guards, g.Name())
-		}
-	}
+	// The guardrails that can block, in the chain's order.
+	guards := guardrails.BlockNames(e.opts.Cluster)
 	for i := range p.Rules {
 		r := &p.Rules[i]
 		m.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type)

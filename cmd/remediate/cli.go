@@ -265,7 +265,8 @@ func newPolicyCmd(stdout, stderr io.Writer) *cobra.Command {
 		Use:   "check FILE...",
 		Short: "Validate policy files; exit 1 with every error",
 		Long: `Validate policy files. Every error is printed as file:line:col: field: message,
-all of them at once; the exit status is 1 if any file is invalid.`,
+all of them at once; the exit status is 1 if any file is invalid. A valid file
+that uses a deprecated type name is ok, with a note in the same form.`,
 		Example: "  remediate policy check examples/audit.yaml examples/enforce.yaml",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 {
@@ -277,10 +278,14 @@ all of them at once; the exit status is 1 if any file is invalid.`,
 		RunE: func(_ *cobra.Command, args []string) error {
 			code := exitOK
 			for _, f := range args {
-				if _, err := policy.Load(f, remediate.Catalog{}); err != nil {
+				p, err := policy.Load(f, remediate.Catalog{})
+				if err != nil {
 					fmt.Fprintln(stderr, err)
 					code = exitError
 					continue
+				}
+				for _, n := range p.Notes { // accepted, but say it
+					fmt.Fprintln(stderr, n)
 				}
 				fmt.Fprintf(stdout, "%s: ok\n", f)
 			}

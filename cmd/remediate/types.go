@@ -36,6 +36,9 @@ func writeTypes(w io.Writer) error {
 			d += " [disruptive: needs a cluster budget slot]"
 		}
 		writeWrapped(w, "    ", d)
+		if t.ReplacedBy != "" {
+			writeWrapped(w, "    ", "DEPRECATED (runs as "+t.ReplacedBy+"): "+t.Deprecation)
+		}
 		fmt.Fprintf(w, "    acts on: %s\n", remediate.ActsOn(t))
 		fmt.Fprintf(w, "    runbook: %s\n", runbookAnchor("action", t.Name))
 		writeParams(w, t.NewParams())

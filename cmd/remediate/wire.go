@@ -26,7 +26,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
-	"github.com/remediate-dev/remediate/remediate/guardrails"
 )
 
 // wiring builds the node's adapters from the flags and the policy, and
@@ -209,13 +208,6 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 		n.XtablesLockWatch, n.LockHistory = nil, nil
 	}
 	return n, nil
-}
-
-// Guardrails returns the cluster guardrails (opt-out, API freshness, storm
-// guard, cluster-wide budget); guardrails.Chain puts them in order.
-func (w *wiring) Guardrails() guardrails.Cluster {
-	// --- wire cluster guardrails here ---
-	return w.clusterGuardrails()
 }
 
 // OnReport publishes a daemon cycle's report (events, node conditions).

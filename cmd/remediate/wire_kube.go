@@ -149,16 +149,24 @@ func (w *wiring) kube() *kubeWiring {
 	return k
 }
 
-// clusterGuardrails are the guardrails that need the cluster (they block
-// what needs the API when there is no access); guardrails.Chain orders
-// them.
-func (w *wiring) clusterGuardrails() guardrails.Cluster {
+// Guardrails returns the cluster guardrails, built here and nowhere else
+// (guardrails.Cluster: one named field each; guardrails.Chain puts them
+// in order). Without cluster access only API freshness (it blocks what
+// needs the API, saying why) and the budget (it blocks disruptive actions)
+// are in the chain.
+func (w *wiring) Guardrails() guardrails.Cluster {
 	k := w.kube()
 	if k.client == nil {
 		return guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, k.noAccess, nil), Budget: guardrails.NewBudget(nil, guardrails.BudgetOptions{})}
 	}
-	return guardrails.Cluster{OptOut: guardrails.NewOptOut(k.nodes), Freshness: guardrails.NewFreshness(k.view, "", nil), Storm: k.storm, Budget: k.budget,
-		Extra: []guardrails.Guardrail{k.pause.Load(), k.rollout}}
+	return guardrails.Cluster{
+		OptOut:           guardrails.NewOptOut(k.nodes),
+		Freshness:        guardrails.NewFreshness(k.view, "", nil),
+		Storm:            k.storm,
+		FleetPause:       k.pause.Load(),
+		KubeProxyRollout: k.rollout,
+		Budget:           k.budget,
+	}
 }
 
 // reportTimeout bounds one publication of a cycle's report.

@@ -1,6 +1,8 @@
 // Package action holds the remedies the engine can apply: killing a hung
 // iptables-restore, raising nf_conntrack_max, flushing conntrack entries,
-// deleting stale IPVS servers, restarting kube-proxy, cordoning.
+// deleting stale IPVS servers, restarting kube-proxy and the other node
+// agents (RestartNodeAgent: the one action that restarts kube-proxy;
+// RestartKubeProxy is its old name), cordoning.
 //
 // Each action type registers itself by name with a parameter struct (its
 // bounds). An Action is always called through the engine, which journals the
@@ -67,6 +69,11 @@ type Type struct {
 	// ActsOnAny: the action acts on the node, whatever the finding is
 	// about (CordonNode).
 	ActsOnAny bool
+	// ReplacedBy, when set, names the action that does this one's work
+	// now: the type is an old name kept so policies that say it keep
+	// working, and Deprecation is the note `policy check` and the load log
+	// give.
+	ReplacedBy, Deprecation string
 }
 
 // Declared reports whether the type says what it can act on; Define
@@ -107,6 +114,12 @@ func ActsOn(kinds ...finding.Kind) Option {
 // ActsOnDetectors declares detector types the action accepts by name.
 func ActsOnDetectors(types ...string) Option {
 	return func(t *Type) { t.ActsOnDetectors = append(t.ActsOnDetectors, types...) }
+}
+
+// DeprecatedFor marks the type as an old name whose work the action
+// replacedBy does now; note tells the user what to write instead.
+func DeprecatedFor(replacedBy, note string) Option {
+	return func(t *Type) { t.ReplacedBy, t.Deprecation = replacedBy, note }
 }
 
 // ActsOnAnyFinding declares that the action acts on the node whatever the

@@ -50,9 +50,13 @@ func newRestart(t *testing.T, n *node.Node, timeout time.Duration) Action {
 	return a
 }
 
+// kpFinding is a kube-proxy finding as the engine hands it over (its kind
+// filled in from the detector's declaration).
+var kpFinding = finding.Finding{Target: "kube-proxy/IPv4", Subject: finding.Subject{Kind: finding.KindKubeProxy}}
+
 func TestRestartKubeProxyRefusals(t *testing.T) {
 	ctx := context.Background()
-	f := finding.Finding{Target: "kube-proxy/IPv4"}
+	f := kpFinding
 	for _, tc := range []struct {
 		name string
 		objs []*corev1.Pod
@@ -98,7 +102,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	// only this node's pod exists.
 	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
 	a := newRestart(t, &node.Node{Name: "n1", Kube: cs}, 5*time.Second)
-	plan, err := a.Plan(ctx, finding.Finding{})
+	plan, err := a.Plan(ctx, kpFinding)
 	if err != nil || !strings.Contains(plan.Summary, "kube-system/kp-a (uid a)") {
 		t.Fatalf("plan %+v %v", plan, err)
 	}
@@ -115,7 +119,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, kpPod("kp-z", "n1", "z", true, "DaemonSet"), metav1.UpdateOptions{})
 	}()
-	res, err := a.Execute(ctx, finding.Finding{})
+	res, err := a.Execute(ctx, kpFinding)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,12 +145,12 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
 	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 500*time.Millisecond)
-	if _, err := a.Execute(ctx, finding.Finding{}); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
+	if _, err := a.Execute(ctx, kpFinding); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
 		t.Fatalf("unhealthy kube-proxy after restart: %v", err)
 	}
 	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 5*time.Second)
-	res, err = a.Execute(ctx, finding.Finding{})
+	res, err = a.Execute(ctx, kpFinding)
 	if err != nil || res.Details["syncRecoveredAfter"] == nil {
 		t.Fatalf("healthy kube-proxy after restart: %+v %v", res, err)
 	}
@@ -156,7 +160,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	// Without a replacement: a bounded wait, then failure.
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs}, 200*time.Millisecond)
 	start := time.Now()
-	if _, err := a.Execute(ctx, finding.Finding{}); err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
+	if _, err := a.Execute(ctx, kpFinding); err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
 		t.Fatalf("got %v", err)
 	}
 	if time.Since(start) > 3*time.Second {
@@ -219,5 +223,81 @@ func TestRestartKubeProxyDefaultWaitFitsTheActionTimeout(t *testing.T) {
 	}
 	if errs := p.Validate(); len(errs) != 0 {
 		t.Fatalf("defaults invalid: %v", errs)
+	}
+}
+
+// TestOneActionRestartsKubeProxy: RestartKubeProxy is RestartNodeAgent
+// under its old name (registered as replaced by it), so both get
+// RestartNodeAgent's identity checks: a pod of another DaemonSet matching
+// the selector is no replacement (the old action took it).
+func TestOneActionRestartsKubeProxy(t *testing.T) {
+	typ, _ := Lookup("RestartKubeProxy")
+	if typ.ReplacedBy != "RestartNodeAgent" || typ.Deprecation == "" {
+		t.Fatalf("RestartKubeProxy not registered as replaced by RestartNodeAgent: %+v", typ)
+	}
+	if a, ok := newRestart(t, &node.Node{Name: "n1"}, time.Minute).(*restartNodeAgent); !ok || len(a.p.Agents) != 1 || a.p.Agents[0].Name != "kube-proxy" {
+		t.Fatalf("RestartKubeProxy builds %#v, want RestartNodeAgent on kube-proxy alone", a)
+	}
+	ctx := context.Background()
+	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
+	go func() {
+		for {
+			if _, err := cs.CoreV1().Pods("kube-system").Get(ctx, "kp-a", metav1.GetOptions{}); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		other := kpPod("kp-other", "n1", "o", true, "DaemonSet")
+		other.OwnerReferences[0].UID = "another-ds"
+		_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, other, metav1.CreateOptions{})
+	}()
+	_, err := newRestart(t, &node.Node{Name: "n1", Kube: cs}, 300*time.Millisecond).Execute(ctx, kpFinding)
+	if err == nil || !strings.Contains(err.Error(), "no Ready replacement") {
+		t.Fatalf("another DaemonSet's pod taken for kube-proxy's replacement: %v", err)
+	}
+}
+
+// TestRestartNodeAgentRestartsKubeProxyAsRestartKubeProxyDid: the one
+// action takes the findings RestartKubeProxy took (kube-proxy's rules:
+// iptables, IPVS, nftables) and, restarting kube-proxy, waits for its
+// /healthz as RestartKubeProxy did: Ready is not yet programming rules.
+func TestRestartNodeAgentRestartsKubeProxyAsRestartKubeProxyDid(t *testing.T) {
+	ctx := context.Background()
+	at, _ := Lookup("RestartNodeAgent")
+	old, _ := Lookup("RestartKubeProxy")
+	for _, k := range old.ActsOn {
+		if !at.CanActOn("", []finding.Kind{k}) {
+			t.Errorf("RestartNodeAgent does not act on %s, which RestartKubeProxy did", k)
+		}
+	}
+	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() { // the "DaemonSet controller"
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
+				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
+			}
+		}
+	}()
+	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
+	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
+	n := &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}
+	rules := finding.Finding{Target: "iptables/nat/KUBE-SERVICES", Subject: finding.Subject{Kind: finding.KindIPTablesRules}}
+	if plan, err := newRestartAgent(t, n, time.Second).Plan(ctx, rules); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-a") {
+		t.Fatalf("a finding about kube-proxy's rules: %+v %v", plan, err)
+	}
+	if _, err := newRestartAgent(t, n, 500*time.Millisecond).Execute(ctx, kpFinding); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
+		t.Fatalf("kube-proxy restarted, Ready, /healthz unhealthy: %v", err)
+	}
+	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
+	res, err := newRestartAgent(t, n, 5*time.Second).Execute(ctx, rules)
+	if err != nil || res.Details["syncRecoveredAfter"] == nil || !strings.Contains(res.Summary, "/healthz healthy after") {
+		t.Fatalf("kube-proxy restarted and healthy: %+v %v", res, err)
 	}
 }

@@ -11,8 +11,9 @@ import (
 	"github.com/remediate-dev/remediate/policy"
 )
 
-// What RestartKubeProxy and RestartNodeAgent share: the bounds of the wait
-// for a DaemonSet's replacement pod, and the wait itself.
+// What RestartNodeAgent (and RestartKubeProxy's parameters, its old name)
+// use: the bounds of the wait for a DaemonSet's replacement pod, and the
+// wait itself.
 
 // validateReadyWait checks readyTimeout and pollInterval.
 func validateReadyWait(ready, poll policy.Duration) []policy.FieldError {

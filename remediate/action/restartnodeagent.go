@@ -57,8 +57,8 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("RestartNodeAgent",
-		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready",
-		newRestartNodeAgent, Disruptive(), ActsOn(finding.KindNodeAgent, finding.KindPod, finding.KindKubeProxy, finding.KindProcess, finding.KindCNIAgentProcess))
+		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready (kube-proxy's: and its /healthz healthy); the one action that restarts kube-proxy",
+		newRestartNodeAgent, Disruptive(), ActsOn(append([]finding.Kind{finding.KindNodeAgent, finding.KindPod, finding.KindProcess, finding.KindCNIAgentProcess}, kubeProxyKinds...)...))
 }
 
 type restartNodeAgent struct {
@@ -136,9 +136,11 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		if uid, err = procs.PodUID(a.n.ProcRoot, ref.Pid); err != nil {
 			return nil, fmt.Errorf("refusing: process %d (%s) is not in a pod of this node: %w", ref.Pid, p.Name(), err)
 		}
-	case finding.KindKubeProxy:
+	case finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer, finding.KindNFTablesTable:
+		// kube-proxy's own findings, and the rules it programs: the
+		// remedy is a fresh kube-proxy.
 		for i := range a.p.Agents {
-			if a.p.Agents[i].Name == "kube-proxy" {
+			if a.p.Agents[i].Name == cluster.KubeProxyAgent().Name {
 				want = &a.p.Agents[i]
 			}
 		}
@@ -205,7 +207,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	case len(matches) == 0 && uid != "":
 		return nil, fmt.Errorf("refusing: the pod (uid %s) of %s is no allowlisted agent's pod on node %s", uid, f.Target, a.n.Name)
 	case len(matches) == 0:
-		return nil, finding.Skip("no %s pod on node %s", want.Name, a.n.Name)
+		return nil, finding.Skip("no %s pod on node %s (no pod matching %q in %s)", want.Name, a.n.Name, want.LabelSelector, strings.Join(want.Namespaces, ", "))
 	case len(matches) > 1:
 		names := make([]string, len(matches))
 		for i, m := range matches {
@@ -308,6 +310,48 @@ func (a *restartNodeAgent) Execute(ctx context.Context, f finding.Finding) (Resu
 	}
 	details["newPod"], details["newUID"] = p.Name, string(p.UID)
 	details["readyAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
-	return Result{Summary: fmt.Sprintf("deleted %s pod %s/%s; replacement %s Ready after %s",
-		t.agent.Name, pod.Namespace, pod.Name, p.Name, details["readyAfter"]), Details: details}, nil
+	summary := fmt.Sprintf("deleted %s pod %s/%s; replacement %s Ready after %s",
+		t.agent.Name, pod.Namespace, pod.Name, p.Name, details["readyAfter"])
+	if t.agent.Name != cluster.KubeProxyAgent().Name {
+		return Result{Summary: summary, Details: details}, nil
+	}
+	// A Ready kube-proxy is not yet one that programs the rules: wait for
+	// its /healthz (its sync) too.
+	if err := a.waitSynced(wctx, tick, details); err != nil {
+		return Result{Summary: summary + "; sync not recovered", Details: details}, err
+	}
+	if details["syncRecoveredAfter"] != nil {
+		summary += fmt.Sprintf(", /healthz healthy after %s", details["syncRecoveredAfter"])
+	}
+	return Result{Summary: summary, Details: details}, nil
+}
+
+// waitSynced waits for kube-proxy's /healthz to report healthy (its rules
+// synced since the restart), through the kube-proxy adapter, within the
+// readyTimeout the replacement's wait started; without the adapter it
+// records why it did not check.
+func (a *restartNodeAgent) waitSynced(ctx context.Context, t *time.Ticker, details map[string]any) error {
+	if a.n.KubeProxy == nil {
+		details["syncCheck"] = "not checked: " + a.n.Why("kube-proxy")
+		return nil
+	}
+	start := a.clock().Now()
+	last := "no answer yet"
+	for {
+		h, err := a.n.KubeProxy.Healthz(ctx)
+		switch {
+		case err != nil:
+			last = err.Error()
+		case h.Healthy:
+			details["syncRecoveredAfter"] = a.clock().Since(start).Round(time.Millisecond).String()
+			return nil
+		default:
+			last = fmt.Sprintf("/healthz %d, healthy=false", h.StatusCode)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replacement kube-proxy is Ready but its sync did not recover within %s: %s", a.p.ReadyTimeout.Duration, last)
+		case <-t.C:
+		}
+	}
 }

@@ -84,10 +84,3 @@ func (g *KubeProxyRollout) Check(_ context.Context, r *Request) error {
 	}
 	return nil
 }
-
-// Names of the fleet guardrails (checked after the storm guard, before the
-// budget: Cluster.Extra).
-const (
-	GuardFleetPause       = "fleet-pause"
-	GuardKubeProxyRollout = "kube-proxy-rollout"
-)

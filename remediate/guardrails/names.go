@@ -12,6 +12,10 @@ const (
 	GuardOptOut     = "node-opt-out"
 	GuardFreshness  = "api-freshness"
 	GuardStorm      = "storm-guard"
-	GuardBudget     = "cluster-budget"
-	GuardDryRun     = "dry-run"
+	// GuardFleetPause and GuardKubeProxyRollout are the fleet controls
+	// (fleet.go).
+	GuardFleetPause       = "fleet-pause"
+	GuardKubeProxyRollout = "kube-proxy-rollout"
+	GuardBudget           = "cluster-budget"
+	GuardDryRun           = "dry-run"
 )

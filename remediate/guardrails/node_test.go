@@ -2,6 +2,7 @@ package guardrails
 
 import (
 	"context"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -32,12 +33,13 @@ func (n named) Name() string                          { return n.name }
 func (n named) Check(context.Context, *Request) error { return nil }
 
 // TestChainOrder: the order is the one written down in Chain's doc, nil
-// cluster guardrails are left out, extras go before the budget and
-// dry-run is last.
+// cluster guardrails are left out, the fleet controls go before the
+// budget and dry-run is last.
 func TestChainOrder(t *testing.T) {
 	acted := 0
 	n := Node{Ledger: &fakeLedger{}, MaxActionsPerHour: 1, MaxTargetsPerCycle: 1, Acted: &acted}
-	full := Cluster{OptOut: named{GuardOptOut}, Freshness: named{GuardFreshness}, Storm: named{GuardStorm}, Budget: named{GuardBudget}, Extra: []Guardrail{named{"extra"}}}
+	full := Cluster{OptOut: named{GuardOptOut}, Freshness: named{GuardFreshness}, Storm: named{GuardStorm}, Budget: named{GuardBudget},
+		FleetPause: named{GuardFleetPause}, KubeProxyRollout: named{GuardKubeProxyRollout}}
 	names := func(gs []Guardrail) string {
 		var s []string
 		for _, g := range gs {
@@ -45,11 +47,39 @@ func TestChainOrder(t *testing.T) {
 		}
 		return strings.Join(s, ",")
 	}
-	if got, want := names(Chain(n, full, "mode audit")), "escalation,cooldown,rule-rate-limit,node-rate-limit,max-targets-per-cycle,node-opt-out,api-freshness,storm-guard,extra,cluster-budget,dry-run"; got != want {
+	if got, want := names(Chain(n, full, "mode audit")), "escalation,cooldown,rule-rate-limit,node-rate-limit,max-targets-per-cycle,node-opt-out,api-freshness,storm-guard,fleet-pause,kube-proxy-rollout,cluster-budget,dry-run"; got != want {
 		t.Fatalf("chain\n got %s\nwant %s", got, want)
 	}
 	if got, want := names(Chain(n, Cluster{Freshness: named{GuardFreshness}, Budget: named{GuardBudget}}, "")), "escalation,cooldown,rule-rate-limit,node-rate-limit,max-targets-per-cycle,api-freshness,cluster-budget,dry-run"; got != want {
 		t.Fatalf("no-access chain\n got %s\nwant %s", got, want)
+	}
+}
+
+// TestChainTakesEveryClusterField: a field added to Cluster and not to
+// Chain would be a guardrail built and never checked; each field is a
+// single Guardrail (no list of extras beside the named ones).
+func TestChainTakesEveryClusterField(t *testing.T) {
+	var c Cluster
+	v := reflect.ValueOf(&c).Elem()
+	gt := reflect.TypeOf((*Guardrail)(nil)).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		f := v.Type().Field(i)
+		if f.Type != gt {
+			t.Fatalf("Cluster.%s is a %s, not a Guardrail: one named field per guardrail", f.Name, f.Type)
+		}
+		v.Field(i).Set(reflect.ValueOf(named{"field:" + f.Name}))
+	}
+	seen := map[string]int{}
+	for _, g := range Chain(Node{}, c, "") {
+		seen[g.Name()]++
+	}
+	for i := 0; i < v.NumField(); i++ {
+		if n := seen["field:"+v.Type().Field(i).Name]; n != 1 {
+			t.Errorf("Cluster.%s is in the chain %d times, want once", v.Type().Field(i).Name, n)
+		}
+	}
+	if got := strings.Join(BlockNames(c), ","); strings.Contains(got, GuardDryRun) || len(BlockNames(c)) != len(Chain(Node{}, c, ""))-1 {
+		t.Errorf("BlockNames = %s", got)
 	}
 }
 

@@ -565,13 +565,14 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 }
 
-// testActions: RestartKubeProxy and CordonNode against the real API, as
+// testActions: RestartKubeProxy (RestartNodeAgent under its old name) and
+// CordonNode against the real API, as
 // the ServiceAccount on n1 (RBAC and the admission policy apply).
 func testActions(t *testing.T, cp *controlplane.ControlPlane) {
 	ctx := context.Background()
 	c := daemonClient(t, cp, "n1")
 	n := &node.Node{Name: "n1", Kube: c.Interface}
-	f := finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4"}
+	f := finding.Finding{Detector: "KubeProxySyncStale", Target: "kube-proxy/IPv4", Subject: finding.Subject{Kind: finding.KindKubeProxy}}
 
 	// No controller manager runs here: the test plays the DaemonSet
 	// controller (owner reference, then a Ready replacement).
