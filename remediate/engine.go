@@ -264,7 +264,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
 	sortReport(rep)
 	saveErr := e.store.Save(st)
-	e.observe(pol, rep, st, e.opts.Clock.Since(start))
+	e.observe(pol, rep, st, ranRules(e.rules, results), e.opts.Clock.Since(start))
 	if saveErr != nil {
 		return rep, fmt.Errorf("persisting guardrail state: %w", saveErr)
 	}
@@ -560,7 +560,7 @@ func (e *Engine) Close(ctx context.Context) {
 	}
 }
 
-func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Duration) {
+func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, ran map[string]bool, d time.Duration) {
 	m := e.opts.Metrics
 	if m == nil {
 		return
@@ -568,9 +568,7 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 	m.CycleDuration.Observe(d.Seconds())
 	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
 	zeroGauges(m, pol)
-	for _, f := range rep.Findings {
-		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
-	}
+	observeFindings(m, pol, rep.Findings, ran)
 	observeConntrack(m, rep.Findings)
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
@@ -580,6 +578,18 @@ func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Dura
 			m.Escalated.WithLabelValues(guardrails.RuleOfKey(k)).Inc()
 		}
 	}
+}
+
+// ranRules are the rules whose detector ran to the end this cycle (neither
+// skipped nor failed).
+func ranRules(rules []*ruleRuntime, results []detResult) map[string]bool {
+	ran := make(map[string]bool, len(rules))
+	for i, rr := range rules {
+		if results[i].skip == "" && results[i].err == nil {
+			ran[rr.rule.Name] = true
+		}
+	}
+	return ran
 }
 
 func shortHash(s string) string {

@@ -27,7 +27,15 @@ type Metrics struct {
 	// ClockClamped counts state entries dated in the future (the clock
 	// ran ahead, then back) clamped to now.
 	ClockClamped prometheus.Counter
+
+	// lastFindings is, per policy series of Findings, the value the last
+	// cycle that ran the rule's detector set: a rule skipped or failed in
+	// a cycle keeps it (metrics_init.go, observeFindings).
+	lastFindings map[findingSeries]float64
 }
+
+// findingSeries is one series of remediate_findings.
+type findingSeries struct{ rule, detector, severity string }
 
 // NewMetrics creates the metrics and registers them on reg (if not nil).
 func NewMetrics(reg prometheus.Registerer) *Metrics {

@@ -54,23 +54,62 @@ func (e *Engine) initMetrics(p *policy.Policy) {
 	zeroGauges(m, p)
 }
 
+// severities are the finding severities, each a series of
+// remediate_findings per rule.
+var severities = []finding.Severity{finding.Info, finding.Warning, finding.Critical}
+
 // zeroGauges resets the per-cycle gauges to the policy's series at 0
-// (observe then sets what the cycle saw).
+// (observe then sets what the cycle saw), except that a rule's findings
+// series keep the value of the last cycle that ran its detector: a cycle
+// that skipped it or in which it failed observed nothing, and unknown is
+// not absent (a 1→0→1 flap would restart every alert's `for`). The skip
+// gauge and the error counter say why the value was not renewed.
 func zeroGauges(m *Metrics, p *policy.Policy) {
 	m.Findings.Reset()
 	m.DetectorSkips.Reset()
 	m.Escalated.Reset()
+	keep := make(map[findingSeries]float64, 3*len(p.Rules))
 	for i := range p.Rules {
 		r := &p.Rules[i]
-		for _, s := range []finding.Severity{finding.Info, finding.Warning, finding.Critical} {
-			m.Findings.WithLabelValues(r.Name, r.Detector.Type, string(s))
+		for _, s := range severities {
+			k := findingSeries{r.Name, r.Detector.Type, string(s)}
+			keep[k] = m.lastFindings[k]
+			m.Findings.WithLabelValues(k.rule, k.detector, k.severity).Set(keep[k])
 		}
 		m.DetectorSkips.WithLabelValues(r.Name, r.Detector.Type)
 		if r.Action != nil {
 			m.Escalated.WithLabelValues(r.Name)
 		}
 	}
+	// Rules no longer in the policy (or of another detector type) are
+	// forgotten.
+	m.lastFindings = keep
 	zeroConntrackGauges(m)
+}
+
+// observeFindings sets the findings gauges of the rules whose detector ran
+// this cycle (ran) from the cycle's findings; the others keep their value.
+// Findings of other series (remediate's own, under a rule's name) count
+// for this cycle only.
+func observeFindings(m *Metrics, p *policy.Policy, findings []ReportFinding, ran map[string]bool) {
+	for i := range p.Rules {
+		r := &p.Rules[i]
+		if !ran[r.Name] {
+			continue
+		}
+		for _, s := range severities {
+			k := findingSeries{r.Name, r.Detector.Type, string(s)}
+			m.lastFindings[k] = 0
+			m.Findings.WithLabelValues(k.rule, k.detector, k.severity).Set(0)
+		}
+	}
+	for _, f := range findings {
+		k := findingSeries{f.Rule, f.Detector, string(f.Severity)}
+		m.Findings.WithLabelValues(k.rule, k.detector, k.severity).Inc()
+		if _, policySeries := m.lastFindings[k]; policySeries {
+			m.lastFindings[k]++
+		}
+	}
 }
 
 // newConntrackGauges creates the conntrack breakdown gauges. Their labels
