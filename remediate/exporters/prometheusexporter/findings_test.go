@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/detect"
@@ -73,37 +72,6 @@ rules:
   detector: {type: ExporterTest, key: b}
 `
 
-// value is the gathered value of one gauge series (labels in any order),
-// and whether it is exported.
-func value(t *testing.T, x *Exporter, name string, labels map[string]string) (float64, bool) {
-	t.Helper()
-	mfs, err := x.Gatherer().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			got := map[string]string{}
-			for _, l := range m.GetLabel() {
-				got[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if got[k] != v {
-					continue next
-				}
-			}
-			return gaugeOf(m), true
-		}
-	}
-	return 0, false
-}
-
-func gaugeOf(m *dto.Metric) float64 { return m.GetGauge().GetValue() }
-
 // TestFindingsGaugeKeepsValueWhileSkippedOrFailed: a rule whose detector
 // is skipped or fails in a cycle did not observe anything, so its findings
 // gauge keeps the value of the last cycle it ran (unknown is not absent,
@@ -135,13 +103,17 @@ func TestFindingsGaugeKeepsValueWhileSkippedOrFailed(t *testing.T) {
 		}
 		return rep
 	}
+	gauge := func(name string, labels map[string]string) (float64, bool) {
+		m, ok := sample(t, x.Gatherer(), name, labels)
+		return m.GetGauge().GetValue(), ok
+	}
 	want := func(step, rule string, findings, skipped float64) {
 		t.Helper()
-		got, ok := value(t, x, "remediate_findings", map[string]string{"rule": rule, "detector": "ExporterTest", "severity": "critical"})
+		got, ok := gauge("remediate_findings", map[string]string{"rule": rule, "detector": "ExporterTest", "severity": "critical"})
 		if !ok || got != findings {
 			t.Errorf("%s: remediate_findings{rule=%q,severity=critical} = %v (exported %v), want %v", step, rule, got, ok, findings)
 		}
-		got, ok = value(t, x, "remediate_detector_skipped", map[string]string{"rule": rule, "detector": "ExporterTest"})
+		got, ok = gauge("remediate_detector_skipped", map[string]string{"rule": rule, "detector": "ExporterTest"})
 		if !ok || got != skipped {
 			t.Errorf("%s: remediate_detector_skipped{rule=%q} = %v (exported %v), want %v", step, rule, got, ok, skipped)
 		}
@@ -164,8 +136,8 @@ func TestFindingsGaugeKeepsValueWhileSkippedOrFailed(t *testing.T) {
 	script("a", errors.New("boom"))
 	cycle()
 	want("cycle 3 (watched failed)", "watched", 2, 0)
-	if n := counterOf(t, x, "remediate_detector_errors_total", "watched"); n != 1 {
-		t.Errorf("remediate_detector_errors_total{rule=watched} = %v, want 1", n)
+	if m, _ := sample(t, x.Gatherer(), "remediate_detector_errors_total", map[string]string{"rule": "watched"}); m.GetCounter().GetValue() != 1 {
+		t.Errorf("remediate_detector_errors_total{rule=watched} = %v, want 1", m.GetCounter().GetValue())
 	}
 
 	script("a", nil, "process/1")
@@ -179,28 +151,7 @@ func TestFindingsGaugeKeepsValueWhileSkippedOrFailed(t *testing.T) {
 	}
 	want("after a reload", "watched", 1, 0)
 	want("after a reload", "renamed", 0, 0)
-	if _, ok := value(t, x, "remediate_findings", map[string]string{"rule": "other"}); ok {
+	if _, ok := sample(t, x.Gatherer(), "remediate_findings", map[string]string{"rule": "other"}); ok {
 		t.Error("remediate_findings of rule other, no longer in the policy, still exported")
 	}
-}
-
-func counterOf(t *testing.T, x *Exporter, name, rule string) float64 {
-	t.Helper()
-	mfs, err := x.Gatherer().Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "rule" && l.GetValue() == rule {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return -1
 }
