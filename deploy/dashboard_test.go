@@ -248,10 +248,7 @@ func TestDashboardLabelsFromInstall(t *testing.T) {
 		t.Skip("builds and runs the daemon")
 	}
 	helm := needHelm(t)
-	fams, err := scrape(startDaemon(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fams := daemonMetrics(t)
 	exposed := exposedLabels(fams)
 	queries := dashboardQueries(t)
 	for _, c := range []struct {

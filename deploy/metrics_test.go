@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -193,6 +194,30 @@ func startDaemonOn(t *testing.T, node string) string {
 	return ""
 }
 
+// daemonScrape is what TestMetricsExported and
+// TestDashboardLabelsFromInstall read: one real daemon's /metrics after its
+// first cycle, built, started and scraped once for both (they each built
+// and ran their own). The daemon stops with the first test that asks.
+var daemonScrape struct {
+	sync.Mutex
+	fams map[string]*dto.MetricFamily
+}
+
+// daemonMetrics returns daemonScrape, scraping it on the first call.
+func daemonMetrics(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	daemonScrape.Lock()
+	defer daemonScrape.Unlock()
+	if daemonScrape.fams == nil {
+		fams, err := scrape(startDaemon(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemonScrape.fams = fams
+	}
+	return daemonScrape.fams
+}
+
 func scrape(base string) (map[string]*dto.MetricFamily, error) {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(base + "/metrics")
@@ -217,11 +242,7 @@ func TestMetricsExported(t *testing.T) {
 			exprs["alert "+r.Alert] = r.Expr
 		}
 	}
-	base := startDaemon(t)
-	fams, err := scrape(base)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fams := daemonMetrics(t)
 	exported := map[string]bool{"up": true}
 	for name, f := range fams {
 		exported[name] = true

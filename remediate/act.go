@@ -86,9 +86,7 @@ func (c *cycle) admit(ctx context.Context, a *attempt) bool {
 			return false
 		}
 		a.dec.Outcome, a.dec.Reason, a.dec.Guardrail = OutcomeBlocked, b.Error(), b.Guardrail
-		if m := c.e.opts.Metrics; m != nil {
-			m.GuardrailBlocks.WithLabelValues(b.Guardrail, a.rr.rule.Name).Inc()
-		}
+		c.x.GuardrailBlocks = append(c.x.GuardrailBlocks, GuardrailBlock{b.Guardrail, a.rr.rule.Name})
 		return false
 	}
 	return true
@@ -145,9 +143,7 @@ func (c *cycle) execute(ctx context.Context, a *attempt) (action.Result, error) 
 	name := a.rr.actType.Name
 	a.log.Info("executing action", zap.String("target", a.f.Target), zap.String("action", name), zap.String("plan", a.plan.Summary))
 	res, err := c.runExecute(ctx, a.rr, a.f)
-	if m := c.e.opts.Metrics; m != nil {
-		m.ActionDuration.WithLabelValues(name).Observe(c.e.opts.Clock.Since(a.now).Seconds())
-	}
+	c.x.ActionDurations = append(c.x.ActionDurations, ActionDuration{name, c.e.opts.Clock.Since(a.now)})
 	return res, err
 }
 

@@ -46,8 +46,9 @@ type Options struct {
 	Cluster guardrails.Cluster
 	// Journal receives intent and outcome records; required.
 	Journal *journal.Journal
-	// Metrics, if set, are updated every cycle.
-	Metrics *Metrics
+	// Exporters receive every policy put in force and every cycle's
+	// report (exporter.go): /metrics is one.
+	Exporters []Exporter
 	// Clock defaults to the real clock.
 	Clock clock.Clock
 	// Log defaults to a no-op logger.
@@ -154,7 +155,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	defer e.mu.Unlock()
 	e.pol, e.rules, e.opts.Node = p, rules, n
 	e.cur.Store(p)
-	e.initMetrics(p)
+	e.exportPolicy(p)
 	// A rule that is gone never steps its targets again, so nothing else
 	// would release what its attempts hold (a cluster budget slot).
 	keep := map[string]bool{}
@@ -247,13 +248,14 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 		e.journal(journal.Record{Kind: journal.KindNote, Summary: warn.Error()}, rep)
 	}
 	// What a previous life left unsettled, before anything is decided.
-	e.settleUnfinished(st, rep, start)
-	e.clampClock(st, rep, start)
+	x := &CycleExport{Report: rep, Policy: pol}
+	e.settleUnfinished(st, rep, start, x)
+	e.clampClock(st, rep, start, x)
 
 	results := e.detectAll(ctx, pol)
 
 	acted := 0
-	c := &cycle{e: e, pol: pol, st: st, rep: rep, acted: &acted}
+	c := &cycle{e: e, pol: pol, st: st, rep: rep, x: x, acted: &acted}
 	for i, rr := range e.rules {
 		c.rule(ctx, rr, results[i])
 	}
@@ -269,7 +271,7 @@ func (e *Engine) Cycle(ctx context.Context) (*Report, error) {
 	st.Prune(e.opts.Clock.Now(), max(historyKeep, maxWindow(pol)))
 	sortReport(rep)
 	saveErr := e.store.Save(st)
-	e.observe(pol, rep, st, e.opts.Clock.Since(start))
+	e.exportCycle(x, results, st)
 	if saveErr != nil {
 		return rep, fmt.Errorf("persisting guardrail state: %w", saveErr)
 	}
@@ -372,6 +374,7 @@ type cycle struct {
 	pol   *policy.Policy
 	st    *State
 	rep   *Report
+	x     *CycleExport // what the exporters get besides the report
 	acted *int
 }
 
@@ -384,9 +387,7 @@ func (c *cycle) rule(ctx context.Context, rr *ruleRuntime, res detResult) {
 		return // unknown is not absent: states stay as they are
 	case res.err != nil:
 		log.Warn("detector failed", zap.Error(res.err))
-		if c.e.opts.Metrics != nil {
-			c.e.opts.Metrics.DetectorErrors.WithLabelValues(r.Name, r.Detector.Type).Inc()
-		}
+		c.x.DetectorErrors = append(c.x.DetectorErrors, RuleDetector{r.Name, r.Detector.Type})
 		c.rep.Findings = append(c.rep.Findings, ReportFinding{Rule: r.Name, Finding: finding.Finding{
 			Detector: SelfDetector, Target: "detector/" + r.Name, Severity: finding.Warning,
 			Message:  fmt.Sprintf("detector %s failed: %v", r.Detector.Type, res.err),
@@ -465,7 +466,6 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f finding.Finding, 
 		case PhaseFailed, PhaseEscalated:
 			c.rep.Decisions = append(c.rep.Decisions, Decision{Rule: r.Name, Action: actName, Target: f.Target, Phase: next.Phase,
 				Outcome: OutcomeFailed, Reason: fmt.Sprintf("verification failed: %s (attempt %d of %d)", next.LastError, next.Attempts, tm.MaxAttempts)})
-			c.count(r.Name, actName, OutcomeFailed)
 		}
 	}
 	if next.Phase == PhaseEscalated && prev.Phase != PhaseEscalated {
@@ -497,7 +497,6 @@ func (c *cycle) target(ctx context.Context, rr *ruleRuntime, f finding.Finding, 
 		c.decideAndAct(ctx, rr, f, key, tm, &dec, log)
 	}
 	c.rep.Decisions = append(c.rep.Decisions, dec)
-	c.count(r.Name, dec.Action, dec.Outcome)
 }
 
 func (c *cycle) setState(key string, ts TargetState) {
@@ -506,12 +505,6 @@ func (c *cycle) setState(key string, ts TargetState) {
 		return
 	}
 	c.st.Targets[key] = ts
-}
-
-func (c *cycle) count(rule, act string, o Outcome) {
-	if m := c.e.opts.Metrics; m != nil {
-		m.Decisions.WithLabelValues(rule, act, string(o)).Inc()
-	}
 }
 
 func (c *cycle) escalate(r *policy.Rule, f finding.Finding, actName string, ts TargetState, log *zap.Logger) {
@@ -562,28 +555,6 @@ func (e *Engine) Close(ctx context.Context) {
 	defer e.mu.Unlock()
 	for k := range e.held {
 		e.releaseHeld(ctx, k)
-	}
-}
-
-func (e *Engine) observe(pol *policy.Policy, rep *Report, st *State, d time.Duration) {
-	m := e.opts.Metrics
-	if m == nil {
-		return
-	}
-	m.CycleDuration.Observe(d.Seconds())
-	m.LastCycle.Set(float64(e.opts.Clock.Now().Unix()))
-	zeroGauges(m, pol)
-	for _, f := range rep.Findings {
-		m.Findings.WithLabelValues(f.Rule, f.Detector, string(f.Severity)).Inc()
-	}
-	observeConntrack(m, rep.Findings)
-	for _, s := range rep.Skipped {
-		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
-	}
-	for k, ts := range st.Targets {
-		if ts.Phase == PhaseEscalated {
-			m.Escalated.WithLabelValues(guardrails.RuleOfKey(k)).Inc()
-		}
 	}
 }
 

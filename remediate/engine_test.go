@@ -174,7 +174,7 @@ func newHarness(t *testing.T) *harness {
 	clk := clocktesting.NewFakeClock(t0)
 	return &harness{t: t, dir: dir, clock: clk, opts: Options{
 		Node: &node.Node{Name: "node1", Clock: clk}, StateDir: dir, Journal: j, Clock: clk, LockTimeout: time.Second,
-		Metrics: NewMetrics(nil),
+		Exporters: []Exporter{&recorder{}},
 	}}
 }
 

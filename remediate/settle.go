@@ -104,7 +104,7 @@ func sortHistory(h []ActionRecord) {
 
 // clampClock applies ClampFuture at the start of a cycle and says so: log,
 // metric, journal note, report warning and a finding on remediate itself.
-func (e *Engine) clampClock(st *State, rep *Report, now time.Time) {
+func (e *Engine) clampClock(st *State, rep *Report, now time.Time, x *CycleExport) {
 	maxAhead := time.Duration(0)
 	for _, rr := range e.rules {
 		maxAhead = max(maxAhead, rr.rule.VerifyAfter.Duration)
@@ -116,9 +116,7 @@ func (e *Engine) clampClock(st *State, rep *Report, now time.Time) {
 	msg := fmt.Sprintf("%d guardrail state entries were dated in the future (the latest %s, now %s): the clock ran ahead; clamped to now, so their rate limits and cooldowns count from now instead of holding until then",
 		c.N, c.Latest.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	e.opts.Log.Warn("guardrail state from the future clamped to now", zap.Int("entries", c.N), zap.Time("latest", c.Latest), zap.Time("now", now))
-	if m := e.opts.Metrics; m != nil {
-		m.ClockClamped.Add(float64(c.N))
-	}
+	x.ClockClamped += c.N
 	rep.Warnings = append(rep.Warnings, msg)
 	rep.Findings = append(rep.Findings, ReportFinding{Rule: SelfDetector, Finding: finding.Finding{
 		Detector: SelfDetector, Target: "state/clock", Severity: finding.Warning, Message: msg,
@@ -146,7 +144,7 @@ func (e *Engine) clampClock(st *State, rep *Report, now time.Time) {
 //   - no intent either (the daemon stopped between the state save and the
 //     intent write, or the intent was rotated out of the journal): whether
 //     the action started is unknown; settled as interrupted, and counted.
-func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
+func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time, x *CycleExport) {
 	var pending []int
 	for i, h := range st.History {
 		if h.Outcome == historyPending {
@@ -172,7 +170,7 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time) {
 		// write, or the journal rotated away): whether the action started
 		// is unknown, so it is settled the same way, and still counts.
 		_, settled := outcomes[id] // an interrupted outcome journaled by an earlier settle
-		e.interrupted(st, h, key, id, settled, rep, now)
+		e.interrupted(st, h, key, id, settled, rep, now, x)
 	}
 }
 
@@ -217,15 +215,13 @@ func (e *Engine) adoptOutcome(st *State, h *ActionRecord, key string, out journa
 }
 
 // interrupted settles h as interrupted (see settleUnfinished).
-func (e *Engine) interrupted(st *State, h *ActionRecord, key, id string, alreadyJournaled bool, rep *Report, now time.Time) {
+func (e *Engine) interrupted(st *State, h *ActionRecord, key, id string, alreadyJournaled bool, rep *Report, now time.Time, x *CycleExport) {
 	h.Outcome = historyInterrupted
 	msg := fmt.Sprintf("action %s on %s (rule %s), started %s, was interrupted: the daemon stopped before it returned (killed or crashed), so what it did is unknown; the finding is verified on this cycle and the rule decides again from that",
 		h.Action, h.Target, h.Rule, h.Time.UTC().Format(time.RFC3339))
 	e.opts.Log.Error("action interrupted by a daemon stop; settling it", zap.String("rule", h.Rule), zap.String("target", h.Target),
 		zap.String("action", h.Action), zap.Time("started", h.Time), zap.String("id", id))
-	if m := e.opts.Metrics; m != nil {
-		m.Interrupted.WithLabelValues(h.Rule, h.Action).Inc()
-	}
+	x.Interrupted = append(x.Interrupted, RuleAction{h.Rule, h.Action})
 	if !alreadyJournaled {
 		e.journal(journal.Record{ID: id, Kind: journal.KindOutcome, Rule: h.Rule, Target: h.Target, Action: h.Action,
 			Outcome: historyInterrupted, Summary: "interrupted: the daemon stopped before the action returned; verifying the finding now",

@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/remediate-dev/remediate/remediate/guardrails"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
@@ -74,7 +71,7 @@ func TestHistoryFromTheFutureIsClamped(t *testing.T) {
 	if self == nil || !strings.Contains(self.Message, "2031-06-01T00:00:00Z") || len(rep.Warnings) == 0 {
 		t.Fatalf("no finding on remediate about the clock: %+v warnings %v", rep.Findings, rep.Warnings)
 	}
-	if v := counterValue(t, h.opts.Metrics.ClockClamped); v != 1 {
+	if v := h.exported().clamped; v != 1 {
 		t.Errorf("remediate_state_future_entries_clamped_total = %v", v)
 	}
 	saved, _ := (&Store{Dir: h.dir}).Load(t0)
@@ -131,7 +128,7 @@ func crashedDir(t *testing.T, pol string) *harness {
 		t.Fatal(err)
 	}
 	h2 := &harness{t: t, dir: copied, clock: h.clock, opts: h.opts}
-	h2.opts.StateDir, h2.opts.Journal, h2.opts.Metrics = copied, j, NewMetrics(nil)
+	h2.opts.StateDir, h2.opts.Journal, h2.opts.Exporters = copied, j, []Exporter{&recorder{}}
 	return h2
 }
 
@@ -150,7 +147,7 @@ func TestInterruptedActionIsSettled(t *testing.T) {
 		h.clock.Step(5 * time.Second)
 		e := h.engine(mustPolicy(t, enforceRule))
 		rep := h.cycle(e)
-		if v := counterValue(t, h.opts.Metrics.Interrupted.WithLabelValues("fix-it", "FakeFix")); v != 1 {
+		if v := h.exported().interrupted[RuleAction{"fix-it", "FakeFix"}]; v != 1 {
 			t.Errorf("remediate_actions_interrupted_total = %v", v)
 		}
 		var self bool
@@ -217,13 +214,4 @@ func TestInterruptedActionIsSettled(t *testing.T) {
 			t.Fatalf("decision %+v", d)
 		}
 	})
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

@@ -27,7 +27,7 @@ func newStepWorld(t *testing.T, src string) *stepWorld {
 	e := h.engine(mustPolicy(t, src))
 	sw := &stepWorld{h: h, e: e}
 	st, _ := e.store.Load(h.clock.Now())
-	sw.c = &cycle{e: e, pol: e.pol, st: st, rep: &Report{}, acted: &sw.acted}
+	sw.c = &cycle{e: e, pol: e.pol, st: st, rep: &Report{}, x: &CycleExport{}, acted: &sw.acted}
 	return sw
 }
 

@@ -228,14 +228,24 @@ func TestDaemonKilledMidActionSettles(t *testing.T) {
 	if !second.logs.has(`"msg":"action interrupted by a daemon stop; settling it"`) {
 		t.Errorf("no log line:\n%s", second.logs.String())
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	// The engine hands its exporters the cycle at its end: the journal's
+	// outcome comes first, the metric when the cycle ends.
+	var body []byte
+	metric := func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(body), `remediate_actions_interrupted_total{action="KillProcess",rule="kill-sleeper"} 1`)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), `remediate_actions_interrupted_total{action="KillProcess",rule="kill-sleeper"} 1`) {
-		t.Errorf("metric missing:\n%s", body)
+	deadline := time.Now().Add(20 * time.Second)
+	for !metric() && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !metric() {
+		t.Errorf("metric missing at the end of the cycle:\n%s", body)
 	}
 	second.cmd.Process.Signal(syscall.SIGTERM)
 	second.wait(t, 20*time.Second)

@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/go-logr/zapr"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"k8s.io/klog/v2"
@@ -22,6 +20,7 @@ import (
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/daemon"
+	"github.com/remediate-dev/remediate/remediate/exporters/prometheusexporter"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -92,19 +91,10 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	}
 	w := newWiring(o, pol, log)
 	defer w.Close()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := remediate.NewMetrics(reg)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "remediate_fleet_paused",
-		Help: "1 while every daemon holds all actions (ConfigMap remediate-fleet, key pause)."}, w.fleetPaused))
-	reg.MustRegister(newKubeProxySyncCollector(w.lastKubeProxyScrape))
-	reg.MustRegister(newKubeProxySyncDurationCollector(w.lastKubeProxyScrape, w.kubeProxySyncPeriod))
-	reg.MustRegister(newLockHoldCollector(w.lockWatch.Load))
-	reg.MustRegister(newTrendCollector(w.trendSources()))
-	reg.MustRegister(newNodeInfo(o.nodeName))
+	metrics := prometheusexporter.New(w.metricsSources(o.nodeName))
 	eng, err := remediate.New(pol, remediate.Options{
 		NodeFor: w.Node, StateDir: o.stateDir, ForceDryRun: o.dryRun, Once: o.once,
-		Cluster: w.Guardrails(), Journal: j, Metrics: metrics, Log: log,
+		Cluster: w.Guardrails(), Journal: j, Exporters: []remediate.Exporter{metrics}, Log: log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
@@ -129,7 +119,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	d := daemon.New(daemon.Config{
 		PolicyPath: o.policy,
 		Load:       func(p string) (*policy.Policy, error) { return policy.Load(p, remediate.Catalog{}) },
-		Engine:     eng, Metrics: metrics, Gatherer: reg, Addr: o.metricsAddr, Reload: reload, Log: log,
+		Engine:     eng, Metrics: metrics.Handler(), Addr: o.metricsAddr, Reload: reload, Log: log,
 		OnReport: w.OnReport, OnReloadError: w.OnReloadError,
 	})
 	if err := d.Run(ctx); err != nil {

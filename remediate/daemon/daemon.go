@@ -16,8 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
@@ -38,9 +36,10 @@ type Config struct {
 	OnReport func(context.Context, *remediate.Report)
 	// OnReloadError, if set, is told about a rejected policy.
 	OnReloadError func(context.Context, error)
-	// Metrics receive reload counts; Gatherer serves /metrics.
-	Metrics  *remediate.Metrics
-	Gatherer prometheus.Gatherer
+	// Metrics serves /metrics (remediate/exporters/prometheusexporter);
+	// nil: not served. Reload results reach the engine's exporters
+	// (Engine.PolicyReloaded).
+	Metrics http.Handler
 	// Addr for the HTTP endpoints ("" disables them).
 	Addr string
 	// PollInterval for policy file changes (default 5s).
@@ -205,17 +204,13 @@ func (d *Daemon) reload(ctx context.Context, why string) {
 	}
 	if err != nil {
 		d.cfg.Log.Error("policy reload rejected; keeping the policy in force", zap.String("trigger", why), zap.Error(err))
-		if d.cfg.Metrics != nil {
-			d.cfg.Metrics.PolicyReloads.WithLabelValues("invalid").Inc()
-		}
+		d.cfg.Engine.PolicyReloaded(err)
 		if d.cfg.OnReloadError != nil {
 			d.cfg.OnReloadError(ctx, err)
 		}
 		return
 	}
-	if d.cfg.Metrics != nil {
-		d.cfg.Metrics.PolicyReloads.WithLabelValues("success").Inc()
-	}
+	d.cfg.Engine.PolicyReloaded(nil)
 	d.cfg.Log.Info("policy reloaded", zap.String("trigger", why), zap.String("mode", string(p.Mode)), zap.Int("rules", len(p.Rules)))
 }
 
@@ -248,8 +243,8 @@ func (d *Daemon) contentSum() [32]byte {
 // Handler serves /metrics, /healthz and /readyz.
 func (d *Daemon) Handler() http.Handler {
 	mux := http.NewServeMux()
-	if d.cfg.Gatherer != nil {
-		mux.Handle("/metrics", promhttp.HandlerFor(d.cfg.Gatherer, promhttp.HandlerOpts{}))
+	if d.cfg.Metrics != nil {
+		mux.Handle("/metrics", d.cfg.Metrics)
 	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := d.Healthy(); err != nil {

@@ -84,13 +84,13 @@ func TestConfigMapSymlinkSwapReloads(t *testing.T) {
 	}
 	state := t.TempDir()
 	j, _ := journal.Open(state, 0, 0)
-	eng, err := remediate.New(p, remediate.Options{Node: &node.Node{Name: "n"}, StateDir: state, Journal: j})
+	reloads := &reloadRecorder{}
+	eng, err := remediate.New(p, remediate.Options{Node: &node.Node{Name: "n"}, StateDir: state, Journal: j, Exporters: []remediate.Exporter{reloads}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var rejected atomic.Int32
-	m := remediate.NewMetrics(nil)
-	d := New(Config{PolicyPath: path, Load: load, Engine: eng, Metrics: m, PollInterval: 20 * time.Millisecond,
+	d := New(Config{PolicyPath: path, Load: load, Engine: eng, PollInterval: 20 * time.Millisecond,
 		OnReloadError: func(context.Context, error) { rejected.Add(1) }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -107,6 +107,23 @@ func TestConfigMapSymlinkSwapReloads(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	// remediate_policy_reloads_total{result} counts what the exporters got.
+	if ok, bad := reloads.ok.Load(), reloads.rejected.Load(); ok != 1 || bad != 1 {
+		t.Errorf("exporters told of %d successful and %d rejected reloads, want 1 and 1", ok, bad)
+	}
+}
+
+// reloadRecorder is an exporter that counts reload results.
+type reloadRecorder struct{ ok, rejected atomic.Int32 }
+
+func (r *reloadRecorder) ExportPolicy(*policy.Policy, []string) {}
+func (r *reloadRecorder) ExportCycle(*remediate.CycleExport)    {}
+func (r *reloadRecorder) ExportReload(ok bool) {
+	if ok {
+		r.ok.Add(1)
+	} else {
+		r.rejected.Add(1)
 	}
 }
 

@@ -1,12 +1,12 @@
-package remediate
+package prometheusexporter
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the engine's Prometheus metrics. Register them on the
-// daemon's registry with NewMetrics.
-type Metrics struct {
+// engineMetrics are the engine's metrics: what each cycle's report and
+// CycleExport say (engine_series.go sets them).
+type engineMetrics struct {
 	Findings        *prometheus.GaugeVec
 	Decisions       *prometheus.CounterVec
 	ActionDuration  *prometheus.HistogramVec
@@ -18,20 +18,29 @@ type Metrics struct {
 	LastCycle       prometheus.Gauge
 	PolicyReloads   *prometheus.CounterVec
 	// ConntrackEntries and ConntrackTopShare are the last cycle's
-	// conntrack breakdown (metrics_init.go).
+	// conntrack breakdown (engine_series.go).
 	ConntrackEntries  *prometheus.GaugeVec
 	ConntrackTopShare *prometheus.GaugeVec
 	// Interrupted counts actions found interrupted (intent journaled, no
-	// outcome: the daemon was killed mid-action) and settled (settle.go).
+	// outcome: the daemon was killed mid-action) and settled
+	// (remediate/settle.go).
 	Interrupted *prometheus.CounterVec
 	// ClockClamped counts state entries dated in the future (the clock
 	// ran ahead, then back) clamped to now.
 	ClockClamped prometheus.Counter
+
+	// lastFindings is, per policy series of Findings, the value the last
+	// cycle that ran the rule's detector set: a rule skipped or failed in
+	// a cycle keeps it (engine_series.go, observeFindings).
+	lastFindings map[findingSeries]float64
 }
 
-// NewMetrics creates the metrics and registers them on reg (if not nil).
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
+// findingSeries is one series of remediate_findings.
+type findingSeries struct{ rule, detector, severity string }
+
+// newEngineMetrics creates the engine's metrics and registers them on reg.
+func newEngineMetrics(reg prometheus.Registerer) *engineMetrics {
+	m := &engineMetrics{
 		Findings: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "remediate_findings", Help: "Findings present in the last cycle, by rule, detector type and severity.",
 		}, []string{"rule", "detector", "severity"}),
@@ -66,6 +75,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"result"}),
 	}
 	m.ConntrackEntries, m.ConntrackTopShare = newConntrackGauges()
+	m.zeroConntrackGauges()
 	m.Interrupted = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "remediate_actions_interrupted_total", Help: "Actions whose intent was journaled but that never recorded an outcome (the daemon was killed or crashed mid-action), settled as interrupted on the next cycle, by rule and action.",
 	}, []string{"rule", "action"})
@@ -75,10 +85,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	// Exported from the start: the invalid-policy alert uses increase().
 	m.PolicyReloads.WithLabelValues("success")
 	m.PolicyReloads.WithLabelValues("invalid")
-	if reg != nil {
-		reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
-			m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads,
-			m.ConntrackEntries, m.ConntrackTopShare, m.Interrupted, m.ClockClamped)
-	}
+	reg.MustRegister(m.Findings, m.Decisions, m.ActionDuration, m.CycleDuration, m.DetectorErrors,
+		m.DetectorSkips, m.GuardrailBlocks, m.Escalated, m.LastCycle, m.PolicyReloads,
+		m.ConntrackEntries, m.ConntrackTopShare, m.Interrupted, m.ClockClamped)
 	return m
+}
+
+// newConntrackGauges creates the conntrack breakdown gauges. Their labels
+// are fixed sets (conntrack.AllClasses; destination, source): bounded
+// cardinality, never an address.
+func newConntrackGauges() (entries, topShare *prometheus.GaugeVec) {
+	entries = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "remediate_conntrack_entries_by_class",
+		Help: "Conntrack entries by class (tcp/<state>, udp/stream, udp/unreplied, icmp, ...) from the last cycle's ConntrackExhaustion breakdown; computed only while the table is at or above the rule's utilizationThreshold, 0 otherwise.",
+	}, []string{"class"})
+	topShare = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "remediate_conntrack_top_share",
+		Help: "Share of the conntrack table held by its heaviest original destination (protocol, address, port) or source address, from the same breakdown (the finding names them); 0 when not computed.",
+	}, []string{"by"})
+	return entries, topShare
 }

@@ -1,49 +1,27 @@
-package remediate
+package prometheusexporter
 
 import (
 	"net/netip"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/remediate-dev/remediate/detect"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/policy"
+	"github.com/remediate-dev/remediate/remediate"
 )
 
-func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := g.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetGauge().GetValue()
-}
-
-func seriesCount(t *testing.T, reg *prometheus.Registry, name string) int {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return len(mf.GetMetric())
-		}
-	}
-	return 0
-}
-
 // The conntrack gauges carry the cycle's breakdown, with a fixed label set
-// (every class exported at 0 from the start), and fall back to 0 when a
-// cycle has no breakdown.
+// (every class exported at 0 from the start), fall back to 0 when the
+// ConntrackExhaustion rule ran and found no breakdown, and keep their value
+// in a cycle that skipped it or in which it failed (as the findings do).
 func TestConntrackGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := NewMetrics(reg)
-	pol := &policy.Policy{}
-	zeroGauges(m, pol)
+	m := newEngineMetrics(reg)
+	pol := &policy.Policy{Rules: []policy.Rule{{Name: "ct", Detector: policy.Component{Type: detect.ConntrackExhaustionName}}}}
+	m.exportPolicy(pol, nil)
 	if n := seriesCount(t, reg, "remediate_conntrack_entries_by_class"); n != len(conntrack.AllClasses()) {
 		t.Fatalf("%d class series at start, want %d", n, len(conntrack.AllClasses()))
 	}
@@ -58,11 +36,12 @@ func TestConntrackGauges(t *testing.T) {
 	}
 	ev := map[string]any{}
 	comp.Result().PutEvidence(ev)
-	fs := []ReportFinding{
+	fs := []remediate.ReportFinding{
 		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.DriftTarget, Evidence: map[string]any{}}},
 		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.TableTarget, Evidence: ev}},
 	}
-	observeConntrack(m, fs)
+	ran := map[string]bool{"ct": true}
+	m.observeConntrack(pol, fs, ran)
 	for class, want := range map[string]float64{"udp/stream": 24, "tcp/TIME_WAIT": 6, "udp/unreplied": 0, "icmp": 0} {
 		if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues(class)); got != want {
 			t.Errorf("%s = %v, want %v", class, got, want)
@@ -74,8 +53,11 @@ func TestConntrackGauges(t *testing.T) {
 	if got := gaugeValue(t, m.ConntrackTopShare.WithLabelValues("source")); got < 0.33 || got > 0.34 {
 		t.Errorf("source share %v", got)
 	}
-	zeroGauges(m, pol)
-	observeConntrack(m, nil)
+	m.observeConntrack(pol, nil, map[string]bool{})
+	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 24 {
+		t.Errorf("after a cycle that skipped the rule: %v, want 24 (kept)", got)
+	}
+	m.observeConntrack(pol, nil, ran)
 	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 0 {
 		t.Errorf("after a cycle without breakdown: %v", got)
 	}

@@ -1,4 +1,4 @@
-package main
+package prometheusexporter
 
 import (
 	"time"
@@ -40,14 +40,6 @@ func (c *kubeProxySyncCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, string(f))
 	}
-}
-
-// lastKubeProxyScrape is the current kube-proxy client's last scrape.
-func (w *wiring) lastKubeProxyScrape() *kubeproxy.Scrape {
-	if kp := w.kp.Load(); kp != nil {
-		return kp.LastScrape()
-	}
-	return nil
 }
 
 // kubeProxySyncDurationCollector re-exports kube-proxy's sync duration
@@ -105,17 +97,4 @@ func (c *kubeProxySyncDurationCollector) Collect(ch chan<- prometheus.Metric) {
 	if p := c.period(); p > 0 {
 		ch <- prometheus.MustNewConstMetric(c.periodDs, prometheus.GaugeValue, p.Seconds())
 	}
-}
-
-// kubeProxySyncPeriod is the syncPeriod the current kube-proxy client uses
-// (its /configz, else the policy's), or the starting policy's before there
-// is a client.
-func (w *wiring) kubeProxySyncPeriod() time.Duration {
-	if kp := w.kp.Load(); kp != nil {
-		return kp.SyncPeriod()
-	}
-	if w.pol != nil {
-		return w.pol.KubeProxy.SyncPeriod.Duration
-	}
-	return 0
 }

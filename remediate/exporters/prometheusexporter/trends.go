@@ -1,4 +1,4 @@
-package main
+package prometheusexporter
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -137,35 +137,4 @@ func (c *trendCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.ipvsVirtual, prometheus.GaugeValue, float64(n.Virtual))
 	ch <- prometheus.MustNewConstMetric(c.ipvsRS, prometheus.GaugeValue, float64(n.Real))
-}
-
-// trendSources returns the current adapters' last observations.
-func (w *wiring) trendSources() trendSources {
-	return trendSources{
-		saves: func() []*iptables.Snapshot {
-			if s := w.ipt.Load(); s != nil {
-				return s.LastSnapshots()
-			}
-			return nil
-		},
-		reads: func() []iptables.Reads {
-			if s := w.ipt.Load(); s != nil {
-				return s.Reads()
-			}
-			return nil
-		},
-		conntrack: func() (conntrack.Usage, bool) {
-			if ct := w.ct.Load(); ct != nil {
-				return ct.LastUsage()
-			}
-			return conntrack.Usage{}, false
-		},
-		ipvs: func() (ipvs.Counts, bool) {
-			if h := w.ipvsLast.Load(); h != nil {
-				return h.LastCounts()
-			}
-			return ipvs.Counts{}, false
-		},
-		kubeProxy: w.lastKubeProxyScrape,
-	}
 }

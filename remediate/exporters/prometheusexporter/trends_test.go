@@ -1,7 +1,6 @@
-package main
+package prometheusexporter
 
 import (
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -82,31 +81,3 @@ remediate_iptables_save_duration_seconds{backend="legacy",ip_family="IPv6"} 0`,
 		t.Errorf("%d series after observations, want the same 40", n)
 	}
 }
-
-func gatherText(t *testing.T, reg *prometheus.Registry) string {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			b.WriteString(mf.GetName())
-			if len(m.GetLabel()) > 0 {
-				b.WriteString("{")
-				for i, l := range m.GetLabel() {
-					if i > 0 {
-						b.WriteString(",")
-					}
-					b.WriteString(l.GetName() + "=\"" + l.GetValue() + "\"")
-				}
-				b.WriteString("}")
-			}
-			b.WriteString(" " + strings.TrimSuffix(strings.TrimSuffix(formatFloat(m.GetGauge().GetValue()+m.GetCounter().GetValue()), ".0"), ".") + "\n")
-		}
-	}
-	return b.String()
-}
-
-func formatFloat(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
