@@ -142,7 +142,7 @@ func kernel() string {
 
 // policyFile is examples/audit.yaml at interval, without jitter, the
 // detector and action timeouts 4/5 of it.
-func policyFile(b *testing.B, interval time.Duration) string {
+func policyFile(b testing.TB, interval time.Duration) string {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 	pol, err := os.ReadFile(filepath.Join(root, "examples", "audit.yaml"))
