@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
+	"testing"
 )
 
 // AuditPolicy is the apiserver audit policy of `make bench-fleet`: every
@@ -20,6 +22,20 @@ omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
 `
+
+// AuditArgs writes AuditPolicy into a temporary folder of tb and returns
+// the kube-apiserver flags that log every request to a JSON audit log
+// (controlplane.Options.ExtraAPIServerArgs), and that log's path.
+func AuditArgs(tb testing.TB) (args []string, log string) {
+	tb.Helper()
+	dir := tb.TempDir()
+	policy := filepath.Join(dir, "audit-policy.yaml")
+	if err := os.WriteFile(policy, []byte(AuditPolicy), 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	log = filepath.Join(dir, "audit.log")
+	return []string{"--audit-policy-file", policy, "--audit-log-path", log, "--audit-log-format", "json", "--audit-log-maxbackup", "0"}, log
+}
 
 // auditEvent is the part of an audit.k8s.io/v1 Event the fleet benchmark
 // reads.

@@ -3,8 +3,6 @@ package clusterload
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,16 +175,6 @@ func waitKubeProxySynced(b *testing.B, cp *controlplane.ControlPlane, kp *contro
 		}
 	}
 	b.Fatal("kube-proxy did not sync within 5 minutes")
-}
-
-func get(c *http.Client, url string) (string, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return string(body), err
 }
 
 type result struct {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,19 +80,8 @@ const DaemonMetricsAddr = "127.0.0.1:19809"
 // the policy file policy; kube-proxy's syncPeriod is kpSync.
 func StartFleet(tb testing.TB, bin, policy string, kpSync time.Duration) *Fleet {
 	tb.Helper()
-	dir := tb.TempDir()
-	auditPolicy := filepath.Join(dir, "audit-policy.yaml")
-	if err := os.WriteFile(auditPolicy, []byte(AuditPolicy), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	auditLog := filepath.Join(dir, "audit.log")
-	cp := controlplane.Start(tb, controlplane.Options{ExtraAPIServerArgs: []string{
-		"--bind-address", "0.0.0.0",
-		"--audit-policy-file", auditPolicy,
-		"--audit-log-path", auditLog,
-		"--audit-log-format", "json",
-		"--audit-log-maxbackup", "0",
-	}})
+	args, auditLog := AuditArgs(tb)
+	cp := controlplane.Start(tb, controlplane.Options{ExtraAPIServerArgs: append([]string{"--bind-address", "0.0.0.0"}, args...)})
 	ctx := context.Background()
 	cfg := rest.CopyConfig(cp.RestConfig)
 	cfg.QPS, cfg.Burst = 500, 1000
@@ -458,4 +449,15 @@ func maxInt(a, b int) int {
 		return a
 	}
 	return b
+}
+
+// get is url's body (at most 16 MiB).
+func get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	return string(body), err
 }
