@@ -9,7 +9,7 @@ STATICCHECK_VERSION := v0.7.0
 TEST_TIMEOUT ?= 25m
 PKGS := ./...
 
-.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load bench-load-cluster fuzz clean image stress-procs
+.PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load bench-load-cluster bench-fleet fuzz clean image stress-procs
 
 include tools/controlplane/controlplane.mk
 include tools/helm/helm.mk
@@ -177,6 +177,16 @@ bench-load:
 bench-load-cluster:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
 	REMEDIATE_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -run '^$$' -bench BenchmarkCycleWithClusterView -benchtime 1x -timeout 30m ./internal/testing/clusterload/
+
+# What N nodes of remediate cost the control plane, beside N real kube-proxies
+# (docs/SCALE.md "Fleet cost on the control plane"): the real apiserver with
+# a Metadata audit log, FLEET_SERVICES (5000) Services, then FLEET_NODES
+# (10,25,50) nodes, each a network namespace with kube-proxy and the released
+# daemon; requests per node and role from the audit log, steady and under
+# churn. Root; tens of minutes.
+bench-fleet:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w $(LDFLAGS)" -o $(BENCH_BIN) ./cmd/remediate
+	REMEDIATE_BENCH_BIN=$(CURDIR)/$(BENCH_BIN) $(GO) test -run '^$$' -bench '^BenchmarkFleet$$' -benchtime 1x -timeout 150m ./internal/testing/clusterload/
 
 # Every real-process test of the process scan (internal/procs), STRESS_COUNT
 # times in one test binary (built once): a test that fails 1 in 50 runs is a

@@ -33,6 +33,7 @@ var floors = map[string]int{
 	"cmd":                              6,
 	"internal/testing":                 6, // test harnesses may use anything
 	"internal/testing/deploytest":      7, // installs deploy/ (floor 6) on a test control plane
+	"internal/testing/clusterload":     8, // bench-fleet: runs daemons as deploytest's ServiceAccount
 	"internal/kube/e2e":                6,
 	"tools":                            6,
 	"deploy":                           6,

@@ -23,6 +23,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/testing/clusterload"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 	"github.com/remediate-dev/remediate/internal/testing/deploytest"
 	"github.com/remediate-dev/remediate/internal/testing/fakekubelet"
@@ -135,7 +136,12 @@ func TestSandboxEventsEndToEnd(t *testing.T) {
 	if !pw.WaitForSync(sctx) {
 		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
 	}
-	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, PodEvents: kube.NewSandboxEvents(c.Interface, "n1", 0)}
+	// Every Detect reads afresh (the answers kept per pod are
+	// TestSandboxEventsKeptPerPod's): the loop below waits for the
+	// recorder's last Events.
+	events := kube.NewSandboxEvents(c.Interface, "n1", 0)
+	events.TTL = 0
+	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, PodEvents: events}
 	ty, _ := detect.Lookup("PodsNetworkNotReady")
 	p := ty.NewParams()
 	if errs := p.(policy.Validator).Validate(); len(errs) > 0 {
@@ -177,7 +183,8 @@ func TestSandboxEventsEndToEnd(t *testing.T) {
 		t.Fatalf("requests %v", lists)
 	}
 	for _, l := range lists {
-		if !strings.HasPrefix(l, "GET /api/v1/namespaces/"+ns+"/events?") || !strings.Contains(l, "involvedObject.uid") || !strings.Contains(l, "limit=100") {
+		if !strings.HasPrefix(l, "GET /api/v1/namespaces/"+ns+"/events?") || !strings.Contains(l, "involvedObject.uid") || !strings.Contains(l, "limit=100") ||
+			!strings.Contains(l, "resourceVersion=0") {
 			t.Errorf("request %s", l)
 		}
 	}
@@ -187,3 +194,88 @@ func TestSandboxEventsEndToEnd(t *testing.T) {
 type rtFunc func(*http.Request) (*http.Response, error)
 
 func (f rtFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestSandboxEventsKeptPerPod: the fleet-scale herd of the sandbox Event
+// LIST. On a real kube-apiserver with an audit log (every request
+// counted per user), two pods of n1 stuck for an hour with the kubelet's
+// FailedCreatePodSandBox Events; PodsNetworkNotReady, as the daemon's
+// ServiceAccount on n1, runs 5 times (5 cycles) with the daemon's
+// SandboxEvents. The audit log counts 2 Event LISTs of n1's daemon (one
+// per stuck pod; before the answers were kept per pod UID: 10, one per pod
+// per cycle), and every Detect still reports both pods' failures.
+func TestSandboxEventsKeptPerPod(t *testing.T) {
+	args, auditLog := clusterload.AuditArgs(t)
+	cp := controlplane.Start(t, controlplane.Options{ExtraAPIServerArgs: args})
+	ctx := context.Background()
+	mkNode(t, cp.Client, "n1")
+	const ns = "sandbox-kept"
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deploytest.ApplyOverlay(t, cp, "audit", false)
+	long := time.Now().Add(-time.Hour)
+	r := kubeletRecorder(t, cp, "n1")
+	for _, name := range []string{"stuck-a", "stuck-b"} {
+		p := fakekubelet.Create(t, cp.Client, fakekubelet.Workload(ns, name, "n1"), fakekubelet.SandboxNotReady(long))
+		for i := 0; i < 2; i++ {
+			r.Event(p, corev1.EventTypeWarning, cluster.ReasonFailedCreatePodSandBox, e2eIPAM)
+		}
+		waitFor(t, 30*time.Second, "the events of "+name+" stored", func() (bool, string) {
+			l, err := cp.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: kube.SandboxEventsSelector(string(p.UID))})
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(l.Items) == 1 && l.Items[0].Count == 2, fmt.Sprintf("%d events", len(l.Items))
+		})
+	}
+
+	c, err := kube.NewClient(deploytest.AsDaemon(cp, "n1"), kube.Options{QPS: 50, Burst: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pw, err := kube.NewPodWatch(c.Interface, "n1", c.Contact, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw.Start(wctx)
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	defer scancel()
+	if !pw.WaitForSync(sctx) {
+		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
+	}
+	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, PodEvents: kube.NewSandboxEvents(c.Interface, "n1", 0)}
+	ty, _ := detect.Lookup("PodsNetworkNotReady")
+	d, err := ty.New(ty.NewParams(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tally := clusterload.NewAuditTally(nil)
+	count := func() int {
+		time.Sleep(time.Second) // the audit log's last lines
+		if err := tally.ReadFile(auditLog); err != nil {
+			t.Fatal(err)
+		}
+		return tally.Requests[clusterload.Who{Node: "n1", Role: "daemon"}][clusterload.Key{Verb: "list", Resource: "events"}]
+	}
+	if got := count(); got != 0 {
+		t.Fatalf("%d Event LISTs before the first cycle", got)
+	}
+	for cycle := 1; cycle <= 5; cycle++ {
+		fs, err := d.Detect(ctx)
+		if err != nil || len(fs) != 1 {
+			t.Fatalf("cycle %d: %+v %v", cycle, fs, err)
+		}
+		sf, ok := fs[0].Evidence["sandboxFailures"].(map[string]any)
+		if !ok || sf["topKind"] != "IPAMExhausted" || sf["count"] != 4 || sf["podsRead"] != 2 || sf["podsWithEvents"] != 2 {
+			t.Fatalf("cycle %d: evidence %v", cycle, fs[0].Evidence["sandboxFailures"])
+		}
+	}
+	if got := count(); got != 2 {
+		t.Fatalf("5 cycles with 2 stuck pods made %d Event LISTs as n1's daemon (audit log), want 2: one per stuck pod per 5 minutes", got)
+	}
+}

@@ -3,8 +3,6 @@ package clusterload
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,7 +140,7 @@ func kernel() string {
 
 // policyFile is examples/audit.yaml at interval, without jitter, the
 // detector and action timeouts 4/5 of it.
-func policyFile(b *testing.B, interval time.Duration) string {
+func policyFile(b testing.TB, interval time.Duration) string {
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
 	pol, err := os.ReadFile(filepath.Join(root, "examples", "audit.yaml"))
@@ -177,16 +175,6 @@ func waitKubeProxySynced(b *testing.B, cp *controlplane.ControlPlane, kp *contro
 		}
 	}
 	b.Fatal("kube-proxy did not sync within 5 minutes")
-}
-
-func get(c *http.Client, url string) (string, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	return string(body), err
 }
 
 type result struct {

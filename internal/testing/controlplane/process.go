@@ -116,3 +116,12 @@ func tail(path string, n int) string {
 	}
 	return string(bytes.Join(lines, []byte("\n")))
 }
+
+// StartProcess starts cmd (built with NetNS.Command for a namespace of the
+// test's) as startProcess does for the harness's own processes: output in
+// dir/<name>.log, stopped by PID in t.Cleanup, its log's tail printed when
+// the test failed.
+func StartProcess(t testing.TB, name, dir string, cmd *exec.Cmd) *Process {
+	t.Helper()
+	return startProcess(t, name, dir, cmd)
+}
