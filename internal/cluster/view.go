@@ -176,6 +176,16 @@ type Generational interface {
 	Generation() uint64
 }
 
+// ServiceVersions is implemented by views that also count each Service's
+// changes: ServiceVersion moves after any change of the Service or of one
+// of its EndpointSlices (deleted and created again included), so what is
+// derived from one Service's objects can be kept while it does not move.
+// 0 means unknown: never keep on it.
+type ServiceVersions interface {
+	Generational
+	ServiceVersion(namespace, name string) uint64
+}
+
 // UsableForCluster is kube-proxy's rule for the endpoints of Cluster
 // traffic policy (pkg/proxy/topology.go CategorizeEndpoints): the ready
 // ones when any endpoint is ready (anyReady), else the serving terminating

@@ -58,31 +58,100 @@ func Desire(v cluster.View, f Family, nodeName string) *Desired {
 	d := &Desired{Family: f, Ports: make(map[PortName]*DesiredPort, len(svcs))}
 	st, _ := v.(cluster.SliceTimes)
 	var scratch []endpoint
-	for _, s := range svcs {
-		if s.ProxyName != "" || s.Type == "ExternalName" {
-			continue
-		}
-		vip, ok := addrOfFamily(s.ClusterIPs, f)
-		if !ok {
-			continue
-		}
-		eps := v.Endpoints(s.Namespace, s.Name)
-		changed := s.Changed
-		if st != nil {
-			if t := st.EndpointsChanged(s.Namespace, s.Name); t.After(changed) {
-				changed = t
-			}
-		}
-		for _, p := range s.Ports {
-			dp := desirePort(s, p, vip, eps, f, nodeName, &scratch)
-			dp.Created = s.Created
-			if changed.After(dp.Changed) {
-				dp.Changed = changed
-			}
+	for i := range svcs {
+		for _, dp := range desireService(v, st, &svcs[i], f, nodeName, &scratch) {
 			d.Ports[dp.Name] = dp
 		}
 	}
 	return d
+}
+
+// desireService is Desire of one Service: its ports' entries (none for a
+// Service kube-proxy does not program in this family).
+func desireService(v cluster.View, st cluster.SliceTimes, s *cluster.Service, f Family, nodeName string, scratch *[]endpoint) []*DesiredPort {
+	if s.ProxyName != "" || s.Type == "ExternalName" {
+		return nil
+	}
+	vip, ok := addrOfFamily(s.ClusterIPs, f)
+	if !ok {
+		return nil
+	}
+	eps := v.Endpoints(s.Namespace, s.Name)
+	changed := s.Changed
+	if st != nil {
+		if t := st.EndpointsChanged(s.Namespace, s.Name); t.After(changed) {
+			changed = t
+		}
+	}
+	out := make([]*DesiredPort, 0, len(s.Ports))
+	for _, p := range s.Ports {
+		dp := desirePort(*s, p, vip, eps, f, nodeName, scratch)
+		dp.Created = s.Created
+		if changed.After(dp.Changed) {
+			dp.Changed = changed
+		}
+		out = append(out, dp)
+	}
+	return out
+}
+
+// versionedView is a view that counts Service versions.
+type versionedView interface {
+	cluster.View
+	cluster.ServiceVersions
+}
+
+// serviceName names a Service in a perService cache.
+type serviceName struct{ namespace, name string }
+
+// perService is what DesireCached keeps of each Service of a view that
+// counts Service versions (cluster.ServiceVersions): the ports derived
+// from it at its version.
+type perService map[serviceName]keptService
+
+type keptService struct {
+	version uint64
+	ports   []*DesiredPort
+}
+
+// desireIncremental is Desire over a view that counts Service versions,
+// reusing from prev the ports of every Service whose version has not moved
+// (their *DesiredPort values are shared: read-only). It returns the
+// desired state and the per-Service cache to keep for the next call, nil
+// when the view changed during the call (the entries read may then be
+// older than their versions: nothing is kept, prev stays valid).
+func desireIncremental(v versionedView, f Family, nodeName string, prev perService) (*Desired, perService, int) {
+	g1 := v.Generation()
+	svcs := v.Services()
+	d := &Desired{Family: f, Ports: make(map[PortName]*DesiredPort, len(svcs))}
+	next := make(perService, len(svcs))
+	st, _ := v.(cluster.SliceTimes)
+	var scratch []endpoint
+	computed := 0
+	for i := range svcs {
+		s := &svcs[i]
+		k := serviceName{s.Namespace, s.Name}
+		// The version before the Service's objects: a change after this
+		// read moves it, and the Service is derived again next time.
+		ver := v.ServiceVersion(s.Namespace, s.Name)
+		ports := []*DesiredPort(nil)
+		if kept, ok := prev[k]; ok && ver != 0 && kept.version == ver {
+			ports = kept.ports
+		} else {
+			ports = desireService(v, st, s, f, nodeName, &scratch)
+			computed++
+		}
+		if ver != 0 {
+			next[k] = keptService{version: ver, ports: ports}
+		}
+		for _, dp := range ports {
+			d.Ports[dp.Name] = dp
+		}
+	}
+	if v.Generation() != g1 {
+		return d, nil, computed
+	}
+	return d, next, computed
 }
 
 func addrOfFamily(addrs []string, f Family) (netip.Addr, bool) {

@@ -73,13 +73,70 @@ var (
 )
 
 // DesireCached is Desire, shared while the view's generation is unchanged
-// (views that do not count generations are computed every time).
+// (views that do not count generations are computed every time). When the
+// generation moved and the view counts Service versions, only the
+// Services whose version moved are derived again (desireIncremental).
 func DesireCached(v cluster.View, f Family, nodeName string) *Desired {
 	g, ok := v.(cluster.Generational)
 	if !ok {
 		return Desire(v, f, nodeName)
 	}
-	return desireMemo.get(desireKey{v, g.Generation(), f, nodeName}, func() *Desired { return Desire(v, f, nodeName) })
+	return desireMemo.get(desireKey{v, g.Generation(), f, nodeName}, func() *Desired {
+		sv, ok := v.(versionedView)
+		if !ok {
+			return Desire(v, f, nodeName)
+		}
+		return serviceMemo.desire(sv, f, nodeName)
+	})
+}
+
+// serviceMemo keeps the per-Service derivations of the last few views,
+// families and nodes (desireIncremental).
+var serviceMemo = &perServiceMemo{}
+
+type perServiceKey struct {
+	v    cluster.View
+	f    Family
+	node string
+}
+
+type perServiceMemo struct {
+	mu   sync.Mutex
+	keys []perServiceKey
+	vals []perService
+	// computed and reused count Services derived and kept (tests,
+	// benchmarks).
+	computed, reused uint64
+}
+
+func (m *perServiceMemo) desire(v versionedView, f Family, node string) *Desired {
+	k := perServiceKey{v, f, node}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at := -1
+	var prev perService
+	for i, kk := range m.keys {
+		if kk == k {
+			at, prev = i, m.vals[i]
+		}
+	}
+	d, next, computed := desireIncremental(v, f, node, prev)
+	m.computed += uint64(computed)
+	m.reused += uint64(len(d.Ports) - computed)
+	switch {
+	case next == nil: // the view moved during the call: prev stays
+	case at >= 0:
+		m.vals[at] = next
+	default:
+		if len(m.keys) >= memoEntries {
+			copy(m.keys, m.keys[1:])
+			copy(m.vals, m.vals[1:])
+			m.keys, m.vals = m.keys[:len(m.keys)-1], m.vals[:len(m.vals)-1]
+		}
+		m.keys = append(m.keys, k)
+		m.vals = append(m.vals, next)
+	}
+	return d
 }
 
 // FromIPTablesCached is FromIPTables, shared for the same parsed save.

@@ -43,6 +43,11 @@ type View struct {
 	snapGen     uint64
 	snap        []cluster.Service
 	snapIsValid bool
+	// versions is each Service's version (cluster.ServiceVersions): the
+	// allGen of its last Service or EndpointSlice event. A Service's
+	// entry goes with the Service's deletion; slices left without their
+	// Service keep theirs until they go too.
+	versions map[serviceKey]uint64
 
 	limits   ViewLimits
 	budget   *budget
@@ -50,9 +55,30 @@ type View struct {
 }
 
 var (
-	_ cluster.View       = (*View)(nil)
-	_ cluster.SliceTimes = (*View)(nil)
+	_ cluster.View            = (*View)(nil)
+	_ cluster.SliceTimes      = (*View)(nil)
+	_ cluster.ServiceVersions = (*View)(nil)
 )
+
+// serviceKey names a Service in View.versions.
+type serviceKey struct{ namespace, name string }
+
+// serviceOf returns the Service an informer object belongs to (a Service
+// itself, or an EndpointSlice's Service), deletion tombstones included.
+func serviceOf(obj any) (serviceKey, bool) {
+	if t, isTomb := obj.(cache.DeletedFinalStateUnknown); isTomb {
+		obj = t.Obj
+	}
+	switch c := obj.(type) {
+	case *compactService:
+		return serviceKey{c.namespace, c.name}, true
+	case *compactSlice:
+		if c.service != "" {
+			return serviceKey{c.namespace, c.service}, true
+		}
+	}
+	return serviceKey{}, false
+}
 
 // KubeProxyLabelSelector is the selector kube-proxy's informers use
 // (cmd/kube-proxy/app/server.go): objects of an alternative service proxy
@@ -77,7 +103,7 @@ func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.Passive
 	if limits.MaxAge == 0 {
 		limits.MaxAge = DefaultMaxViewAge
 	}
-	v := &View{log: log, clock: clk, contact: contact, limits: limits, budget: newBudget(limits)}
+	v := &View{log: log, clock: clk, contact: contact, limits: limits, budget: newBudget(limits), versions: map[serviceKey]uint64{}}
 	// Resync 0: no periodic re-delivery, and the reflector never re-LISTs
 	// unless its watch fails.
 	// The same label selector as kube-proxy's own informers: Services
@@ -99,15 +125,21 @@ func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.Passive
 			return nil, fmt.Errorf("%s watch error handler: %w", name, err)
 		}
 	}
-	svcChanged := func(any) { v.touch(true) }
+	// The handlers run after the informer's store changed: a version
+	// read before the handler ran is the old one, and what was derived
+	// under it is derived again once it moves.
 	if _, err := v.svc.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: svcChanged, UpdateFunc: func(_, _ any) { v.touch(true) }, DeleteFunc: func(o any) { v.forget(o); v.touch(true) },
+		AddFunc:    func(o any) { v.touch(true, o) },
+		UpdateFunc: func(_, o any) { v.touch(true, o) },
+		DeleteFunc: func(o any) { v.forget(o); v.touch(true, o); v.dropVersion(o) },
 	}); err != nil {
 		return nil, err
 	}
-	epsChanged := func(any) { v.touch(false) }
 	if _, err := v.eps.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: epsChanged, UpdateFunc: func(_, _ any) { v.touch(false) }, DeleteFunc: func(o any) { v.forget(o); v.touch(false) },
+		AddFunc: func(o any) { v.touch(false, o) },
+		// A slice moved to another Service changes both.
+		UpdateFunc: func(old, o any) { v.touch(false, old, o) },
+		DeleteFunc: func(o any) { v.forget(o); v.touch(false, o) },
 	}); err != nil {
 		return nil, err
 	}
@@ -179,7 +211,7 @@ func (v *View) WaitForSync(ctx context.Context) bool {
 	return cache.WaitForCacheSync(ctx.Done(), v.svc.HasSynced, v.eps.HasSynced)
 }
 
-func (v *View) touch(svc bool) {
+func (v *View) touch(svc bool, objs ...any) {
 	now := v.clock.Now()
 	v.mu.Lock()
 	v.lastEvent = now
@@ -187,7 +219,31 @@ func (v *View) touch(svc bool) {
 	if svc {
 		v.gen++
 	}
+	for _, o := range objs {
+		if k, ok := serviceOf(o); ok {
+			v.versions[k] = v.allGen
+		}
+	}
 	v.mu.Unlock()
+}
+
+// dropVersion forgets a deleted Service's version: created again, it gets
+// a newer one (allGen only grows).
+func (v *View) dropVersion(obj any) {
+	if k, ok := serviceOf(obj); ok {
+		v.mu.Lock()
+		delete(v.versions, k)
+		v.mu.Unlock()
+	}
+}
+
+// ServiceVersion implements cluster.ServiceVersions: the view generation
+// of the Service's last Service or EndpointSlice event, 0 when it has had
+// none (not known to the view).
+func (v *View) ServiceVersion(namespace, name string) uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.versions[serviceKey{namespace, name}]
 }
 
 // Generation implements cluster.Generational: it moves on every Service or

@@ -210,3 +210,70 @@ func TestViewWithFakeClient(t *testing.T) {
 		t.Errorf("watch error not reflected: %+v", f)
 	}
 }
+
+// TestViewServiceVersions: a Service's version (cluster.ServiceVersions)
+// moves with its own events and its slices' (a slice moved to another
+// Service moves both), not with other Services' events; a deleted
+// Service has none, and created again gets a newer one.
+func TestViewServiceVersions(t *testing.T) {
+	cs := fake.NewClientset(testService(), testSlice("a", "10.0.0.1"))
+	v, err := NewView(cs, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	v.Start(ctx)
+	if !v.WaitForSync(ctx) {
+		t.Fatal("no sync")
+	}
+	ver := func(name string) uint64 { return v.ServiceVersion("kube-system", name) }
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not seen (dns %d, other %d, generation %d)", what, ver("dns"), ver("other"), v.Generation())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("initial versions", func() bool { return ver("dns") != 0 })
+	dns0 := ver("dns")
+	s2 := testService()
+	s2.Name = "other"
+	if _, err := cs.CoreV1().Services("kube-system").Create(ctx, s2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("other created", func() bool { return ver("other") != 0 })
+	if ver("dns") != dns0 {
+		t.Fatalf("another Service's creation moved dns's version %d -> %d", dns0, ver("dns"))
+	}
+	// A slice of dns added: dns moves, other does not.
+	other0 := ver("other")
+	if _, err := cs.DiscoveryV1().EndpointSlices("kube-system").Create(ctx, testSlice("b", "10.0.0.9"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("slice b", func() bool { return ver("dns") != dns0 })
+	if ver("other") != other0 {
+		t.Fatal("dns's slice moved other's version")
+	}
+	// Slice a moved to other: both move.
+	dns1 := ver("dns")
+	a := testSlice("a", "10.0.0.1")
+	a.Labels[discoveryv1.LabelServiceName] = "other"
+	if _, err := cs.DiscoveryV1().EndpointSlices("kube-system").Update(ctx, a, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("slice a moved", func() bool { return ver("dns") != dns1 && ver("other") != other0 })
+	// other deleted: no version; created again: a newer one than any.
+	if err := cs.CoreV1().Services("kube-system").Delete(ctx, "other", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("other deleted", func() bool { return ver("other") == 0 })
+	before := v.Generation()
+	if _, err := cs.CoreV1().Services("kube-system").Create(ctx, s2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("other created again", func() bool { return ver("other") > before })
+}

@@ -106,6 +106,8 @@ const (
 	DefaultCacheTTL = 2 * time.Second
 	// DefaultMaxDutyCycle: see Config.MaxDutyCycle.
 	DefaultMaxDutyCycle = 0.1
+	// DefaultReuseFor: see Config.ReuseFor.
+	DefaultReuseFor = time.Minute
 )
 
 // Config configures the real adapter. Zero fields take the defaults.
@@ -132,9 +134,28 @@ type Config struct {
 	MaxDutyCycle float64
 	// Clock defaults to the real clock.
 	Clock clock.PassiveClock
+	// NetNS is the network namespace file the Prefix enters
+	// (/var/run/netns/NAME), where the change check reads the nf_tables
+	// generation. With a Prefix and no NetNS there is no change check:
+	// every listing past the cache runs nft.
+	NetNS string
+	// ReuseFor bounds how long a listing is returned again because the
+	// namespace's nf_tables generation has not moved since it was listed
+	// (default DefaultReuseFor; negative turns reuse off). The generation
+	// moves with every committed transaction (any rule, chain, set, table
+	// or element written through netlink); what it does not count are the
+	// elements the packet path adds to dynamic sets (kube-proxy's session
+	// affinity sets) and counters, which no check reads: those are seen
+	// at most ReuseFor late.
+	ReuseFor time.Duration
 }
 
-// Real runs nft.
+// Real runs nft. A listing (of the ruleset, or of one table, a missing
+// table included) is kept with the nf_tables generation read before it
+// ran, and returned again without running nft while the generation has
+// not moved (Config.ReuseFor): on a node whose nftables rules do not
+// change (iptables or IPVS mode, or a quiet nftables-mode kube-proxy) nft
+// runs once, not every cycle. When the generation cannot be read, nft runs.
 type Real struct {
 	cfg Config
 
@@ -144,6 +165,19 @@ type Real struct {
 	err    error
 	at     time.Time
 	took   time.Duration // how long the cached listing ran
+	// kept are the listings reused while the generation is unchanged,
+	// by what was listed ("ruleset", "table ip kube-proxy").
+	kept map[string]keptListing
+	runs uint64
+}
+
+// keptListing is one listing (or ErrNoTable) and the generation read
+// before nft ran.
+type keptListing struct {
+	gen  uint64
+	at   time.Time
+	snap *Snapshot
+	err  error
 }
 
 var _ Interface = (*Real)(nil)
@@ -168,7 +202,48 @@ func New(cfg Config) *Real {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
-	return &Real{cfg: cfg}
+	if cfg.ReuseFor == 0 {
+		cfg.ReuseFor = DefaultReuseFor
+	}
+	return &Real{cfg: cfg, kept: map[string]keptListing{}}
+}
+
+// Runs counts the nft commands this adapter has run.
+func (r *Real) Runs() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs
+}
+
+// listKept lists args, or returns the kept listing of args when the
+// nf_tables generation has not moved since it ran; r.mu is held.
+func (r *Real) listKept(ctx context.Context, args ...string) (*Snapshot, error) {
+	key := strings.Join(args, " ")
+	now := r.cfg.Clock.Now()
+	gen, genErr := r.generation()
+	if k, ok := r.kept[key]; ok && genErr == nil && k.gen == gen && now.Sub(k.at) >= 0 && now.Sub(k.at) < r.cfg.ReuseFor {
+		return k.snap, k.err
+	}
+	delete(r.kept, key)
+	s, err := r.list(ctx, args...)
+	// The generation read before nft ran: a change during the listing
+	// moves it, and nft runs again next time.
+	if genErr == nil && (err == nil || errors.Is(err, ErrNoTable)) {
+		r.kept[key] = keptListing{gen: gen, at: now, snap: s, err: err}
+	}
+	return s, err
+}
+
+// generation reads the nf_tables generation where nft lists, or fails when
+// that namespace is unknown or reuse is off.
+func (r *Real) generation() (uint64, error) {
+	if r.cfg.ReuseFor < 0 {
+		return 0, errors.New("reuse turned off")
+	}
+	if len(r.cfg.Prefix) > 0 && r.cfg.NetNS == "" {
+		return 0, errors.New("a command prefix without NetNS: the namespace is unknown")
+	}
+	return generation(r.cfg.NetNS)
 }
 
 // ListRuleset implements Interface.
@@ -186,7 +261,7 @@ func (r *Real) ListRuleset(ctx context.Context) (*Snapshot, error) {
 		return r.cached, r.err
 	}
 	start := time.Now()
-	s, err := r.list(ctx, "ruleset")
+	s, err := r.listKept(ctx, "ruleset")
 	if err != nil && ctx.Err() != nil {
 		// Our caller's deadline, not nft's failure: do not cache it.
 		return nil, err
@@ -195,11 +270,12 @@ func (r *Real) ListRuleset(ctx context.Context) (*Snapshot, error) {
 	return s, err
 }
 
-// ListTable implements Interface. It is not cached.
+// ListTable implements Interface. It is not cached for CacheTTL, but kept
+// while the nf_tables generation has not moved (a missing table too).
 func (r *Real) ListTable(ctx context.Context, f Family, name string) (*Snapshot, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.list(ctx, "table", string(f), name)
+	return r.listKept(ctx, "table", string(f), name)
 }
 
 // list runs `nft -j list ARGS...`; r.mu is held.
@@ -221,6 +297,7 @@ func (r *Real) list(ctx context.Context, args ...string) (*Snapshot, error) {
 	}
 	start := r.cfg.Clock.Now()
 	began := time.Now()
+	r.runs++
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
