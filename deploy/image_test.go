@@ -158,6 +158,38 @@ func TestImageBuildMatchesDockerfile(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^IMAGE_REPO \?= ` + regexp.QuoteMeta(string(m[1])) + `$`).Match(mk) {
 		t.Errorf("Makefile's IMAGE_REPO is not the chart's image.repository %s", m[1])
 	}
+
+	// Every platform the Dockerfile is built for (its buildx --platform
+	// line) gets a binary and an image archive from make image, and the
+	// rootfs is built per architecture (its cache key includes it).
+	df0, err := os.ReadFile(filepath.Join(Dir(), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pm := regexp.MustCompile(`--platform ((?:linux/[a-z0-9]+,?)+)`).FindSubmatch(df0)
+	if pm == nil {
+		t.Fatal("deploy/Dockerfile: no buildx --platform line")
+	}
+	var platforms []string
+	for _, p := range strings.Split(string(pm[1]), ",") {
+		platforms = append(platforms, strings.TrimPrefix(p, "linux/"))
+	}
+	sort.Strings(platforms)
+	for _, v := range []string{"IMAGE_ARCHES", "IMAGE_ARCHIVE_ARCHES"} {
+		vm := regexp.MustCompile(`(?m)^` + v + ` \?= (.+)$`).FindSubmatch(mk)
+		if vm == nil {
+			t.Errorf("Makefile: no %s", v)
+			continue
+		}
+		got := strings.Fields(string(vm[1]))
+		sort.Strings(got)
+		if strings.Join(got, " ") != strings.Join(platforms, " ") {
+			t.Errorf("Makefile's %s is %v; deploy/Dockerfile is built for %v", v, got, platforms)
+		}
+	}
+	if !strings.Contains(rootfs, `--architectures="$arch"`) || !regexp.MustCompile(`key=\$\(echo "[^"]*\$arch`).MatchString(rootfs) {
+		t.Errorf(`tools/image/rootfs.sh: the rootfs is not built and cached per architecture (--architectures="$arch", $arch in its key)`)
+	}
 }
 
 // dockerfileInstructions returns deploy/Dockerfile's instructions with

@@ -18,7 +18,25 @@ while read -r pkg lanes; do
 	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || missing+=("$pkg")
 done <"$here/packages.txt"
 
-[ ${#missing[@]} -eq 0 ] && exit 0
+# binfmt_misc: as root, mount it when it is not and register qemu-user-static's
+# aarch64 handler (the arm64 image's rootfs runs its maintainer scripts under
+# emulation: tools/image/rootfs.sh arm64); idempotent, one line when it acts.
+binfmt() {
+	[ "$(id -u)" = 0 ] && [ "$check_only" = 0 ] || return 0
+	local conf=/usr/lib/binfmt.d/qemu-aarch64.conf dir=/proc/sys/fs/binfmt_misc
+	[ -r "$conf" ] || return 0
+	if [ ! -e "$dir/register" ]; then
+		mount -t binfmt_misc binfmt_misc "$dir" || { echo "hostdeps: cannot mount binfmt_misc on $dir" >&2; return 1; }
+	fi
+	[ -e "$dir/qemu-aarch64" ] && return 0
+	echo "hostdeps: registering qemu-aarch64 with binfmt_misc ($conf)" >&2
+	grep -v '^#' "$conf" >"$dir/register" || { echo "hostdeps: binfmt_misc refused $conf" >&2; return 1; }
+}
+
+if [ ${#missing[@]} -eq 0 ]; then
+	binfmt
+	exit
+fi
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "hostdeps: not a Debian-like system (no dpkg-query); install by hand: ${missing[*]}" >&2
 	exit 1
@@ -36,3 +54,4 @@ if ! { apt-get update -q && apt-get install -y -q --no-install-recommends "${mis
 	echo "hostdeps: apt-get failed installing: ${missing[*]}" >&2
 	exit 2
 fi
+binfmt

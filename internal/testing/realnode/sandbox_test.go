@@ -57,17 +57,26 @@ func TestNodeHostLocalIPAMExhaustedAndLeaked(t *testing.T) {
 	ipam = ipam[:bytes.Index(ipam, []byte(`}]}`))+3] // through the routes list
 	plugin := fmt.Sprintf(`{"cniVersion":"0.4.0","name":"rn","type":"bridge",%s}`, ipam)
 	hostLocal := filepath.Join(n.CNIBinDir, "host-local")
-	exe := func(cmd, id string) (string, error) {
+	exe := func(ctx context.Context, cmd, id string) (string, error) {
 		c := exec.CommandContext(ctx, hostLocal)
 		c.Env = []string{"CNI_COMMAND=" + cmd, "CNI_CONTAINERID=" + id, "CNI_NETNS=/proc/self/ns/net", "CNI_IFNAME=eth0", "CNI_PATH=" + n.CNIBinDir}
 		c.Stdin = strings.NewReader(plugin)
 		out, err := c.CombinedOutput()
 		return string(out), err
 	}
+	// The release (DEL of every address taken, then a pod's sandbox) has
+	// a budget of its own: ~250 plugin runs each way on a loaded 2-core
+	// machine can spend most of ctx's before it (seen: 217 DELs "context
+	// deadline exceeded" at load 100, the range left exhausted).
+	release := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 5*time.Minute)
+	}
 	var ours []string
 	defer func() {
+		ctx, cancel := release()
+		defer cancel()
 		for _, id := range ours {
-			if out, err := exe("DEL", id); err != nil {
+			if out, err := exe(ctx, "DEL", id); err != nil {
 				t.Errorf("DEL %s: %v %s", id[:12], err, out)
 			}
 		}
@@ -75,7 +84,7 @@ func TestNodeHostLocalIPAMExhaustedAndLeaked(t *testing.T) {
 	exhausted := ""
 	for i := 0; i < 300; i++ {
 		id := fmt.Sprintf("%064x", 0xdead0000+i)
-		out, err := exe("ADD", id)
+		out, err := exe(ctx, "ADD", id)
 		if err != nil {
 			exhausted = out
 			break
@@ -153,8 +162,10 @@ func TestNodeHostLocalIPAMExhaustedAndLeaked(t *testing.T) {
 	}
 	t.Logf("PodsNetworkNotReady: %s", last)
 	// Released: the pod gets its sandbox.
+	ctx, cancel = release()
+	defer cancel()
 	for _, id := range ours {
-		if out, err := exe("DEL", id); err != nil {
+		if out, err := exe(ctx, "DEL", id); err != nil {
 			t.Errorf("DEL %s: %v %s", id[:12], err, out)
 		}
 	}

@@ -57,13 +57,19 @@ func TestNodeEnforce(t *testing.T) {
 	// then told apart from the node's; without it, several candidates are
 	// "cannot tell" and KubeProxyFrozen skips (on a real node there is one).
 	values := append(chartValues(n), "--set", "sysPtrace=true")
-	helm(t, n, append([]string{"install", "remediate", deploy.ChartDir(), "-n", releaseNS, "--create-namespace"}, values...)...)
+	// Installed in audit (enforce=false) with the lane's policy: the
+	// negative run of (f) below needs its timings.
+	helm(t, n, append([]string{"install", "remediate", deploy.ChartDir(), "-n", releaseNS, "--create-namespace", "-f", lanePolicyValues(t, nil)}, values...)...)
 	t.Cleanup(func() {
 		bin, _ := deploy.HelmBin()
 		_, _ = run(t, n, 3*time.Minute, bin, "uninstall", "remediate", "-n", releaseNS, "--wait")
 	})
 	waitRemediateReady(t, n)
 	pod0 := remediatePod(t, n)
+
+	// (f) in audit first: reported, journaled as dry-run, kube-proxy's pod
+	// left alone. Its own subtest so that a failure says which half broke.
+	t.Run("f-audit-frozen-kube-proxy", func(t *testing.T) { frozenKubeProxyAudit(t, n, pod0) })
 
 	// helm upgrade --set enforce=true: the policy ConfigMap's name carries
 	// the mode (remediate-policy-enforce), so the DaemonSet rolls its pod;
@@ -431,6 +437,134 @@ func frozenKubeProxy(t *testing.T, n *realnode.Node) {
 	// It is verified (the finding cleared at verifyAfter), not escalated.
 	v := waitJournal(t, n, "restart-frozen-kube-proxy", "verified", 2*time.Minute)
 	t.Logf("verified after %.0fs: %s", time.Since(t0).Seconds(), v.Summary)
+}
+
+// auditCycles is how many full cycles the audit run of (f) watches after
+// its dry-run record, each with the finding and no action.
+const auditCycles = 3
+
+// frozenKubeProxyAudit is the negative run of scenario (f): the same
+// frozen kube-proxy with enforce off (the chart's default). The daemon
+// reports the finding (restart-frozen-kube-proxy in remediate_findings),
+// journals one dry-run record for it and nothing else: for auditCycles
+// cycles after that record no intent or outcome, kube-proxy's pod keeps
+// its UID and is not being deleted, and the stopped process is the same
+// one (PID and start time). Then the process is resumed and answers again.
+func frozenKubeProxyAudit(t *testing.T, n *realnode.Node, rpod *corev1.Pod) {
+	ctx := context.Background()
+	if logs := podLog(ctx, n, rpod); !strings.Contains(logs, `"mode":"audit"`) {
+		t.Fatalf("the daemon is not in audit mode:\n%s", lastLines(logs, 5))
+	}
+	const rule = "restart-frozen-kube-proxy"
+	count := func(kind string) int {
+		recs, _ := journalRecords(t, n)
+		c := 0
+		for _, r := range recs {
+			if r.Rule == rule && r.Kind == kind {
+				c++
+			}
+		}
+		return c
+	}
+	dry0, intents0, outcomes0 := count("dry-run"), count("intent"), count("outcome")
+	old, err := kubeProxyPod(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := n.ContainerPID(ctx, old, "kube-proxy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, err := realnode.StartTime(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cont := func() {
+		if st, err := realnode.StartTime(pid); err == nil && st == start {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(cont)
+	t0 := time.Now()
+	t.Logf("kube-proxy pid %d (pod %s, uid %s) stopped; enforce off", pid, old.Name, old.UID)
+
+	var dry journalRecord
+	if err := n.Poll(ctx, "a dry-run record of "+rule, 4*time.Minute, func(ctx context.Context) (bool, string) {
+		recs, _ := journalRecords(t, n)
+		c := 0
+		for _, r := range recs {
+			if r.Rule == rule && r.Kind == "dry-run" {
+				if c++; c > dry0 {
+					dry = r
+					return true, ""
+				}
+			}
+		}
+		m, _ := scrape(ctx, n)
+		return false, fmt.Sprintf("findings=%v", metricValue(m, "remediate_findings", `rule="`+rule+`"`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("dry-run after %.0fs: %s (target %s)", time.Since(t0).Seconds(), dry.Summary, dry.Target)
+	if dry.Outcome != "dry-run" || !strings.Contains(dry.Summary, "would ") {
+		t.Errorf("dry-run record %+v: want outcome dry-run and a summary of what would run", dry)
+	}
+
+	// auditCycles more cycles, each finishing with the finding present.
+	m, err := scrape(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c0 := metricValue(m, "remediate_cycle_duration_seconds_count")
+	seen := 0
+	if err := n.Poll(ctx, fmt.Sprintf("%d cycles reporting %s after the dry-run", auditCycles, rule), 3*time.Minute, func(ctx context.Context) (bool, string) {
+		m, err := scrape(ctx, n)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := metricValue(m, "remediate_cycle_duration_seconds_count")
+		f := metricValue(m, "remediate_findings", `rule="`+rule+`"`)
+		if f <= 0 {
+			t.Errorf("cycle %v: no %s finding while kube-proxy is still stopped (findings %v)", c, rule, f)
+		}
+		seen = int(c - c0)
+		return seen >= auditCycles, fmt.Sprintf("cycles %v (from %v), findings %v", c, c0, f)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := count("intent"); got != intents0 {
+		t.Errorf("audit mode journaled %d intent(s) of %s", got-intents0, rule)
+	}
+	if got := count("outcome"); got != outcomes0 {
+		t.Errorf("audit mode journaled %d outcome(s) of %s", got-outcomes0, rule)
+	}
+	if got := count("dry-run"); got != dry0+1 {
+		t.Errorf("%d dry-run records of %s in one episode, want 1", got-dry0, rule)
+	}
+	now, err := n.Client.CoreV1().Pods("kube-system").Get(ctx, old.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("kube-proxy's pod %s after %d audit cycles: %v", old.Name, seen, err)
+	}
+	if now.UID != old.UID || now.DeletionTimestamp != nil {
+		t.Errorf("kube-proxy's pod %s: uid %s -> %s, deletion %v: audit mode touched it", old.Name, old.UID, now.UID, now.DeletionTimestamp)
+	}
+	if st, err := realnode.StartTime(pid); err != nil || st != start {
+		t.Errorf("the frozen kube-proxy (pid %d) is gone in audit mode: %v", pid, err)
+	} else if ps, _ := realnode.ProcState(pid); ps != "T" {
+		t.Errorf("kube-proxy pid %d is in state %q, want still stopped (T)", pid, ps)
+	}
+	t.Logf("%d cycles after the dry-run: pod %s uid unchanged, no intent, %.0fs after the freeze", seen, old.Name, time.Since(t0).Seconds())
+
+	cont()
+	if err := n.Poll(ctx, "kube-proxy answers again after SIGCONT", time.Minute, func(ctx context.Context) (bool, string) {
+		_, err := n.HTTPGet(ctx, "http://127.0.0.1:10256/healthz")
+		return err == nil, fmt.Sprint(err)
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // stateFile is the part of the daemon's state.json this test reads.
