@@ -11,8 +11,13 @@ import (
 type ConditionState struct {
 	// Status is True (healthy), False (a problem persists) or Unknown
 	// (never judged).
-	Status  corev1.ConditionStatus
-	Reason  string
+	Status corev1.ConditionStatus
+	Reason string
+	// Key names the problems behind a False condition (their rules and
+	// targets, not their changing details): a new Key is rewritten at
+	// once, a Message that changed under the same Key waits for the
+	// heartbeat.
+	Key     string
 	Message string
 	// Transition is when Status last changed.
 	Transition time.Time
@@ -32,11 +37,16 @@ type Hysteresis struct {
 }
 
 // NextCondition is the pure transition: given the previous state, whether
-// a problem is seen now (with reason and message), and now, it returns the
-// new state and whether the condition on the Node must be rewritten (status,
-// reason or message changed). A never-judged condition becomes True at the
-// first clear cycle (nothing to debounce), False only after ProblemAfter.
-func NextCondition(prev ConditionState, problem bool, reason, message string, now time.Time, h Hysteresis) (ConditionState, bool) {
+// a problem is seen now (with reason, the key of the problems and the
+// message), and now, it returns the new state and whether the condition on
+// the Node must be rewritten now (status, reason or the problems changed).
+// A message that changed alone (a finding's age, a count) is kept in the
+// state and written with the next heartbeat: a persistent problem whose
+// message carries a duration would otherwise patch the Node every cycle,
+// on every sick node of the fleet at once. A never-judged condition
+// becomes True at the first clear cycle (nothing to debounce), False only
+// after ProblemAfter.
+func NextCondition(prev ConditionState, problem bool, reason, key, message string, now time.Time, h Hysteresis) (ConditionState, bool) {
 	s := prev
 	if problem {
 		s.ClearSince = time.Time{}
@@ -45,14 +55,13 @@ func NextCondition(prev ConditionState, problem bool, reason, message string, no
 		}
 		switch {
 		case s.Status == corev1.ConditionFalse:
-			// Already False: keep the message current.
-			if s.Reason != reason || s.Message != message {
-				s.Reason, s.Message = reason, message
-				return s, true
-			}
-			return s, false
+			// Already False: a new reason or other problems now; the
+			// message alone rides on the heartbeat.
+			write := s.Reason != reason || s.Key != key
+			s.Reason, s.Key, s.Message = reason, key, message
+			return s, write
 		case now.Sub(s.ProblemSince) >= h.ProblemAfter:
-			s.Status, s.Reason, s.Message, s.Transition = corev1.ConditionFalse, reason, message, now
+			s.Status, s.Reason, s.Key, s.Message, s.Transition = corev1.ConditionFalse, reason, key, message, now
 			return s, true
 		}
 		return s, false
@@ -67,7 +76,7 @@ func NextCondition(prev ConditionState, problem bool, reason, message string, no
 	case s.Status == corev1.ConditionFalse && now.Sub(s.ClearSince) < h.ClearAfter:
 		return s, false
 	}
-	s.Status, s.Reason, s.Message, s.Transition = corev1.ConditionTrue, ReasonHealthy, MessageHealthy, now
+	s.Status, s.Reason, s.Key, s.Message, s.Transition = corev1.ConditionTrue, ReasonHealthy, "", MessageHealthy, now
 	return s, true
 }
 

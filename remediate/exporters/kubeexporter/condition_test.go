@@ -51,7 +51,7 @@ func TestNextCondition(t *testing.T) {
 			var s ConditionState
 			for i, st := range tc.steps {
 				var w bool
-				s, w = NextCondition(s, st.problem, st.reason, "msg "+st.reason, t0.Add(st.at), h)
+				s, w = NextCondition(s, st.problem, st.reason, "key "+st.reason, "msg "+st.reason, t0.Add(st.at), h)
 				if s.Status != st.status || w != st.write {
 					t.Fatalf("step %d (%v): status %q write %v, want %q %v", i, st.at, s.Status, w, st.status, st.write)
 				}

@@ -284,13 +284,15 @@ func severityRank(s finding.Severity) int {
 	return 0
 }
 
-// problem summarises the findings that count against the condition.
-func (r *Reporter) problem(rep *remediate.Report) (bool, string, string) {
+// problem summarises the findings that count against the condition: the
+// reason, the key of the problems (each "rule: target", sorted) and the
+// message.
+func (r *Reporter) problem(rep *remediate.Report) (bool, string, string, string) {
 	only := map[string]bool{}
 	for _, x := range r.opts.ConditionRules {
 		only[x] = true
 	}
-	var parts []string
+	var parts, keys []string
 	detectors := map[string]bool{}
 	for _, f := range rep.Findings {
 		if f.Detector == remediate.SelfDetector || severityRank(f.Severity) < severityRank(r.opts.MinSeverity) {
@@ -301,11 +303,13 @@ func (r *Reporter) problem(rep *remediate.Report) (bool, string, string) {
 		}
 		detectors[f.Detector] = true
 		parts = append(parts, fmt.Sprintf("%s: %s: %s", f.Rule, f.Target, f.Message))
+		keys = append(keys, f.Rule+": "+f.Target)
 	}
 	if len(parts) == 0 {
-		return false, "", ""
+		return false, "", "", ""
 	}
 	sort.Strings(parts)
+	sort.Strings(keys)
 	reason := "MultipleProblems"
 	if len(detectors) == 1 {
 		for d := range detectors {
@@ -316,7 +320,7 @@ func (r *Reporter) problem(rep *remediate.Report) (bool, string, string) {
 	if len(msg) > 1024 {
 		msg = msg[:1021] + "..."
 	}
-	return true, reason, msg
+	return true, reason, strings.Join(keys, "; "), msg
 }
 
 func (r *Reporter) condition(ctx context.Context, rep *remediate.Report) error {
@@ -340,8 +344,8 @@ func (r *Reporter) condition(ctx context.Context, rep *remediate.Report) error {
 		}
 		r.condLoaded = true
 	}
-	problem, reason, msg := r.problem(rep)
-	next, changed := NextCondition(r.cond, problem, reason, msg, now, r.opts.Hysteresis)
+	problem, reason, key, msg := r.problem(rep)
+	next, changed := NextCondition(r.cond, problem, reason, key, msg, now, r.opts.Hysteresis)
 	r.cond = next
 	if changed {
 		r.condDirty = true
