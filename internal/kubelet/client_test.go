@@ -167,7 +167,7 @@ func TestScrapeNoAddressYet(t *testing.T) {
 
 func TestNodeAddress(t *testing.T) {
 	n := &corev1.Node{Status: corev1.NodeStatus{
-		Addresses: []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "node-a"}, {Type: corev1.NodeExternalIP, Address: "203.0.113.7"}, {Type: corev1.NodeInternalIP, Address: "10.0.0.7"}},
+		Addresses:       []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "node-a"}, {Type: corev1.NodeExternalIP, Address: "203.0.113.7"}, {Type: corev1.NodeInternalIP, Address: "10.0.0.7"}},
 		DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: 10250}}}}
 	if h, p, err := NodeAddress(n); err != nil || h != "10.0.0.7" || p != 10250 {
 		t.Fatalf("NodeAddress = %s %d %v", h, p, err)
