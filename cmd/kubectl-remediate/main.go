@@ -65,7 +65,7 @@ const (
 // daemonFlags are the daemon's flags the one-shot run takes over: where
 // its policy, state, procfs, sysfs, lock file, CNI directories, CRI socket
 // and credentials are (TestDaemonFlagsCoverTheChart).
-var daemonFlags = []string{"--policy", "--state-dir", "--proc-root", "--sys-root", "--cgroup-root", "--host-root", "--xtables-lock", "--cni-conf-dir", "--cni-bin-dir", "--cni-ipam-dir", "--cri-socket", "--kubeconfig"}
+var daemonFlags = []string{"--policy", "--state-dir", "--proc-root", "--sys-root", "--cgroup-root", "--host-root", "--xtables-lock", "--cni-conf-dir", "--cni-bin-dir", "--cni-ipam-dir", "--cri-socket", "--kubelet-metrics-url", "--kubelet-ca", "--kubelet-insecure-tls", "--kubeconfig"}
 
 // Executor runs a command in a pod's container and streams its output;
 // a command that exits non-zero returns a utilexec.ExitError.
