@@ -26,8 +26,9 @@ import (
 // DefaultTimeout bounds one scrape (connect, headers and body). A healthy
 // kubelet answers /metrics in tens of milliseconds; its own authentication
 // and authorization webhooks (a TokenReview and a SubjectAccessReview,
-// cached by the kubelet) add one API round trip on a cold cache.
-const DefaultTimeout = 5 * time.Second
+// cached by the kubelet) add two API round trips on a cold cache. Under
+// the default detectorTimeout (10s).
+const DefaultTimeout = 8 * time.Second
 
 // DefaultPort is the kubelet's authenticated port (--port) when the Node
 // does not say (status.daemonEndpoints.kubeletEndpoint.port).

@@ -766,6 +766,14 @@ func brokenCNI(t *testing.T, n *realnode.Node) {
 		}
 		return true, ""
 	}); err != nil {
+		// Why not: the rule's line of a one-shot report in the pod.
+		out, rerr := run(t, n, 3*time.Minute, pluginBin, realnode.NodeName, "-o", "json")
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "kubelet-pod-startup") || strings.Contains(l, "KubeletPodStartup") {
+				t.Logf("one-shot: %s", l)
+			}
+		}
+		t.Logf("one-shot: %v; kubelet_run_podsandbox_errors_total %v -> %v", rerr, errsBefore, kubeletSandboxErrors(t, n))
 		t.Fatal(err)
 	}
 	t.Logf("pods-network-not-ready, cni-config and kubelet-pod-startup reported %.0fs after the bridge plugin went", time.Since(t0).Seconds())
