@@ -123,6 +123,39 @@ func (w *window[T]) ends() (oldest, newest sample[T], ok bool) {
 	return w.samples[0], w.samples[len(w.samples)-1], true
 }
 
+// windowState says what advance could judge.
+type windowState int
+
+const (
+	// windowShort: the window holds one sample, nothing to compare yet.
+	windowShort windowState = iota
+	// windowRestarted: the value went backwards (the counter's process
+	// restarted); the window starts again from the newest sample.
+	windowRestarted
+	// windowReady: the change over the window is known.
+	windowReady
+)
+
+// advance records v (as add does) and returns the change between the
+// window's ends, taken by sub (which says false when the newer value is
+// below the older: a counter reset), and the time the two ends cover.
+func (w *window[T]) advance(seq uint64, at time.Time, v T, span time.Duration, sub func(newer, older T) (T, bool)) (delta T, covered time.Duration, st windowState) {
+	w.add(seq, at, v, span)
+	oldest, newest, ok := w.ends()
+	if !ok {
+		return delta, 0, windowShort
+	}
+	d, ok := sub(newest.v, oldest.v)
+	if !ok {
+		w.reset()
+		return delta, 0, windowRestarted
+	}
+	return d, newest.at.Sub(oldest.at), windowReady
+}
+
+// counterIncrease is advance's sub for one cumulative counter.
+func counterIncrease(newer, older float64) (float64, bool) { return newer - older, newer >= older }
+
 // counterPair is two cumulative counters of one family at one scrape.
 type counterPair struct{ a, b float64 }
 
@@ -164,17 +197,14 @@ func (c *counterWindows) add(sc *kubeproxy.Scrape, span time.Duration, get func(
 			w = &window[counterPair]{}
 			c.w[f] = w
 		}
-		w.add(sc.Seq, sc.At, v, span)
-		oldest, newest, ok := w.ends()
-		if !ok {
+		d, covered, st := w.advance(sc.Seq, sc.At, v, span, func(newer, older counterPair) (counterPair, bool) {
+			d := counterPair{newer.a - older.a, newer.b - older.b}
+			return d, d.a >= 0 && d.b >= 0
+		})
+		if st != windowReady {
 			continue
 		}
-		da, db := newest.v.a-oldest.v.a, newest.v.b-oldest.v.b
-		if da < 0 || db < 0 {
-			w.reset()
-			continue
-		}
-		out = append(out, familyIncrease{family: f, a: da, b: db, covered: newest.at.Sub(oldest.at)})
+		out = append(out, familyIncrease{family: f, a: d.a, b: d.b, covered: covered})
 	}
 	return out
 }

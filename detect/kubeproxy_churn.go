@@ -116,19 +116,14 @@ func (d *kubeProxyChurn) Detect(ctx context.Context) ([]finding.Finding, error) 
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.w.add(sc.Seq, sc.At, *sc.Metrics.EndpointChangesTotal, d.p.Window.Duration)
-	oldest, newest, ok := d.w.ends()
-	if ok && newest.v < oldest.v {
-		d.w.reset() // kube-proxy restarted: its counter started again
-		ok = false
-	}
-	if !ok || newest.at.Sub(oldest.at) < causeWindowMin {
+	changes, covered, st := d.w.advance(sc.Seq, sc.At, *sc.Metrics.EndpointChangesTotal, d.p.Window.Duration, counterIncrease)
+	if st != windowReady || covered < causeWindowMin {
 		d.set("endpoint churn not judged yet: the window holds less than %s of scrapes", causeWindowMin)
 		return nil, nil
 	}
-	fd := churnFinding(newest.v-oldest.v, newest.at.Sub(oldest.at), d.p)
-	d.set("endpoint churn %.3g changes/s over %s (limit %g/s)", (newest.v-oldest.v)/newest.at.Sub(oldest.at).Seconds(),
-		newest.at.Sub(oldest.at).Round(time.Second), d.p.MaxPerSecond)
+	fd := churnFinding(changes, covered, d.p)
+	d.set("endpoint churn %.3g changes/s over %s (limit %g/s)", changes/covered.Seconds(),
+		covered.Round(time.Second), d.p.MaxPerSecond)
 	if fd == nil {
 		return nil, nil
 	}
@@ -180,21 +175,20 @@ func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]finding.Finding, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.w.add(sc.Seq, sc.At, codes, d.p.Window.Duration)
-	oldest, newest, ok := d.w.ends()
-	if !ok {
+	delta, covered, st := d.w.advance(sc.Seq, sc.At, codes, d.p.Window.Duration, func(newer, older map[string]float64) (map[string]float64, bool) {
+		return codeIncrease(older, newer)
+	})
+	switch st {
+	case windowShort:
 		d.set("kube-proxy's API requests: one scrape so far")
 		return nil, nil
-	}
-	delta, ok := codeIncrease(oldest.v, newest.v)
-	if !ok {
-		d.w.reset() // a counter went down: kube-proxy restarted
+	case windowRestarted:
 		d.set("kube-proxy's API request counters restarted")
 		return nil, nil
 	}
-	fd := apiErrorsFinding(delta, newest.at.Sub(oldest.at), d.p)
+	fd := apiErrorsFinding(delta, covered, d.p)
 	errs, total := restSums(delta)
-	d.set("%g of kube-proxy's %g API requests failed in the last %s (limit %d)", errs, total, newest.at.Sub(oldest.at).Round(time.Second), d.p.MaxErrors)
+	d.set("%g of kube-proxy's %g API requests failed in the last %s (limit %d)", errs, total, covered.Round(time.Second), d.p.MaxErrors)
 	if fd == nil {
 		return nil, nil
 	}

@@ -108,17 +108,11 @@ func (d *kubeProxySyncSlow) findings(sc *kubeproxy.Scrape, span, limit time.Dura
 			w = &window[kubeproxy.Histogram]{}
 			d.hist[f] = w
 		}
-		w.add(sc.Seq, sc.At, *h, span)
-		oldest, newest, ok := w.ends()
-		if !ok {
-			continue
+		delta, covered, st := w.advance(sc.Seq, sc.At, *h, span, kubeproxy.Histogram.Sub)
+		if st != windowReady {
+			continue // one scrape so far, or kube-proxy restarted
 		}
-		delta, ok := newest.v.Sub(oldest.v)
-		if !ok {
-			w.reset() // kube-proxy restarted: start a new window
-			continue
-		}
-		if fd := slowSyncFinding(f, delta, newest.at.Sub(oldest.at), d.p.Quantile, limit, d.p.MinSyncs); fd != nil {
+		if fd := slowSyncFinding(f, delta, covered, d.p.Quantile, limit, d.p.MinSyncs); fd != nil {
 			out = append(out, *fd)
 		}
 	}

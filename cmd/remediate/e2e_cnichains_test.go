@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -9,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/remediate-dev/remediate/internal/cnichains"
 	"github.com/remediate-dev/remediate/internal/netnstest"
@@ -57,10 +55,6 @@ func TestOnceEndToEndCNIAgentChains(t *testing.T) {
 	if err := copyExecutable(sleep, filepath.Join(dir, "flanneld")); err != nil {
 		t.Fatal(err)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, mode := range []string{"audit", "enforce"} {
 		if err := os.WriteFile(filepath.Join(dir, mode+".yaml"), []byte(strings.Replace(e2eCNIChainsPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
 			t.Fatal(err)
@@ -83,32 +77,8 @@ once audit deleted
 once enforce enforce
 if [ -d /proc/$F ]; then echo alive; else echo gone; fi > "$DIR/after-enforce"
 `
-	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--mount-proc", "sh", filepath.Join(dir, "run.sh"))
-	cmd.Env = append(os.Environ(), "NS="+ns, "DIR="+dir, "BIN="+self, "REMEDIATE_TEST_AS_MAIN=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("pid namespace script: %v\n%s", err, out)
-	}
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(b))
-	}
-	report := func(step string) e2eReport {
-		var rep e2eReport
-		out := read(step + ".json")
-		t.Logf("%s (exit %s):\n%s\nstderr: %s", step, read(step+".rc"), out, read(step+".err"))
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("%s output is not JSON: %v", step, err)
-		}
-		return rep
-	}
+	run := runInPIDNamespace(t, dir, script, "NS="+ns)
+	read, report := run.read, run.report
 	flanneld, _ := strconv.Atoi(read("flanneld.pid"))
 
 	rep := report("healthy")

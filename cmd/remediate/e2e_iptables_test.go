@@ -1,15 +1,11 @@
 package main
 
 import (
-	"context"
-	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/netnstest"
@@ -87,10 +83,6 @@ func TestOnceEndToEndIPTablesAndXtablesLock(t *testing.T) {
 	// another test's or another user's iptables-restore on this machine.
 	// When the script ends, the namespace's init exits and the kernel kills
 	// what is left in it (flock, sleep, the restore).
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, mode := range []string{"audit", "enforce"} {
 		if err := os.WriteFile(filepath.Join(dir, mode+".yaml"), []byte(strings.Replace(e2eIPTablesPolicy, "%MODE%", mode, 1)), 0o644); err != nil {
 			t.Fatal(err)
@@ -119,32 +111,8 @@ once enforce
 n=0; while ! gone && [ $n -lt 100 ]; do n=$((n+1)); sleep 0.05; done
 if gone; then echo gone; else echo alive; fi > "$DIR/after-enforce"
 `
-	if err := os.WriteFile(filepath.Join(dir, "run.sh"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "unshare", "--pid", "--fork", "--mount-proc", "sh", filepath.Join(dir, "run.sh"))
-	cmd.Env = append(os.Environ(), "LOCK="+lock, "NS="+ns, "DIR="+dir, "BIN="+self, "REMEDIATE_TEST_AS_MAIN=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("pid namespace script: %v\n%s", err, out)
-	}
-	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return strings.TrimSpace(string(b))
-	}
-	report := func(mode string) e2eReport {
-		var rep e2eReport
-		out := read(mode + ".json")
-		t.Logf("%s (exit %s):\n%s\nstderr: %s", mode, read(mode+".rc"), out, read(mode+".err"))
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			t.Fatalf("%s output is not JSON: %v", mode, err)
-		}
-		return rep
-	}
+	run := runInPIDNamespace(t, dir, script, "LOCK="+lock, "NS="+ns)
+	read, report := run.read, run.report
 	restorePID, _ := strconv.Atoi(read("restore.pid"))
 
 	rep := report("audit")
