@@ -178,18 +178,14 @@ func recordKubelet(ww *window[kubeletSample], sc *kubelet.Scrape, span time.Dura
 	if h := sc.Metrics.PodStartSLI; h != nil {
 		v.start = *h
 	}
-	ww.add(sc.Seq, sc.At, v, span)
-	oldest, newest, ok := ww.ends()
-	if !ok {
+	inc, covered, st := ww.advance(sc.Seq, sc.At, v, span, func(newer, older kubeletSample) (kubeletSample, bool) {
+		d, ok := kubeletDelta(older, newer)
+		return kubeletSample{errors: d.errors, start: d.start}, ok
+	})
+	if st != windowReady {
 		return kubeletIncrease{}, false
 	}
-	inc, ok := kubeletDelta(oldest.v, newest.v)
-	if !ok {
-		ww.reset()
-		return kubeletIncrease{}, false
-	}
-	inc.covered = newest.at.Sub(oldest.at)
-	return inc, true
+	return kubeletIncrease{errors: inc.errors, start: inc.start, covered: covered}, true
 }
 
 // kubeletDelta is newer minus older; false when a counter went down (the
