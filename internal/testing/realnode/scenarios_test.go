@@ -116,7 +116,10 @@ func lanePolicyValues(t *testing.T, edit func(pol map[string]any)) string {
 	setRule(t, pol, "restart-unready-cni-agent", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "cni-config", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "pods-network-not-ready", map[string]any{"for": "0s"}, map[string]any{"minAge": "30s"})
-	setRule(t, pol, "kubelet-pod-startup", map[string]any{"for": "0s"}, nil)
+	// The real kubelet v1.34 retried the stuck pod's sandbox once in ~3 min
+	// (kubelet_run_podsandbox_errors_total 0 -> 1, lane run of 2026-11-26):
+	// the lane judges any error (the shipped 2 in 10m needs longer).
+	setRule(t, pol, "kubelet-pod-startup", map[string]any{"for": "0s"}, map[string]any{"maxSandboxErrors": 0})
 	if edit != nil {
 		edit(pol)
 	}
@@ -779,8 +782,8 @@ func brokenCNI(t *testing.T, n *realnode.Node) {
 	t.Logf("pods-network-not-ready, cni-config and kubelet-pod-startup reported %.0fs after the bridge plugin went", time.Since(t0).Seconds())
 	errsAfter := kubeletSandboxErrors(t, n)
 	t.Logf("kubelet_run_podsandbox_errors_total %v -> %v", errsBefore, errsAfter)
-	if errsAfter < errsBefore+3 {
-		t.Errorf("the kubelet's sandbox error counter moved %v -> %v, want more than the rule's maxSandboxErrors (2)", errsBefore, errsAfter)
+	if errsAfter < errsBefore+1 {
+		t.Errorf("the kubelet's sandbox error counter moved %v -> %v, want more than the lane rule's maxSandboxErrors (0)", errsBefore, errsAfter)
 	}
 	logs := podLog(ctx, n, remediatePod(t, n))
 	seen := ""
