@@ -64,6 +64,9 @@ type hostLocalIPAM struct {
 	p HostLocalIPAMParams
 	n *node.Node
 	judgement
+	// pods caches the Node's podCIDRs (the ranges of a configuration that
+	// leaves them to a wrapper: "usePodCidr", no range).
+	pods causeWatch
 }
 
 func newHostLocalIPAM(p *HostLocalIPAMParams, n *node.Node) (Detector, error) {
@@ -96,6 +99,7 @@ func (d *hostLocalIPAM) Detect(ctx context.Context) ([]finding.Finding, error) {
 	var out []finding.Finding
 	var judged []string
 	for _, c := range confs {
+		c = d.podCIDRFallback(ctx, c)
 		fs, j, err := d.network(c, f.Name, live, leakSkip, now)
 		if err != nil {
 			return out, err
@@ -105,6 +109,25 @@ func (d *hostLocalIPAM) Detect(ctx context.Context) ([]finding.Finding, error) {
 	}
 	d.set("%s", strings.Join(judged, "; "))
 	return out, nil
+}
+
+// podCIDRFallback gives a configuration without a usable range (a subnet
+// of "usePodCidr" that a wrapper fills in, or no range at all) the Node's
+// podCIDRs, as host-local then gets them; c.Unknown then says where the
+// ranges came from, or why they stay unknown.
+func (d *hostLocalIPAM) podCIDRFallback(ctx context.Context, c hostlocal.Config) hostlocal.Config {
+	if len(c.RangeSets) > 0 || c.Unknown == "" {
+		return c
+	}
+	cidrs, err := d.pods.nodePodCIDRs(ctx, d.n)
+	if sets := hostlocal.PodCIDRRangeSets(cidrs); err == nil && len(sets) > 0 {
+		c.RangeSets = sets
+		c.Unknown += fmt.Sprintf("; the Node's podCIDRs used instead: %v", cidrs)
+		return c
+	} else if err != nil {
+		c.Unknown += "; the Node's podCIDRs not known either: " + err.Error()
+	}
+	return c
 }
 
 // storeDir is where host-local's store of c is read: a configuration's

@@ -53,6 +53,11 @@ type options struct {
 	// --cluster-view-max-age.
 	viewMemory string
 	viewMaxAge time.Duration
+	// kubeletURL, kubeletCA and kubeletInsecureTLS: the kubelet's /metrics
+	// (wire_kubelet.go).
+	kubeletURL         string
+	kubeletCA          string
+	kubeletInsecureTLS bool
 
 	// journalDir is the state dir as given (the bundle reads the journal's
 	// tail there even when a dry run works on a private copy).
@@ -166,6 +171,9 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the host's CNI plugin directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cniIPAMDir, "cni-ipam-dir", "/var/lib/cni/networks", "host-local IPAM's data directory as mounted here (read-only; HostLocalIPAM)")
 	fs.StringVar(&o.criSocket, "cri-socket", "", "the container runtime's CRI socket as mounted here (ListPodSandbox only: HostLocalIPAM's leak check; empty: skipped)")
+	fs.StringVar(&o.kubeletURL, "kubelet-metrics-url", "", "this node's kubelet /metrics (KubeletPodStartup; empty: https://<the Node's InternalIP>:<its kubelet port>/metrics), read with the ServiceAccount's token (RBAC get nodes/metrics)")
+	fs.StringVar(&o.kubeletCA, "kubelet-ca", "", "CA file that signs the kubelet's serving certificate (empty: the cluster's CA, which signs it only with the kubelet's serverTLSBootstrap)")
+	fs.BoolVar(&o.kubeletInsecureTLS, "kubelet-insecure-tls", false, "do not verify the kubelet's serving certificate (self-signed, the kubeadm default); only ever used to an address of this host, so the token stays on the node")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")

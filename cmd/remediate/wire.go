@@ -35,7 +35,8 @@ type wiring struct {
 	pol     *policy.Policy // the policy at start (cluster-wide settings)
 	log     *zap.Logger
 	closers []func()
-	k       kubeWiring // Kubernetes client, view, reporter (wire_kube.go)
+	k       kubeWiring    // Kubernetes client, view, reporter (wire_kube.go)
+	kubelet kubeletWiring // this node's kubelet /metrics (wire_kubelet.go)
 
 	// ipvs is created once and shared across policy reloads.
 	ipvs *ipvs.Handle
@@ -82,6 +83,7 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// node's adapter field or n.Unavailable["<subsystem>"] = reason. ---
 
 	wireCNIIPAM(n, w.o) // cri: host-local's store and the runtime's sandboxes
+	w.wireKubelet(n)    // kubelet: its authenticated /metrics
 
 	// procs: processes and file locks read through --proc-root. Signals go
 	// to PIDs of this process's PID namespace, so --proc-root must be that

@@ -11,6 +11,10 @@
 // and causes of different kinds compare by how far past their own
 // threshold they are. Only causes at or past their threshold are likely;
 // the others are reported as checked and ruled out, with their figure.
+//
+// RankSandbox (sandbox.go) does the same for failing pod sandboxes
+// (KubeletPodStartup): the kubelet's classified sandbox Events, the CNI
+// configuration, the CNI agent's pods and the xtables lock.
 package causes
 
 import (

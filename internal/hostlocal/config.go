@@ -234,3 +234,18 @@ func (s RangeSet) String() string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// PodCIDRRangeSets are the range sets host-local uses for the Node's
+// podCIDRs when the configuration leaves them to a wrapper (a subnet of
+// "usePodCidr", or no range at all): one set per CIDR, with host-local's
+// defaults (from the subnet's first address + 1 to its last, less the
+// IPv4 broadcast). A CIDR that gives no range is left out.
+func PodCIDRRangeSets(cidrs []netip.Prefix) []RangeSet {
+	var out []RangeSet
+	for _, p := range cidrs {
+		if r, err := parseRange(rawRange{Subnet: p.String()}); err == nil {
+			out = append(out, RangeSet{r})
+		}
+	}
+	return out
+}

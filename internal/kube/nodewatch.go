@@ -13,7 +13,9 @@ import (
 )
 
 // NodeWatch keeps this node's Node object (labels, annotations,
-// unschedulable, taints) current through a watch restricted to its name.
+// unschedulable, taints, and the kubelet's addresses and port for
+// KubeletPodStartup's scrape) current through a watch restricted to its
+// name.
 // The opt-out guardrail reads it; it keeps the last known state while the
 // API is unreachable.
 type NodeWatch struct {
@@ -33,10 +35,17 @@ func NewNodeWatch(cs kubernetes.Interface, name string) *NodeWatch {
 			if !ok {
 				return obj, nil
 			}
+			var addrs []corev1.NodeAddress
+			for _, a := range n.Status.Addresses {
+				if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
+					addrs = append(addrs, a)
+				}
+			}
 			return &corev1.Node{
 				ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion,
 					Labels: n.Labels, Annotations: n.Annotations},
-				Spec: corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
+				Spec:   corev1.NodeSpec{Unschedulable: n.Spec.Unschedulable, Taints: n.Spec.Taints},
+				Status: corev1.NodeStatus{Addresses: addrs, DaemonEndpoints: n.Status.DaemonEndpoints},
 			}, nil
 		}))
 	return &NodeWatch{name: name, factory: f, inf: f.Core().V1().Nodes().Informer()}

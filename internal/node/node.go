@@ -22,6 +22,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cri"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubelet"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/nftables"
@@ -105,6 +106,9 @@ type Node struct {
 	// KubeProxy reads kube-proxy's metrics, /healthz and /proxyMode
 	// (subsystem "kube-proxy").
 	KubeProxy kubeproxy.Interface
+	// Kubelet scrapes this node's kubelet's authenticated /metrics
+	// (subsystem "kubelet"): sandbox errors and pod start-up.
+	Kubelet kubelet.Interface
 	// IPVS is the kernel's IP Virtual Server tables (subsystem "ipvs").
 	IPVS ipvs.Interface
 	// CPU reads cgroup cpu.stat (kube-proxy's throttling) and the node's
