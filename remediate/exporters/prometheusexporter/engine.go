@@ -2,6 +2,7 @@ package prometheusexporter
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"time"
 )
 
 // engineMetrics are the engine's metrics: what each cycle's report and
@@ -33,7 +34,19 @@ type engineMetrics struct {
 	// cycle that ran the rule's detector set: a rule skipped or failed in
 	// a cycle keeps it (engine_series.go, observeFindings).
 	lastFindings map[findingSeries]float64
+	// lastRan is, per rule, when a cycle last ran its detector to the
+	// end: a value not renewed for KeepUnrenewedFor is let go.
+	lastRan map[string]time.Time
 }
+
+// KeepUnrenewedFor bounds how long a rule's findings series keep the value
+// of the last cycle that ran its detector while later cycles skip it or it
+// fails: held for ever, a detector that stopped running (a binary gone, a
+// permission lost) would keep its alert firing on a value nobody renews.
+// Past this, the series go to 0 like a rule that found nothing, and
+// remediate_detector_skipped (or remediate_detector_errors_total) says why.
+// 10 minutes outlasts the alerts' `for` (5m) and a few transient skips.
+const KeepUnrenewedFor = 10 * time.Minute
 
 // findingSeries is one series of remediate_findings.
 type findingSeries struct{ rule, detector, severity string }

@@ -6,6 +6,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
+	"time"
 )
 
 // allOutcomes are the decision outcomes, for metrics initialised at 0.
@@ -41,7 +42,7 @@ func (m *engineMetrics) exportPolicy(p *policy.Policy, guards []string) {
 	}
 	m.PolicyReloads.WithLabelValues("success")
 	m.PolicyReloads.WithLabelValues("invalid")
-	m.zeroGauges(p)
+	m.zeroGauges(p, time.Time{}, nil)
 	if !hasConntrackRule(p) {
 		m.zeroConntrackGauges() // nothing will renew them
 	}
@@ -82,7 +83,7 @@ func (m *engineMetrics) exportCycle(x *remediate.CycleExport) {
 	if x.ClockClamped > 0 {
 		m.ClockClamped.Add(float64(x.ClockClamped))
 	}
-	m.zeroGauges(x.Policy)
+	m.zeroGauges(x.Policy, x.Finished, x.Ran)
 	m.observeFindings(x.Policy, rep.Findings, x.Ran)
 	m.observeConntrack(x.Policy, rep.Findings, x.Ran)
 	for _, s := range rep.Skipped {
@@ -98,19 +99,31 @@ func (m *engineMetrics) exportCycle(x *remediate.CycleExport) {
 // findings series keep the value of the last cycle that ran its detector:
 // a cycle that skipped it or in which it failed observed nothing, and
 // unknown is not absent (a 1→0→1 flap would restart every alert's `for`).
-// The skip gauge and the error counter say why the value was not renewed.
-// The conntrack breakdown gauges, a fixed set, are not reset here
-// (observeConntrack).
-func (m *engineMetrics) zeroGauges(p *policy.Policy) {
+// The skip gauge and the error counter say why the value was not renewed;
+// a value not renewed for KeepUnrenewedFor (now against the last cycle
+// that ran the rule, ran this cycle's) goes to 0. The conntrack breakdown
+// gauges, a fixed set, are not reset here (observeConntrack).
+func (m *engineMetrics) zeroGauges(p *policy.Policy, now time.Time, ran map[string]bool) {
 	m.Findings.Reset()
 	m.DetectorSkips.Reset()
 	m.Escalated.Reset()
 	keep := make(map[findingSeries]float64, 3*len(p.Rules))
+	lastRan := make(map[string]time.Time, len(p.Rules))
 	for i := range p.Rules {
 		r := &p.Rules[i]
+		last := m.lastRan[r.Name]
+		if ran[r.Name] || last.IsZero() {
+			// Ran now, or not yet timed (a new policy's rule): from now
+			// (zero at a policy's export, which judges nothing).
+			last = now
+		}
+		lastRan[r.Name] = last
+		stale := !now.IsZero() && now.Sub(last) > KeepUnrenewedFor
 		for _, s := range severities {
 			k := findingSeries{r.Name, r.Detector.Type, string(s)}
-			keep[k] = m.lastFindings[k]
+			if !stale {
+				keep[k] = m.lastFindings[k]
+			}
 			m.Findings.WithLabelValues(k.rule, k.detector, k.severity).Set(keep[k])
 		}
 		m.DetectorSkips.WithLabelValues(r.Name, r.Detector.Type)
@@ -120,7 +133,7 @@ func (m *engineMetrics) zeroGauges(p *policy.Policy) {
 	}
 	// Rules no longer in the policy (or of another detector type) are
 	// forgotten.
-	m.lastFindings = keep
+	m.lastFindings, m.lastRan = keep, lastRan
 }
 
 // observeFindings sets the findings gauges of the rules whose detector ran

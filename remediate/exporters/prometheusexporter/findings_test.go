@@ -3,6 +3,7 @@ package prometheusexporter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -154,4 +155,18 @@ func TestFindingsGaugeKeepsValueWhileSkippedOrFailed(t *testing.T) {
 	if _, ok := sample(t, x.Gatherer(), "remediate_findings", map[string]string{"rule": "other"}); ok {
 		t.Error("remediate_findings of rule other, no longer in the policy, still exported")
 	}
+
+	// Kept, not for ever: a detector skipped cycle after cycle (a cycle a
+	// minute here) holds its last value for KeepUnrenewedFor, then lets
+	// it go, the skip gauge saying why.
+	script("a", finding.Skip("permission lost"))
+	for i := 1; time.Duration(i)*time.Minute <= KeepUnrenewedFor; i++ {
+		cycle()
+		want(fmt.Sprintf("skipped %d min after the last run", i), "watched", 1, 1)
+	}
+	cycle()
+	want("skipped longer than KeepUnrenewedFor", "watched", 0, 1)
+	script("a", nil, "process/1", "process/2")
+	cycle()
+	want("ran again", "watched", 2, 0)
 }
