@@ -922,7 +922,10 @@ func brokenCNI(t *testing.T, n *realnode.Node) {
 	logs := podLog(ctx, n, remediatePod(t, n))
 	seen := ""
 	for _, l := range strings.Split(logs, "\n") {
-		if strings.Contains(l, `"rule":"kubelet-pod-startup"`) && strings.Contains(l, "finding appeared") {
+		// The rule has two targets: a slow pod start (pods of the scenarios
+		// before) may appear first in the same cycle; this one is about the
+		// sandbox errors.
+		if strings.Contains(l, `"rule":"kubelet-pod-startup"`) && strings.Contains(l, "finding appeared") && strings.Contains(l, `"target":"kubelet/sandbox-errors"`) {
 			seen = l
 			break
 		}
