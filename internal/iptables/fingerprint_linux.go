@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"os"
-	"runtime"
 	"sort"
 	"strings"
 	"unsafe"
@@ -17,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
+	"github.com/remediate-dev/remediate/internal/nfnetlink"
 )
 
 // A fingerprint tells, without running a save command, whether a
@@ -86,41 +86,6 @@ var (
 	ip6Entry = entryLayout{size: 168, nextOff: 142, counters: 152}
 )
 
-// inNetNS runs fn on a locked OS thread in the network namespace at path
-// ("" runs it in the caller's, still on a locked thread so that
-// /proc/thread-self/net is the namespace the sockets see).
-func inNetNS(path string, fn func() error) error {
-	runtime.LockOSThread()
-	if path == "" {
-		defer runtime.UnlockOSThread()
-		return fn()
-	}
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("own network namespace: %w", err)
-	}
-	defer orig.Close()
-	target, err := os.Open(path)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("network namespace %s: %w", path, err)
-	}
-	defer target.Close()
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("setns %s: %w", path, err)
-	}
-	ferr := fn()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// Leave the thread locked: the runtime ends it with this
-		// goroutine instead of reusing it in the wrong namespace.
-		return errors.Join(ferr, fmt.Errorf("setns back: %w", err))
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
-
 // legacyTableNames reads the legacy tables of the namespace the calling
 // (locked) thread is in; a missing file means ip{,6}_tables is not loaded:
 // no table.
@@ -147,7 +112,7 @@ func legacyTableNames(f Family) ([]string, error) {
 // the entries too (otherwise only info is set).
 func (r *Real) fingerprint(f Family, b Backend, withEntries bool) (fingerprint, error) {
 	var fp fingerprint
-	err := inNetNS(r.cfg.NetNS, func() error {
+	err := nfnetlink.InNetNS(r.cfg.NetNS, func() error {
 		var err error
 		if b == Legacy {
 			r.addRead(f, b, readInfo)
@@ -300,13 +265,10 @@ func blobBuffer(n int) ([]byte, func(), error) {
 
 // nf_tables netlink constants (linux/netfilter/nf_tables.h, nfnetlink.h).
 const (
-	nfnlSubsysNFTables = 10
-	nftMsgGetTable     = 1
-	nftMsgGetGen       = 16
-	nftaGenID          = 1
-	nftaTableName      = 1
-	nfprotoIPv4        = 2
-	nfprotoIPv6        = 10
+	nftMsgGetTable = 1
+	nftaTableName  = 1
+	nfprotoIPv4    = 2
+	nfprotoIPv6    = 10
 )
 
 // xtablesTables are the table names iptables-nft-save prints.
@@ -320,7 +282,7 @@ func nftFingerprint(f Family) (fingerprint, error) {
 	defer c.Close()
 	// The generation first: a change after it is read gives another
 	// generation next time.
-	gen, err := nftGen(c)
+	gen, err := nfnetlink.Generation(c)
 	if err != nil {
 		return fingerprint{}, err
 	}
@@ -329,7 +291,7 @@ func nftFingerprint(f Family) (fingerprint, error) {
 		fam = nfprotoIPv6
 	}
 	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetTable), Flags: netlink.Request | netlink.Dump},
+		Header: netlink.Header{Type: netlink.HeaderType(nfnetlink.SubsysNFTables<<8 | nftMsgGetTable), Flags: netlink.Request | netlink.Dump},
 		Data:   []byte{fam, 0, 0, 0},
 	})
 	if err != nil {
@@ -369,30 +331,4 @@ func nftFingerprint(f Family) (fingerprint, error) {
 	// perhaps the legacy warning: keep saving then, it is cheap.
 	sum := h.Sum64()
 	return fingerprint{info: sum, sum: sum, full: true, empty: len(tables) == 0 && len(legacy) == 0}, nil
-}
-
-func nftGen(c *netlink.Conn) (uint32, error) {
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetGen), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, 0, 0, 0},
-	})
-	if err != nil {
-		return 0, fmt.Errorf("NFT_MSG_GETGEN: %w", err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, fmt.Errorf("NFT_MSG_GETGEN reply: %w", err)
-		}
-		ad.ByteOrder = byteorder.BigEndian
-		for ad.Next() {
-			if ad.Type() == nftaGenID {
-				return ad.Uint32(), nil
-			}
-		}
-	}
-	return 0, errors.New("NFT_MSG_GETGEN: no generation in the reply")
 }

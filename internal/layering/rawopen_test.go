@@ -27,9 +27,8 @@ var rawOpeners = map[string]bool{
 var rawOpenAllowed = map[string]string{
 	"internal/boundedfile/boundedfile.go:(package level)": "the opener itself (osOpenFile)",
 	// Namespace handles: opened to setns(2), never read (nsfs files).
-	"internal/iptables/fingerprint_linux.go:inNetNS": "setns handles (/proc/thread-self/ns/net, /run/netns/NAME), never read",
-	"internal/nftables/generation_linux.go:inNetNS":  "setns handles (/proc/thread-self/ns/net, /run/netns/NAME), never read",
-	"internal/sysctl/netns_linux.go:open":            "a thread that entered the namespace opens /proc/thread-self/ns/net (setns handle) and the /proc/sys file there (procfs: no FIFO can be planted)",
+	"internal/nfnetlink/nfnetlink_linux.go:InNetNS": "setns handles (/proc/thread-self/ns/net, /run/netns/NAME), never read",
+	"internal/sysctl/netns_linux.go:open":           "a thread that entered the namespace opens /proc/thread-self/ns/net (setns handle) and the /proc/sys file there (procfs: no FIFO can be planted)",
 	// Created exclusively (O_EXCL never follows a link nor opens a FIFO).
 	"internal/bundle/bundle.go:Create":           "creates the bundle with O_EXCL",
 	"cmd/remediate/paths.go:readOnlyStateDir":    "creates the dry-run copy with O_EXCL in its own temporary directory",

@@ -168,7 +168,6 @@ type Real struct {
 	// kept are the listings reused while the generation is unchanged,
 	// by what was listed ("ruleset", "table ip kube-proxy").
 	kept map[string]keptListing
-	runs uint64
 }
 
 // keptListing is one listing (or ErrNoTable) and the generation read
@@ -206,13 +205,6 @@ func New(cfg Config) *Real {
 		cfg.ReuseFor = DefaultReuseFor
 	}
 	return &Real{cfg: cfg, kept: map[string]keptListing{}}
-}
-
-// Runs counts the nft commands this adapter has run.
-func (r *Real) Runs() uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.runs
 }
 
 // listKept lists args, or returns the kept listing of args when the
@@ -297,7 +289,6 @@ func (r *Real) list(ctx context.Context, args ...string) (*Snapshot, error) {
 	}
 	start := r.cfg.Clock.Now()
 	began := time.Now()
-	r.runs++
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
