@@ -53,9 +53,12 @@ func TestSharedReadsOncePerAge(t *testing.T) {
 		t.Errorf("only the file in use keeps its bytes: %+v", d.Files)
 	}
 	// A read in flight that the caller cannot wait for.
-	s.mu.Lock()
-	s.done = make(chan struct{})
-	s.mu.Unlock()
+	mu.Lock()
+	now = now.Add(3 * time.Second)
+	mu.Unlock()
+	hold := make(chan struct{})
+	defer close(hold)
+	s.read = func() Dir { <-hold; return Dir{} }
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if d := s.Read(ctx); d.ConfDirErr != context.Canceled {

@@ -5,20 +5,23 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/remediate-dev/remediate/internal/sharedread"
 )
 
 // Shared wraps an Interface so that the detectors of one cycle share one
-// save per family and backend: a Save within MaxAge of the last completed
-// one returns its snapshot, and concurrent callers wait for the one save
-// in flight instead of starting another (each still bounded by its own
-// ctx). Failed saves are not cached. Snapshots are read-only to callers.
+// save per family and backend (a sharedread.Slot each): a Save within
+// MaxAge of the last completed one returns its snapshot, and concurrent
+// callers wait for the one save in flight instead of starting another
+// (each still bounded by its own ctx). Failed saves are not cached.
+// Snapshots are read-only to callers.
 type Shared struct {
 	inner  Interface
 	maxAge time.Duration
 	now    func() time.Time
 
 	mu    sync.Mutex
-	slots map[sharedKey]*sharedSlot
+	slots map[sharedKey]*sharedread.Slot[*Snapshot]
 	// last is the newest successful snapshot per family and backend
 	// (guarded by mu), kept after its slot goes stale: for gauges and
 	// cause figures that must not run a save of their own.
@@ -30,17 +33,10 @@ type sharedKey struct {
 	b Backend
 }
 
-type sharedSlot struct {
-	done chan struct{} // closed when the save in flight ends
-	snap *Snapshot
-	err  error
-	at   time.Time // when the save completed
-}
-
 // NewShared wraps inner; maxAge is how long a snapshot is reused (keep it
 // under the detection interval, so every cycle sees a fresh one).
 func NewShared(inner Interface, maxAge time.Duration) *Shared {
-	return &Shared{inner: inner, maxAge: maxAge, now: time.Now, slots: map[sharedKey]*sharedSlot{}}
+	return &Shared{inner: inner, maxAge: maxAge, now: time.Now, slots: map[sharedKey]*sharedread.Slot[*Snapshot]{}}
 }
 
 // Save implements Interface.
@@ -48,53 +44,23 @@ func (s *Shared) Save(ctx context.Context, f Family, b Backend) (*Snapshot, erro
 	k := sharedKey{f, b}
 	s.mu.Lock()
 	sl := s.slots[k]
-	if sl != nil {
-		select {
-		case <-sl.done:
-			if sl.err == nil && s.now().Sub(sl.at) <= s.maxAge {
-				s.mu.Unlock()
-				return sl.snap, nil
-			}
-			sl = nil // stale or failed: save again
-		default: // in flight: wait below
-		}
-	}
 	if sl == nil {
-		sl = &sharedSlot{done: make(chan struct{})}
+		sl = &sharedread.Slot[*Snapshot]{}
 		s.slots[k] = sl
-		s.mu.Unlock()
-		// The save runs under a context detached from this caller's
-		// cancellation (others may be waiting for it) but bounded by the
-		// inner adapter's own timeout and this caller's deadline.
-		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		if dl, ok := ctx.Deadline(); ok {
-			sctx, cancel = context.WithDeadline(context.WithoutCancel(ctx), dl)
-		}
-		go func() {
-			defer cancel()
-			snap, err := s.inner.Save(sctx, f, b)
+	}
+	s.mu.Unlock()
+	return sl.Get(ctx, s.now, s.maxAge, func(ctx context.Context) (*Snapshot, error) {
+		snap, err := s.inner.Save(ctx, f, b)
+		if err == nil && snap != nil {
 			s.mu.Lock()
-			sl.snap, sl.err, sl.at = snap, err, s.now()
-			if err == nil && snap != nil {
-				if s.last == nil {
-					s.last = map[sharedKey]*Snapshot{}
-				}
-				s.last[k] = snap
+			if s.last == nil {
+				s.last = map[sharedKey]*Snapshot{}
 			}
+			s.last[k] = snap
 			s.mu.Unlock()
-			close(sl.done)
-		}()
-	} else {
-		s.mu.Unlock()
-	}
-	select {
-	case <-sl.done:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		return sl.snap, sl.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+		}
+		return snap, err
+	})
 }
 
 // LastSnapshots returns the newest successful snapshot of every family and
