@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/iptables"
@@ -37,6 +38,40 @@ func (m *memo[K, V]) get(k K, f func() V) V {
 	}
 	m.compute++
 	v := f()
+	m.put(k, v)
+	return v
+}
+
+// update computes k's value from the one kept for k (found false when
+// none is) and keeps the result in its place, unless keep is false (the
+// previous value stays).
+func (m *memo[K, V]) update(k K, f func(prev V, found bool) (v V, keep bool)) V {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var prev V
+	found := false
+	for i, kk := range m.keys {
+		if kk == k {
+			prev, found = m.vals[i], true
+		}
+	}
+	m.compute++
+	v, keep := f(prev, found)
+	if keep {
+		m.put(k, v)
+	}
+	return v
+}
+
+// put keeps v for k: in k's place if it is kept, else as the newest,
+// evicting the oldest past memoEntries; m.mu is held.
+func (m *memo[K, V]) put(k K, v V) {
+	for i, kk := range m.keys {
+		if kk == k {
+			m.vals[i] = v
+			return
+		}
+	}
 	if len(m.keys) >= memoEntries {
 		copy(m.keys, m.keys[1:])
 		copy(m.vals, m.vals[1:])
@@ -44,7 +79,6 @@ func (m *memo[K, V]) get(k K, f func() V) V {
 	}
 	m.keys = append(m.keys, k)
 	m.vals = append(m.vals, v)
-	return v
 }
 
 type desireKey struct {
@@ -86,13 +120,17 @@ func DesireCached(v cluster.View, f Family, nodeName string) *Desired {
 		if !ok {
 			return Desire(v, f, nodeName)
 		}
-		return serviceMemo.desire(sv, f, nodeName)
+		return desireServices(sv, f, nodeName)
 	})
 }
 
 // serviceMemo keeps the per-Service derivations of the last few views,
-// families and nodes (desireIncremental).
-var serviceMemo = &perServiceMemo{}
+// families and nodes (desireIncremental); servicesDerived counts the
+// Services derived again (tests, benchmarks).
+var (
+	serviceMemo     memo[perServiceKey, perService]
+	servicesDerived atomic.Uint64
+)
 
 type perServiceKey struct {
 	v    cluster.View
@@ -100,42 +138,18 @@ type perServiceKey struct {
 	node string
 }
 
-type perServiceMemo struct {
-	mu   sync.Mutex
-	keys []perServiceKey
-	vals []perService
-	// computed and reused count Services derived and kept (tests,
-	// benchmarks).
-	computed, reused uint64
-}
-
-func (m *perServiceMemo) desire(v versionedView, f Family, node string) *Desired {
-	k := perServiceKey{v, f, node}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	at := -1
-	var prev perService
-	for i, kk := range m.keys {
-		if kk == k {
-			at, prev = i, m.vals[i]
-		}
-	}
-	d, next, computed := desireIncremental(v, f, node, prev)
-	m.computed += uint64(computed)
-	m.reused += uint64(len(d.Ports) - computed)
-	switch {
-	case next == nil: // the view moved during the call: prev stays
-	case at >= 0:
-		m.vals[at] = next
-	default:
-		if len(m.keys) >= memoEntries {
-			copy(m.keys, m.keys[1:])
-			copy(m.vals, m.vals[1:])
-			m.keys, m.vals = m.keys[:len(m.keys)-1], m.vals[:len(m.vals)-1]
-		}
-		m.keys = append(m.keys, k)
-		m.vals = append(m.vals, next)
-	}
+// desireServices is Desire over a view counting Service versions,
+// deriving again only the Services whose version moved since the kept
+// derivation of the same view, family and node.
+func desireServices(v versionedView, f Family, node string) *Desired {
+	var d *Desired
+	serviceMemo.update(perServiceKey{v, f, node}, func(prev perService, _ bool) (perService, bool) {
+		var next perService
+		var computed int
+		d, next, computed = desireIncremental(v, f, node, prev)
+		servicesDerived.Add(uint64(computed))
+		return next, next != nil // the view moved during the call: prev stays
+	})
 	return d
 }
 
