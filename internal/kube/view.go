@@ -221,10 +221,24 @@ func (v *View) touch(svc bool, objs ...any) {
 	}
 	for _, o := range objs {
 		if k, ok := serviceOf(o); ok {
+			if _, isSvc := o.(*compactService); !isSvc && !v.hasService(k) {
+				// A slice whose Service is not (or no longer) in the
+				// view: nothing is derived from it; the Service's own
+				// Add gives it a version newer than any, and an entry
+				// here would outlive a deleted Service for ever.
+				delete(v.versions, k)
+				continue
+			}
 			v.versions[k] = v.allGen
 		}
 	}
 	v.mu.Unlock()
+}
+
+// hasService reports whether the Service k is in the view's store.
+func (v *View) hasService(k serviceKey) bool {
+	_, ok, err := v.svc.GetStore().GetByKey(k.namespace + "/" + k.name)
+	return ok && err == nil
 }
 
 // dropVersion forgets a deleted Service's version: created again, it gets

@@ -276,4 +276,26 @@ func TestViewServiceVersions(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor("other created again", func() bool { return ver("other") > before })
+
+	// A Service deleted before its slices (the usual order: the
+	// EndpointSlice controller cleans up after it) leaves no version
+	// behind once they go: churn must not grow the map.
+	if err := cs.CoreV1().Services("kube-system").Delete(ctx, "dns", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("dns deleted", func() bool { return ver("dns") == 0 })
+	if err := cs.DiscoveryV1().EndpointSlices("kube-system").Delete(ctx, "b", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gen := v.Generation()
+	waitFor("slice b deleted", func() bool { return v.Generation() != gen })
+	if ver("dns") != 0 {
+		t.Errorf("the slice of a deleted Service recorded a version for it: %d", ver("dns"))
+	}
+	v.mu.Lock()
+	kept := len(v.versions)
+	v.mu.Unlock()
+	if kept != 1 { // other
+		t.Errorf("%d Service versions kept for 1 Service in the view", kept)
+	}
 }
