@@ -314,6 +314,13 @@ func Rank(in Inputs) Result {
 	if c := in.Config; c != nil {
 		all = append(all, configCauses(c)...)
 	}
+	return ranked(all)
+}
+
+// ranked clamps the causes' scores to [0, maxScore] (NaN is 0), sorts them
+// by score, highest first (ties keep their order), and splits them into
+// likely and ruled out.
+func ranked(all []Cause) Result {
 	for i := range all {
 		if math.IsNaN(all[i].Score) || all[i].Score < 0 {
 			all[i].Score = 0

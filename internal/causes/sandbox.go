@@ -2,8 +2,6 @@ package causes
 
 import (
 	"fmt"
-	"math"
-	"sort"
 	"strings"
 )
 
@@ -116,20 +114,5 @@ func RankSandbox(in SandboxInputs) Result {
 		all = append(all, r.Likely...)
 		all = append(all, r.RuledOut...)
 	}
-	for i := range all {
-		if math.IsNaN(all[i].Score) || all[i].Score < 0 {
-			all[i].Score = 0
-		}
-		all[i].Score = math.Min(all[i].Score, maxScore)
-	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Score > all[j].Score })
-	var out Result
-	for _, c := range all {
-		if c.Likely() {
-			out.Likely = append(out.Likely, c)
-		} else {
-			out.RuledOut = append(out.RuledOut, c)
-		}
-	}
-	return out
+	return ranked(all)
 }
