@@ -271,7 +271,7 @@ func (d *kubeletPodStartup) causes(ctx context.Context) (causes.Result, []string
 	if d.n.CNIConfDir == "" {
 		why = append(why, "CNI configuration: no --cni-conf-dir")
 	} else {
-		in.Config = cniConfigState(cni.Read(d.n.CNIConfDir, d.n.CNIBinDir))
+		in.Config = cniConfigState(readCNI(ctx, d.n))
 	}
 	if view, err := podView(d.n); err != nil {
 		why = append(why, "CNI agent and sandbox Events: "+err.Error())
@@ -327,7 +327,7 @@ func (d *kubeletPodStartup) sandboxEvents(ctx context.Context, pods []cluster.Po
 	}
 	var ws []waiting
 	for i := range pods {
-		if since, _, ok := networkNotReady(&pods[i]); ok && !pods[i].HostNetwork {
+		if since, _, ok := networkNotReady(&pods[i]); ok {
 			ws = append(ws, waiting{&pods[i], since})
 		}
 	}
@@ -340,29 +340,18 @@ func (d *kubeletPodStartup) sandboxEvents(ctx context.Context, pods []cluster.Po
 		}
 		return ws[i].pod.Key() < ws[j].pod.Key()
 	})
-	var tally cni.FailureTally
-	read := 0
-	var firstErr error
-	for _, w := range ws[:min(len(ws), d.p.MaxEventPods)] {
-		evs, err := d.n.PodEvents.SandboxEvents(ctx, w.pod, maxEventsPerPod)
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
-			}
-			continue
-		}
-		read++
-		for _, e := range evs {
-			tally.Add(e.Message, e.Count, e.Last.Unix())
-		}
+	oldest := make([]*cluster.Pod, len(ws))
+	for i := range ws {
+		oldest[i] = ws[i].pod
 	}
-	if read == 0 {
-		return nil, firstErr
+	t := tallySandboxEvents(ctx, d.n.PodEvents, oldest, d.p.MaxEventPods)
+	if t.read == 0 {
+		return nil, t.firstErr
 	}
-	out := &causes.SandboxEvents{Pods: read}
-	if top, ok := tally.Top(); ok {
+	out := &causes.SandboxEvents{Pods: t.read}
+	if top, ok := t.tally.Top(); ok {
 		out.Kind, out.Count, out.Example = string(top.Kind), top.Count, top.Example
 		out.Correlates = FailureCorrelates[top.Kind]
 	}
-	return out, firstErr
+	return out, t.firstErr
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/cni"
 )
 
@@ -18,6 +19,50 @@ var FailureCorrelates = map[cni.FailureKind]string{
 	cni.FailureConfig:           "CNIConfig",
 	cni.FailureAgentUnreachable: "CNIAgentUnhealthy",
 	cni.FailureXtablesLock:      "XtablesLockContention",
+}
+
+// sandboxTally is what the kubelet's sandbox Events of some pods say.
+type sandboxTally struct {
+	tally cni.FailureTally
+	// read and failed count the pods whose Events were read or could not
+	// be (firstErr says why), withEvents those with any sandbox Event.
+	read, failed, withEvents int
+	firstErr                 error
+}
+
+// tallySandboxEvents reads the kubelet's sandbox Events of pods, in their
+// order (host-network pods need no CNI and are skipped), at most max pods
+// tried, stopping when ctx ends, and classifies their messages (shared by
+// PodsNetworkNotReady and KubeletPodStartup).
+func tallySandboxEvents(ctx context.Context, ev cluster.PodEvents, pods []*cluster.Pod, max int) sandboxTally {
+	var t sandboxTally
+	for _, p := range pods {
+		if t.read+t.failed >= max {
+			break
+		}
+		if p.HostNetwork {
+			continue
+		}
+		evs, err := ev.SandboxEvents(ctx, p, maxEventsPerPod)
+		if err != nil {
+			t.failed++
+			if t.firstErr == nil {
+				t.firstErr = err
+			}
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		t.read++
+		if len(evs) > 0 {
+			t.withEvents++
+		}
+		for _, e := range evs {
+			t.tally.Add(e.Message, e.Count, e.Last.Unix())
+		}
+	}
+	return t
 }
 
 // sandboxFailures reads the kubelet's sandbox Events of the oldest stuck
@@ -35,35 +80,12 @@ func (d *podsNetwork) sandboxFailures(ctx context.Context, stuck []stuckPod, ev 
 		ev["sandboxFailures"] = "not read: " + d.n.Why("kubernetes")
 		return ""
 	}
-	var tally cni.FailureTally
-	read, failed, withEvents := 0, 0, 0
-	var firstErr error
-	for _, s := range stuck {
-		if read+failed >= d.p.MaxEventPods {
-			break
-		}
-		if s.pod.HostNetwork {
-			continue
-		}
-		evs, err := d.n.PodEvents.SandboxEvents(ctx, s.pod, maxEventsPerPod)
-		if err != nil {
-			failed++
-			if firstErr == nil {
-				firstErr = err
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		read++
-		if len(evs) > 0 {
-			withEvents++
-		}
-		for _, e := range evs {
-			tally.Add(e.Message, e.Count, e.Last.Unix())
-		}
+	pods := make([]*cluster.Pod, len(stuck))
+	for i := range stuck {
+		pods[i] = stuck[i].pod
 	}
+	t := tallySandboxEvents(ctx, d.n.PodEvents, pods, d.p.MaxEventPods)
+	tally, read, failed, withEvents, firstErr := t.tally, t.read, t.failed, t.withEvents, t.firstErr
 	top, ok := tally.Top()
 	if !ok {
 		if failed > 0 {
