@@ -1,7 +1,6 @@
 package kubelet
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -255,7 +254,7 @@ func (c *Client) Metrics(ctx context.Context) (*Scrape, error) {
 	case resp.StatusCode != http.StatusOK:
 		return nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("HTTP %d: %s", resp.StatusCode, clip.String(string(body), 300))}
 	}
-	m, err := ParseMetrics(bytes.NewReader(body))
+	m, err := parseMetrics(body)
 	if err != nil {
 		return nil, &Error{Kind: KindBadResponse, URL: u, Err: err}
 	}

@@ -282,7 +282,7 @@ func (m *Metrics) MinorVersion() (int, bool) {
 // It fails on malformed input; it does not bound the input (callers limit
 // the reader).
 func ParseMetrics(r io.Reader) (*Metrics, error) {
-	fams, err := parseText(r)
+	fams, err := ParseText(r)
 	if err != nil {
 		return nil, err
 	}
@@ -379,11 +379,11 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 					fm.RulesTotal[table] = value(mf.GetType(), s)
 				case metricSyncDuration:
 					if h := s.GetHistogram(); h != nil {
-						fm.SyncDuration = histogram(h)
+						fm.SyncDuration = HistogramOf(h)
 					}
 				case metricCTReconcilerSyncs:
 					if h := s.GetHistogram(); h != nil {
-						fm.ConntrackReconcilerSyncs = histogram(h)
+						fm.ConntrackReconcilerSyncs = HistogramOf(h)
 					}
 				case metricCTReconcilerDeleted:
 					fm.ConntrackReconcilerDeleted = ptr(value(mf.GetType(), s))
@@ -394,10 +394,12 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 	return m, nil
 }
 
-// parseText runs expfmt's text parser, turning its panics into errors: the
+// ParseText runs expfmt's text parser, turning its panics into errors: the
 // v0.62.0 parser dereferences nil on a line starting with "{" after a
-// comment (found by FuzzParseMetrics; input in testdata/fuzz).
-func parseText(r io.Reader) (fams map[string]*dto.MetricFamily, err error) {
+// comment (found by FuzzParseMetrics; input in testdata/fuzz). Every
+// parser of a Prometheus exposition here goes through it (kube-proxy's,
+// the kubelet's).
+func ParseText(r io.Reader) (fams map[string]*dto.MetricFamily, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			fams, err = nil, fmt.Errorf("parse metrics: parser panicked on malformed input: %v", p)
@@ -433,11 +435,13 @@ func value(t dto.MetricType, s *dto.Metric) float64 {
 	}
 }
 
-func histogram(h *dto.Histogram) *Histogram {
+// HistogramOf converts a parsed histogram sample: its finite buckets
+// sorted by bound (+Inf is implied by Count; a NaN bound is no bucket).
+func HistogramOf(h *dto.Histogram) *Histogram {
 	out := &Histogram{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
 	for _, b := range h.GetBucket() {
-		if math.IsInf(b.GetUpperBound(), 1) {
-			continue // implied by Count
+		if math.IsInf(b.GetUpperBound(), 1) || math.IsNaN(b.GetUpperBound()) {
+			continue // implied by Count; or no bound at all
 		}
 		out.Buckets = append(out.Buckets, Bucket{UpperBound: b.GetUpperBound(), CumulativeCount: b.GetCumulativeCount()})
 	}
