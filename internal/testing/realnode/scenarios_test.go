@@ -347,19 +347,38 @@ func dialable(ctx context.Context, n *realnode.Node, addr string) error {
 	return c.Close()
 }
 
-// frozenKubeProxy is scenario (f): kube-proxy's process stopped (SIGSTOP
-// by the PID containerd gives for its container: alive, answering
-// nothing); a Service created during the freeze; the daemon replaces the
-// pod (restart-frozen-kube-proxy), the DaemonSet controller and the
-// kubelet bring up a new one, which programs the Service: a real
-// connection to its ClusterIP reaches its endpoint (the apiserver).
-func frozenKubeProxy(t *testing.T, n *realnode.Node) {
-	ctx := context.Background()
-	old, err := kubeProxyPod(ctx, n)
+// frozenProcess is kube-proxy's process, stopped: the PID with its start
+// time (never a PID reused since).
+type frozenProcess struct {
+	pod   *corev1.Pod
+	pid   int
+	start string
+}
+
+// alive reports whether the stopped process still exists.
+func (f *frozenProcess) alive() bool {
+	st, err := realnode.StartTime(f.pid)
+	return err == nil && st == f.start
+}
+
+// resume sends SIGCONT to that process only.
+func (f *frozenProcess) resume() {
+	if f.alive() {
+		_ = syscall.Kill(f.pid, syscall.SIGCONT)
+	}
+}
+
+// freezeKubeProxy stops the node's kube-proxy process (SIGSTOP by the PID
+// containerd gives its container: alive, answering nothing, as a
+// deadlocked kube-proxy); it is resumed at the test's cleanup if still
+// there.
+func freezeKubeProxy(ctx context.Context, t *testing.T, n *realnode.Node) *frozenProcess {
+	t.Helper()
+	pod, err := kubeProxyPod(ctx, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid, err := n.ContainerPID(ctx, old, "kube-proxy")
+	pid, err := n.ContainerPID(ctx, pod, "kube-proxy")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -370,12 +389,21 @@ func frozenKubeProxy(t *testing.T, n *realnode.Node) {
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		// Only that process: the PID with its start time.
-		if st, err := realnode.StartTime(pid); err == nil && st == start {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	})
+	f := &frozenProcess{pod: pod, pid: pid, start: start}
+	t.Cleanup(f.resume)
+	return f
+}
+
+// frozenKubeProxy is scenario (f): kube-proxy's process stopped (SIGSTOP
+// by the PID containerd gives for its container: alive, answering
+// nothing); a Service created during the freeze; the daemon replaces the
+// pod (restart-frozen-kube-proxy), the DaemonSet controller and the
+// kubelet bring up a new one, which programs the Service: a real
+// connection to its ClusterIP reaches its endpoint (the apiserver).
+func frozenKubeProxy(t *testing.T, n *realnode.Node) {
+	ctx := context.Background()
+	frozen := freezeKubeProxy(ctx, t, n)
+	old, pid := frozen.pod, frozen.pid
 	t0 := time.Now()
 	t.Logf("kube-proxy pid %d (pod %s) stopped", pid, old.Name)
 
@@ -432,7 +460,7 @@ func frozenKubeProxy(t *testing.T, n *realnode.Node) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if st, err := realnode.StartTime(pid); err == nil && st == start {
+	if frozen.alive() {
 		t.Errorf("the frozen kube-proxy (pid %d) still exists after its pod was replaced", pid)
 	}
 	// The Service created during the freeze is programmed by the new one.
@@ -476,27 +504,8 @@ func frozenKubeProxyAudit(t *testing.T, n *realnode.Node, rpod *corev1.Pod) {
 		return c
 	}
 	dry0, intents0, outcomes0 := count("dry-run"), count("intent"), count("outcome")
-	old, err := kubeProxyPod(ctx, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := n.ContainerPID(ctx, old, "kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	start, err := realnode.StartTime(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	cont := func() {
-		if st, err := realnode.StartTime(pid); err == nil && st == start {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(cont)
+	frozen := freezeKubeProxy(ctx, t, n)
+	old, pid, cont := frozen.pod, frozen.pid, frozen.resume
 	t0 := time.Now()
 	t.Logf("kube-proxy pid %d (pod %s, uid %s) stopped; enforce off", pid, old.Name, old.UID)
 
@@ -560,8 +569,8 @@ func frozenKubeProxyAudit(t *testing.T, n *realnode.Node, rpod *corev1.Pod) {
 	if now.UID != old.UID || now.DeletionTimestamp != nil {
 		t.Errorf("kube-proxy's pod %s: uid %s -> %s, deletion %v: audit mode touched it", old.Name, old.UID, now.UID, now.DeletionTimestamp)
 	}
-	if st, err := realnode.StartTime(pid); err != nil || st != start {
-		t.Errorf("the frozen kube-proxy (pid %d) is gone in audit mode: %v", pid, err)
+	if !frozen.alive() {
+		t.Errorf("the frozen kube-proxy (pid %d) is gone in audit mode", pid)
 	} else if ps, _ := realnode.ProcState(pid); ps != "T" {
 		t.Errorf("kube-proxy pid %d is in state %q, want still stopped (T)", pid, ps)
 	}
@@ -678,27 +687,7 @@ func hotReload(t *testing.T, n *realnode.Node, pod0 *corev1.Pod, chart []string)
 		return metricValue(m, "remediate_guardrail_blocks_total", `rule="restart-frozen-kube-proxy"`)
 	}
 	b0 := max(blocks(ctx), 0)
-	kp, err := kubeProxyPod(ctx, n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := n.ContainerPID(ctx, kp, "kube-proxy")
-	if err != nil {
-		t.Fatal(err)
-	}
-	start, err := realnode.StartTime(pid)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	cont := func() {
-		if st, err := realnode.StartTime(pid); err == nil && st == start {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(cont)
+	cont := freezeKubeProxy(ctx, t, n).resume
 	if err := n.Poll(ctx, "restart-frozen-kube-proxy blocked by a guardrail", 3*time.Minute, func(ctx context.Context) (bool, string) {
 		b := blocks(ctx)
 		return b > b0, fmt.Sprintf("blocks %v (before %v), intents %d", b, b0, intents())
