@@ -2,11 +2,11 @@ package kube
 
 import (
 	"bytes"
-	"os"
-	"path/filepath"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // ServiceAccountNamespaceFile is where the kubelet mounts the pod's
@@ -35,13 +35,12 @@ func Namespace(env, saFile string) (string, NamespaceSource) {
 		return env, NamespaceFromEnv
 	}
 	if saFile != "" {
-		// A regular file of at most a name's length: a FIFO or a huge
-		// file in its place is not read (or waited on).
-		if fi, err := os.Stat(filepath.Clean(saFile)); err == nil && fi.Mode().IsRegular() && fi.Size() <= 256 {
-			if b, err := os.ReadFile(saFile); err == nil {
-				if ns := string(bytes.TrimSpace(b)); validNamespace(ns) {
-					return ns, NamespaceFromServiceAccount
-				}
+		// A regular file of at most a name's length (and a newline),
+		// read under boundedfile's deadline: a FIFO, a huge file or a
+		// hung mount in its place is passed over, not waited on.
+		if b, err := boundedfile.Read(saFile, 256); err == nil {
+			if ns := string(bytes.TrimSpace(b)); validNamespace(ns) {
+				return ns, NamespaceFromServiceAccount
 			}
 		}
 	}
