@@ -56,6 +56,7 @@ func TestGuardrailsAtN(t *testing.T) {
 	deploytest.ApplyOverlay(t, cp, "enforce", false)
 	t.Run("budget", func(t *testing.T) { testBudgetAtN(t, cp) })
 	t.Run("dead-holder", func(t *testing.T) { testBudgetDeadHolder(t, cp) })
+	t.Run("release-during-renewal", func(t *testing.T) { testReleaseDuringRenewal(t, cp) })
 	t.Run("storm", func(t *testing.T) { testStormAtN(t, cp) })
 }
 
@@ -697,5 +698,108 @@ func testStormAtN(t *testing.T, cp *controlplane.ControlPlane) {
 				t.Errorf("%d of %d live nodes firing (%d dead firing): want every one of the %d to %s, got %v", tc.k, tc.n, tc.dead, tc.k, verdict, got)
 			}
 		})
+	}
+}
+
+// hookRT calls before and after around each request.
+type hookRT struct {
+	next          http.RoundTripper
+	before, after func(*http.Request)
+}
+
+func (rt hookRT) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt.before(req)
+	resp, err := rt.next.RoundTrip(req)
+	rt.after(req)
+	return resp, err
+}
+
+// testReleaseDuringRenewal: the budget's renewal (Run, every TTL/3) and the
+// engine's Release of the same slot interleave: the renewal reads the
+// Lease, Release reads it, the renewal writes, Release writes. Release must
+// still free the slot; it used to fail on the conflict and leave the slot
+// held (no longer renewed, but blocking every node's disruptive actions)
+// until it expired, 10 minutes by default.
+func testReleaseDuringRenewal(t *testing.T, cp *controlplane.ControlPlane) {
+	const (
+		node   = "renewal-0"
+		prefix = "remediate-budget-renewal"
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		armed                  atomic.Bool
+		gets, puts             atomic.Int32
+		renewPutWaiting        = make(chan struct{})
+		letRenewPut, renewDone = make(chan struct{}), make(chan struct{})
+		renewPutSeq            atomic.Int32
+	)
+	wait := func(c <-chan struct{}, what string) {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Errorf("timed out waiting for %s", what)
+		}
+	}
+	slot := func(req *http.Request) bool { return armed.Load() && strings.HasSuffix(req.URL.Path, "/"+prefix+"-0") }
+	kc, err := kube.NewClient(deploytest.AsDaemon(cp, node), kube.Options{QPS: 50, Burst: 100,
+		WrapTransport: func(rt http.RoundTripper) http.RoundTripper {
+			return hookRT{rt, func(req *http.Request) {
+				// The renewal's write (the first PUT) waits until Release read the Lease.
+				if slot(req) && req.Method == http.MethodPut {
+					if n := puts.Add(1); n == 1 {
+						renewPutSeq.Store(n)
+						close(renewPutWaiting)
+						wait(letRenewPut, "Release's read")
+					}
+				}
+			}, func(req *http.Request) {
+				if !slot(req) {
+					return
+				}
+				switch {
+				case req.Method == http.MethodPut && renewPutSeq.CompareAndSwap(1, 0):
+					close(renewDone)
+				case req.Method == http.MethodGet && gets.Add(1) == 2:
+					// Release's read (the renewal's was the first): now
+					// the renewal writes, then Release does.
+					close(letRenewPut)
+					wait(renewDone, "the renewal's write")
+				}
+			}}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := guardrails.NewBudget(kc.Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Node: node, Slots: 1, TTL: time.Minute, Prefix: prefix})
+	r := restartReq(node)
+	if err := b.Check(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	before, err := cp.Client.CoordinationV1().Leases(deploytest.Namespace).Get(ctx, prefix+"-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); b.Renew(ctx) }()
+	wait(renewPutWaiting, "the renewal's write")
+	b.Release(ctx, r)
+	wait(renewed, "Renew")
+	armed.Store(false)
+	l, err := cp.Client.CoordinationV1().Leases(deploytest.Namespace).Get(ctx, prefix+"-0", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gets.Load() < 2 || puts.Load() < 2 || l.ResourceVersion == before.ResourceVersion {
+		t.Fatalf("the interleaving did not happen: %d reads, %d writes of the slot", gets.Load(), puts.Load())
+	}
+	if h := holderOf(l); h != "" {
+		t.Fatalf("after Release the slot is still held by %q (renewed at %v): every node's disruptive actions wait until it expires at %s",
+			h, l.Spec.RenewTime, expiry(l).Format(time.RFC3339))
+	}
+	other := guardrails.NewBudget(daemonClient(t, cp, "renewal-1").Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Node: "renewal-1", Slots: 1, TTL: time.Minute, Prefix: prefix})
+	if err := other.Check(ctx, restartReq("renewal-1")); err != nil {
+		t.Fatalf("another node cannot take the released slot: %v", err)
 	}
 }
