@@ -42,8 +42,12 @@ import (
 //     the shared monotonic clock, and a watch of the slot Leases) finds
 //     never more than the budget's slots held at once and no slot taken
 //     from a live holder; every contender gets its turn in every round.
+//     (The storm guard is in their chain and asked, as in the daemon; no
+//     node-status Lease is published, so it allows.)
 //   - dead-holder: a holder that dies (its renewals stop, it never
 //     releases) frees its slot only when its Lease expires, never before.
+//   - release-during-renewal: Release frees the slot although a renewal
+//     wrote the Lease between Release's read and write.
 //   - storm: N node-status Leases (N = 2, 10, 50, 200) written by the real
 //     Publish, k of them firing rule R: every one of the k contenders gets
 //     the same verdict, a block exactly when k/N > MaxShare with at least
