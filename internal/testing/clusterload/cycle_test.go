@@ -52,7 +52,8 @@ func envDuration(name string, def time.Duration) time.Duration {
 // CLUSTERLOAD_PHASES (default steady,churn) picks the phases.
 // CLUSTERLOAD_BASELINE_BIN, if set, is a second binary (main's, for a
 // before/after table) measured the same way right after the first in each
-// phase, on the same population. CLUSTERLOAD_PROFILE_DIR, if set, runs the
+// phase (CLUSTERLOAD_BASELINE_PHASES, default steady,churn), on the same
+// population. CLUSTERLOAD_PROFILE_DIR, if set, runs the
 // first binary with --debug-pprof and keeps, per size and phase, its heap
 // profile (in use after a GC) and a CPU profile of
 // CLUSTERLOAD_PROFILE_DURATION (default 4 intervals) taken after
@@ -125,6 +126,9 @@ func BenchmarkCycleWithClusterView(b *testing.B) {
 			}
 			var phaseRows []string
 			for i, bn := range bins {
+				if i > 0 && !strings.Contains(","+envOr("CLUSTERLOAD_BASELINE_PHASES", "steady,churn")+",", ","+phase+",") {
+					continue
+				}
 				prof := ""
 				if i == 0 && profDir != "" {
 					prof = filepath.Join(profDir, fmt.Sprintf("%d-%s", n, phase))
