@@ -295,10 +295,18 @@ func ParseMetrics(r io.Reader) (*Metrics, error) {
 	return parseMetrics(b)
 }
 
-// readFamily reports whether ParseMetrics reads the family name.
-func readFamily(name []byte) bool {
-	return bytes.HasPrefix(name, []byte("kubeproxy_")) || string(name) == metricBuildInfo || string(name) == metricRESTRequests
+// readFamilies are the families ParseMetrics reads (of ~60 in a v1.34
+// exposition; the sync histograms it does not read are most of the
+// kubeproxy_ lines).
+var readFamilies = map[string]bool{
+	metricRESTRequests: true, metricLastSync: true, metricLastQueued: true, metricSyncDuration: true,
+	metricEndpointPending: true, metricServicePending: true, metricRestoreFailures: true, metricPartialFailures: true,
+	metricRulesTotal: true, metricNFTSyncFailures: true, metricNFTCleanupFails: true, metricEndpointChanges: true,
+	metricCTReconcilerSyncs: true, metricCTReconcilerDeleted: true, metricBuildInfo: true,
 }
+
+// readFamily reports whether ParseMetrics reads the family name.
+func readFamily(name []byte) bool { return readFamilies[string(name)] }
 
 // parseMetrics is ParseMetrics of a body read: its families' lines only.
 func parseMetrics(b []byte) (*Metrics, error) {

@@ -101,9 +101,9 @@ func checkPtr(t *testing.T, name string, got *float64, want float64) {
 func TestParseMetricsMalformed(t *testing.T) {
 	for _, in := range []string{
 		"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\" 12\n",
-		"# TYPE kubeproxy_x gauge\nkubeproxy_x notanumber\n",
+		"# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge\nkubeproxy_sync_proxy_rules_endpoint_changes_pending notanumber\n",
 		"\x00\x01\x02",
-		"# TYPE kubeproxy_a counter\n# TYPE kubeproxy_a gauge\n",
+		"# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending counter\n# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge\n",
 		"<html><body>502 Bad Gateway</body></html>\n",
 		"#0000000\n{}0", // made expfmt v0.62.0 panic (nil dereference)
 	} {
