@@ -439,8 +439,16 @@ func metricsOf(fams map[string]*dto.MetricFamily) *Metrics {
 // accepts name or its own name. ok is false when b has no # HELP or # TYPE
 // line at all (an HTML page, a proxy's error): that is a bad answer, not
 // "no series". Lines of other families are not looked into: a malformed
-// one is not an error here, where parsing the whole body made it one.
+// one is not an error here, where parsing the whole body made it one. A
+// body with a sample line starting with "{" (a name inside the braces) is
+// returned whole.
 func FamilyLines(b []byte, keep func(name []byte) bool) (out []byte, ok bool) {
+	all, whole := b, false
+	defer func() {
+		if whole {
+			out = all
+		}
+	}()
 	keepSample := func(name []byte) bool {
 		if keep(name) {
 			return true
@@ -459,19 +467,25 @@ func FamilyLines(b []byte, keep func(name []byte) bool) (out []byte, ok bool) {
 		} else {
 			b = nil
 		}
+		// As expfmt reads a line: blanks before it, and after the "#"
+		// of a comment, are skipped.
 		var name []byte
-		if rest, found := bytes.CutPrefix(line, []byte("# ")); found {
-			kw, after, _ := bytes.Cut(rest, []byte(" "))
+		if rest, found := bytes.CutPrefix(bytes.TrimLeft(line, " \t"), []byte("#")); found {
+			kw, after := token(bytes.TrimLeft(rest, " \t"))
 			if string(kw) != "HELP" && string(kw) != "TYPE" {
 				continue
 			}
 			ok = true
-			name, _, _ = bytes.Cut(after, []byte(" "))
+			name = metricName(bytes.TrimLeft(after, " \t"))
 		} else {
-			name = line
-			if i := bytes.IndexAny(line, "{ \t\n"); i >= 0 {
-				name = line[:i]
+			l := bytes.TrimLeft(line, " \t")
+			if len(l) > 0 && l[0] == '{' {
+				// A name inside the braces (the UTF-8 names'
+				// syntax), which no kube-proxy writes: the whole
+				// body is parsed, as before.
+				whole = true
 			}
+			name = metricName(l)
 		}
 		if keepSample(bytes.TrimSpace(name)) {
 			out = append(out, line...)
@@ -481,6 +495,25 @@ func FamilyLines(b []byte, keep func(name []byte) bool) (out []byte, ok bool) {
 		}
 	}
 	return out, ok
+}
+
+// metricName is the metric name b starts with: its longest prefix of
+// [a-zA-Z0-9_:], where expfmt stops reading a name.
+func metricName(b []byte) []byte {
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == ':') {
+			return b[:i]
+		}
+	}
+	return b
+}
+
+// token splits b at its first blank (space, tab or newline).
+func token(b []byte) (tok, rest []byte) {
+	if i := bytes.IndexAny(b, " \t\n"); i >= 0 {
+		return b[:i], b[i:]
+	}
+	return b, nil
 }
 
 // ParseText runs expfmt's text parser, turning its panics into errors: the
