@@ -3,6 +3,7 @@ package deploy
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -54,7 +55,7 @@ func TestChartKubeletAndCRIOptIns(t *testing.T) {
 		return p, rs
 	}
 	has := func(args []string, prefix string) bool {
-		return slices.ContainsFunc(args, func(a string) bool { return len(a) >= len(prefix) && a[:len(prefix)] == prefix })
+		return slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, prefix) })
 	}
 	def, rules := render(t)
 	if has(def.args, "--cri-socket") || has(def.args, "--kubelet-insecure-tls") || def.mounts["host-cri"] != "" {

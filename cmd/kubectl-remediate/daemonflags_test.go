@@ -116,11 +116,45 @@ func TestOnceCommandCarriesEveryDaemonFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The daemon runs with --dry-run: --act does not lift it.
 	want := []string{"/bin/remediate", "--once", "--node-name=node1", "--from-command=/x", "--policy=/etc/remediate/policy.yaml",
 		"--a-flag-of-next-year=/host/y", "--separate=/host/z", "--a-bool", "--dir=/host/remediate/$(UNKNOWN)",
-		"--literal=$(NODE_NAME)", "--derived=node1-x", "-o", "text", "--log-level=debug"}
+		"--literal=$(NODE_NAME)", "--derived=node1-x", "--dry-run", "-o", "text", "--log-level=debug"}
 	if !slices.Equal(argv, want) {
 		t.Errorf("argv\n%q\nwant\n%q", argv, want)
+	}
+}
+
+// TestActDoesNotLiftTheDaemonSetsDryRun: --act lets the one-shot run act
+// only where the DaemonSet itself would; a DaemonSet run with --dry-run
+// (the platform team's fleet-wide dry run, in any spelling the daemon
+// takes, or one it would refuse) keeps the one-shot run dry.
+func TestActDoesNotLiftTheDaemonSetsDryRun(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		act  bool
+		dry  bool
+	}{
+		{nil, false, true},
+		{nil, true, false},
+		{[]string{"--dry-run"}, true, true},
+		{[]string{"--dry-run=true"}, true, true},
+		{[]string{"--dry-run=$(DRY)"}, true, true},
+		{[]string{"--dry-run=false"}, true, false},
+		{[]string{"--dry-run", "--dry-run=false"}, true, false},
+		{[]string{"--dry-run=maybe"}, true, true},
+		{[]string{"--dry-run=false"}, false, true},
+	} {
+		pod := &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "remediate",
+			Command: []string{"/bin/remediate"}, Args: append([]string{"--policy=/p"}, tc.args...),
+			Env: []corev1.EnvVar{{Name: "DRY", Value: "1"}}}}}}
+		argv, err := onceCommand(pod, &options{ctr: "remediate", output: "json", act: tc.act}, "n1", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slices.Contains(argv, "--dry-run"); got != tc.dry {
+			t.Errorf("daemon args %q, --act=%v: one-shot argv %q, dry run %v, want %v", tc.args, tc.act, argv, got, tc.dry)
+		}
 	}
 }
 

@@ -24,6 +24,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -310,6 +312,9 @@ func remote(ctx context.Context, o *options, nodeName string, extra []string, st
 	}
 	ex := d.newExecutor(cfg, client)
 	fmt.Fprintf(stderr, "kubectl-remediate: running remediate --once in pod %s/%s on node %s\n", pod.Namespace, pod.Name, nodeName)
+	if o.act && slices.Contains(argv[:len(argv)-len(extra)], "--dry-run") {
+		fmt.Fprintf(stderr, "kubectl-remediate: the DaemonSet runs remediate with --dry-run: --act does not lift it, this run is a dry run too\n")
+	}
 	runErr := ex.Exec(ctx, pod, o.ctr, argv, stdout, stderr)
 	code, runErr := exitCode(runErr)
 	if runErr != nil {
@@ -403,7 +408,7 @@ func onceCommand(pod *corev1.Pod, o *options, nodeName, remoteBundle string, ext
 		bin = ctr.Command[0]
 	}
 	argv := append([]string{bin, "--once", "--node-name=" + nodeName}, daemonArgs(pod, ctr)...)
-	if !o.act {
+	if !o.act || daemonDryRun(pod, ctr) {
 		argv = append(argv, "--dry-run")
 	}
 	argv = append(argv, "-o", o.output)
@@ -414,6 +419,27 @@ func onceCommand(pod *corev1.Pod, o *options, nodeName, remoteBundle string, ext
 		argv = append(argv, "--bundle="+remoteBundle)
 	}
 	return append(argv, extra...), nil
+}
+
+// daemonDryRun reports whether the daemon itself runs with --dry-run (the
+// platform team's fleet-wide dry run): --act does not lift it, an on-call
+// run through the DaemonSet acts only where the DaemonSet would.
+func daemonDryRun(pod *corev1.Pod, ctr *corev1.Container) bool {
+	env := containerEnv(pod, ctr)
+	dry := false
+	for _, a := range append(append([]string(nil), ctr.Command[min(1, len(ctr.Command)):]...), ctr.Args...) {
+		name, v, hasValue := strings.Cut(expandEnv(a, env), "=")
+		if name != "--dry-run" {
+			continue
+		}
+		if !hasValue {
+			dry = true
+			continue
+		}
+		b, err := strconv.ParseBool(v)
+		dry = err != nil || b // a value the daemon would refuse: dry, to be safe
+	}
+	return dry
 }
 
 // copyBundle streams the remote bundle into f with cat, removes it in the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -53,6 +54,9 @@ type nodeResult struct {
 	Report json.RawMessage `json:"report,omitempty"`
 	Output string          `json:"output,omitempty"`
 	Stderr string          `json:"stderr,omitempty"`
+	// DryRunForced: --act was asked, but the DaemonSet runs remediate with
+	// --dry-run, which --act does not lift: the run was a dry run.
+	DryRunForced bool `json:"dryRunForced,omitempty"`
 }
 
 // mergedReport is -o json's output of `kubectl remediate once` on several
@@ -279,6 +283,7 @@ func runOne(ctx context.Context, ex Executor, pod *corev1.Pod, o *onceOptions, n
 		r.Exit, r.Error = 1, err.Error()
 		return r
 	}
+	r.DryRunForced = o.act && slices.Contains(argv[:len(argv)-len(extra)], "--dry-run")
 	out := &capWriter{n: maxNodeOutput}
 	errb := &capWriter{n: maxNodeStderr}
 	code, err := exitCode(ex.Exec(ctx, pod, o.ctr, argv, out, errb))
@@ -352,6 +357,9 @@ func merge(results []nodeResult) *mergedReport {
 func printMerged(w io.Writer, m *mergedReport) {
 	for _, r := range m.Nodes {
 		fmt.Fprintf(w, "=== node %s (pod %s): exit %d\n", r.Node, orDash(r.Pod), r.Exit)
+		if r.DryRunForced {
+			fmt.Fprintln(w, "NOTE: the DaemonSet runs remediate with --dry-run: --act does not lift it, this run was a dry run")
+		}
 		if r.Error != "" {
 			fmt.Fprintf(w, "ERROR: %s\n", r.Error)
 		}

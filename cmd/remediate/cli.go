@@ -58,6 +58,9 @@ type options struct {
 	kubeletURL         string
 	kubeletCA          string
 	kubeletInsecureTLS bool
+	// debugPprof is --debug-pprof: a loopback address for Go's profiles
+	// (pprof.go); empty: none.
+	debugPprof string
 
 	// journalDir is the state dir as given (the bundle reads the journal's
 	// tail there even when a dry run works on a private copy).
@@ -177,6 +180,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
+	fs.StringVar(&o.debugPprof, "debug-pprof", "", "loopback address (such as 127.0.0.1:6060) for Go's profiles, /debug/pprof/ (daemon only; for measuring it; empty disables)")
 	fs.StringVar(&o.logFormat, "log-format", "", "json or console (default json for the daemon, console for --once)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.once, "once", false, "run one detection pass plus decisions and exit (0: no findings, 2: findings, 1: error)")

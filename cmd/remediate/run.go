@@ -104,6 +104,14 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		return runOnce(ctx, eng, o, capped, w, stdout, stderr, log)
 	}
 
+	if o.debugPprof != "" {
+		stop, err := startDebugPprof(o.debugPprof, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "Error: %v\n", err)
+			return exitError
+		}
+		defer stop()
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)

@@ -207,3 +207,51 @@ func FuzzFromIPTables(f *testing.F) {
 		}
 	})
 }
+
+// TestMemoKeepsOnlyTheLatestSave: each new save of a family (a new
+// *Ruleset, every cycle under churn) takes the place of the one kept
+// before: the memos hold no older save, programmed model or comparison
+// alive (they kept the last 4: ~80 MB more heap at 5,000 Services under
+// churn). The latest is still shared.
+func TestMemoKeepsOnlyTheLatestSave(t *testing.T) {
+	const source = "iptables-memo-test"
+	want := &Desired{Family: IPv4, Ports: map[PortName]*DesiredPort{}}
+	var saves []*iptables.Ruleset
+	var states []*State
+	for i := 0; i < 3; i++ {
+		rs, err := iptables.ParseString(syntheticSave)
+		if err != nil {
+			t.Fatal(err)
+		}
+		saves = append(saves, rs)
+		got := FromIPTablesCached(rs, IPv4, source)
+		states = append(states, got)
+		CompareCached(got, want, false)
+	}
+	programmedMemo.mu.Lock()
+	for _, k := range programmedMemo.keys {
+		if k.source == source && k.rs != saves[2] {
+			t.Errorf("an older save is kept: %p (saves %p)", k.rs, saves)
+		}
+	}
+	programmedMemo.mu.Unlock()
+	compareMemo.mu.Lock()
+	for _, k := range compareMemo.keys {
+		if k.got != nil && k.got.Source == source && k.got != states[2] {
+			t.Errorf("an older programmed model is kept in the comparisons")
+		}
+	}
+	compareMemo.mu.Unlock()
+	if FromIPTablesCached(saves[2], IPv4, source) != states[2] {
+		t.Error("the latest save's model is not shared")
+	}
+	// Another family's save is not displaced by these.
+	rs6, err := iptables.ParseString(syntheticSave)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s6 := FromIPTablesCached(rs6, IPv6, source)
+	if FromIPTablesCached(saves[2], IPv4, source) != states[2] || FromIPTablesCached(rs6, IPv6, source) != s6 {
+		t.Error("one family's save displaced the other's")
+	}
+}

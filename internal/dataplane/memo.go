@@ -25,6 +25,13 @@ type memo[K comparable, V any] struct {
 	vals    []V
 	hits    uint64
 	compute uint64
+	// slot, when set, names what a key is the latest of (a family's save,
+	// a view's family): a new key takes the place of the kept one of its
+	// slot instead of being added, so an input that was replaced (an older
+	// save, an older generation) is not kept alive by the memo. Under
+	// churn at 5,000 Services every cycle has a new ~28 MB save; keeping
+	// the last memoEntries of them held ~80 MB more heap (issue #31).
+	slot func(K) any
 }
 
 func (m *memo[K, V]) get(k K, f func() V) V {
@@ -67,8 +74,8 @@ func (m *memo[K, V]) update(k K, f func(prev V, found bool) (v V, keep bool)) V 
 // evicting the oldest past memoEntries; m.mu is held.
 func (m *memo[K, V]) put(k K, v V) {
 	for i, kk := range m.keys {
-		if kk == k {
-			m.vals[i] = v
+		if kk == k || (m.slot != nil && m.slot(kk) == m.slot(k)) {
+			m.keys[i], m.vals[i] = k, v
 			return
 		}
 	}
@@ -101,9 +108,30 @@ type compareKey struct {
 }
 
 var (
-	desireMemo     memo[desireKey, *Desired]
-	programmedMemo memo[programmedKey, *State]
-	compareMemo    memo[compareKey, []Diff]
+	desireMemo = memo[desireKey, *Desired]{slot: func(k desireKey) any {
+		return struct {
+			v    cluster.View
+			f    Family
+			node string
+		}{k.v, k.f, k.node}
+	}}
+	programmedMemo = memo[programmedKey, *State]{slot: func(k programmedKey) any {
+		return struct {
+			f      Family
+			source string
+		}{k.f, k.source}
+	}}
+	compareMemo = memo[compareKey, []Diff]{slot: func(k compareKey) any {
+		type slot struct {
+			f      Family
+			source string
+			subset bool
+		}
+		if k.got == nil {
+			return slot{subset: k.subset}
+		}
+		return slot{k.got.Family, k.got.Source, k.subset}
+	}}
 )
 
 // DesireCached is Desire, shared while the view's generation is unchanged

@@ -118,51 +118,17 @@ func metricsOf(fams map[string]*dto.MetricFamily) Metrics {
 }
 
 // familyLines keeps, of a text exposition, the lines of the families
-// named: their # HELP and # TYPE lines and their samples (a histogram's
-// _bucket, _sum and _count included), in order. ok is false when b has no
-// # HELP or # TYPE line at all (an HTML page, a proxy's error): that is a
-// bad answer, not "no series".
+// named (kubeproxy.FamilyLines: a histogram's _bucket, _sum and _count
+// included); ok is false when b has no # HELP or # TYPE line at all.
 func familyLines(b []byte, names ...string) (out []byte, ok bool) {
-	keep := func(name []byte) bool {
+	return kubeproxy.FamilyLines(b, func(name []byte) bool {
 		for _, n := range names {
-			if rest, found := bytes.CutPrefix(name, []byte(n)); found {
-				switch string(rest) {
-				case "", "_bucket", "_sum", "_count":
-					return true
-				}
+			if string(name) == n {
+				return true
 			}
 		}
 		return false
-	}
-	for len(b) > 0 {
-		line := b
-		if i := bytes.IndexByte(b, '\n'); i >= 0 {
-			line, b = b[:i+1], b[i+1:]
-		} else {
-			b = nil
-		}
-		var name []byte
-		if rest, found := bytes.CutPrefix(line, []byte("# ")); found {
-			kw, after, _ := bytes.Cut(rest, []byte(" "))
-			if string(kw) != "HELP" && string(kw) != "TYPE" {
-				continue
-			}
-			ok = true
-			name, _, _ = bytes.Cut(after, []byte(" "))
-		} else {
-			name = line
-			if i := bytes.IndexAny(line, "{ \t\n"); i >= 0 {
-				name = line[:i]
-			}
-		}
-		if keep(bytes.TrimSpace(name)) {
-			out = append(out, line...)
-			if line[len(line)-1] != '\n' {
-				out = append(out, '\n')
-			}
-		}
-	}
-	return out, ok
+	})
 }
 
 // sumHistograms adds the family's histograms bucket by bucket; series with

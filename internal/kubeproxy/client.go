@@ -1,7 +1,6 @@
 package kubeproxy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -142,7 +141,7 @@ func (c *Client) Metrics(ctx context.Context) (*Scrape, error) {
 		if status != http.StatusOK {
 			return nil, &Error{Kind: KindBadResponse, URL: c.opts.MetricsURL, Err: fmt.Errorf("HTTP %d: %s", status, snippet(body))}
 		}
-		m, err := ParseMetrics(bytes.NewReader(body))
+		m, err := parseMetrics(body) // the body read, not copied again
 		if err != nil {
 			return nil, &Error{Kind: KindBadResponse, URL: c.opts.MetricsURL, Err: err}
 		}

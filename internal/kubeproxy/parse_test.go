@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -100,9 +101,10 @@ func checkPtr(t *testing.T, name string, got *float64, want float64) {
 func TestParseMetricsMalformed(t *testing.T) {
 	for _, in := range []string{
 		"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\" 12\n",
-		"# TYPE kubeproxy_x gauge\nkubeproxy_x notanumber\n",
+		"# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge\nkubeproxy_sync_proxy_rules_endpoint_changes_pending notanumber\n",
 		"\x00\x01\x02",
-		"# TYPE a counter\n# TYPE a gauge\n",
+		"# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending counter\n# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge\n",
+		"<html><body>502 Bad Gateway</body></html>\n",
 		"#0000000\n{}0", // made expfmt v0.62.0 panic (nil dereference)
 	} {
 		if _, err := ParseMetrics(strings.NewReader(in)); err == nil {
@@ -259,6 +261,56 @@ func kubeProxyLines(b []byte) []byte {
 	return out.Bytes()
 }
 
+// TestFamilyLinesParseAsTheWhole: on the real captures, and on a body where
+// the families read come between others (a histogram, a family whose name
+// extends a read one, a counter with no HELP), parsing only their lines
+// gives what parsing the whole body gives. A malformed line of a family
+// not read is no longer an error.
+func TestFamilyLinesParseAsTheWhole(t *testing.T) {
+	mixed := []byte(`# HELP go_goroutines Number of goroutines.
+# TYPE go_goroutines gauge
+go_goroutines 42
+# TYPE kubeproxy_sync_proxy_rules_endpoint_changes_pending gauge
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 3
+# TYPE rest_client_requests_total_other counter
+rest_client_requests_total_other 7
+# HELP kubeproxy_sync_proxy_rules_duration_seconds Sync.
+# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="0.5"} 1
+kubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family="IPv4",le="+Inf"} 4
+kubeproxy_sync_proxy_rules_duration_seconds_sum{ip_family="IPv4"} 9
+kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} 4
+# TYPE rest_client_requests_total counter
+rest_client_requests_total{code="200"} 9
+kubernetes_build_info{git_version="v1.34.4"} 1
+`)
+	bodies := map[string][]byte{"mixed": mixed}
+	for _, name := range []string{"metrics-v1.34-healthy.txt", "metrics-v1.34-stalled.txt", "metrics-v1.32-stalled.txt"} {
+		bodies[name] = readFixture(t, name)
+	}
+	for name, b := range bodies {
+		got, err := ParseMetrics(bytes.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		fams, err := ParseText(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := metricsOf(fams); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: filtered %+v, whole %+v", name, got, want)
+		}
+	}
+	m, _ := ParseMetrics(bytes.NewReader(mixed))
+	if m.EndpointChangesPending == nil || *m.EndpointChangesPending != 3 || m.Families["IPv4"] == nil ||
+		m.Families["IPv4"].SyncDuration == nil || m.Families["IPv4"].SyncDuration.Count != 4 || m.RESTRequests["200"] != 9 || m.GitVersion != "v1.34.4" {
+		t.Errorf("mixed: %+v", m)
+	}
+	if _, err := ParseMetrics(strings.NewReader("# TYPE go_x gauge\ngo_x notanumber\n# TYPE kubeproxy_x gauge\nkubeproxy_x 1\n")); err != nil {
+		t.Errorf("a malformed family not read: %v", err)
+	}
+}
+
 func FuzzParseMetrics(f *testing.F) {
 	for _, name := range []string{"metrics-v1.34-healthy.txt", "metrics-v1.34-stalled.txt", "metrics-v1.32-stalled.txt"} {
 		f.Add(kubeProxyLines(readFixture(f, name)))
@@ -267,6 +319,16 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte("# TYPE kubeproxy_sync_proxy_rules_duration_seconds histogram\nkubeproxy_sync_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"} 3\nkubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"} 2\n"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		m, err := ParseMetrics(bytes.NewReader(in))
+		// Only the families read are parsed: wherever the whole body
+		// parses, the result is the whole parse's.
+		if fams, werr := ParseText(bytes.NewReader(in)); werr == nil {
+			if err != nil {
+				t.Fatalf("the whole body parses, its families read do not: %v", err)
+			}
+			if want := metricsOf(fams); !reflect.DeepEqual(m, want) {
+				t.Fatalf("filtered %+v, whole %+v", m, want)
+			}
+		}
 		if err != nil {
 			return
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,48 @@ func newRestart(t *testing.T, n *node.Node, timeout time.Duration) Action {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// The kube-proxy /healthz answers of an unhealthy and a healthy kube-proxy.
+const (
+	unhealthyHealthz = `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`
+	healthyHealthz   = `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`
+)
+
+// waitGone returns once pod kube-system/name is gone from cs.
+func waitGone(cs *fake.Clientset, name string) {
+	for {
+		if _, err := cs.CoreV1().Pods("kube-system").Get(context.Background(), name, metav1.GetOptions{}); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// daemonSetController stands in for the DaemonSet controller on cs: every
+// 20 ms, when kube-system has no pod left, it creates a Ready kube-proxy pod
+// of node n1 with a new name and UID. It runs until the returned stop is
+// called (stop waits for it to end) or the test ends.
+func daemonSetController(t *testing.T, cs *fake.Clientset) (stop func()) {
+	ctx := context.Background()
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for k := 0; ; k++ {
+			select {
+			case <-quit:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
+				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(quit); <-done }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // kpFinding is a kube-proxy finding as the engine hands it over (its kind
@@ -109,12 +152,7 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 	// The "DaemonSet controller": after the delete, a new pod appears,
 	// first not ready, then ready.
 	go func() {
-		for {
-			if _, err := cs.CoreV1().Pods("kube-system").Get(ctx, "kp-a", metav1.GetOptions{}); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitGone(cs, "kp-a")
 		_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod("kp-z", "n1", "z", false, "DaemonSet"), metav1.CreateOptions{})
 		time.Sleep(100 * time.Millisecond)
 		_, _ = cs.CoreV1().Pods("kube-system").UpdateStatus(ctx, kpPod("kp-z", "n1", "z", true, "DaemonSet"), metav1.UpdateOptions{})
@@ -129,33 +167,20 @@ func TestRestartKubeProxyReplaces(t *testing.T) {
 
 	// With the kube-proxy adapter: success needs /healthz healthy too. A
 	// "DaemonSet controller" replaces the pod whenever it is gone.
-	stop := make(chan struct{})
-	go func() {
-		for k := 0; ; k++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
-				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
-			}
-		}
-	}()
+	stopController := daemonSetController(t, cs)
 	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
-	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
+	kp.SetHealthz(503, unhealthyHealthz)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 500*time.Millisecond)
 	if _, err := a.Execute(ctx, kpFinding); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
 		t.Fatalf("unhealthy kube-proxy after restart: %v", err)
 	}
-	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
+	kp.SetHealthz(200, healthyHealthz)
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}, 5*time.Second)
 	res, err = a.Execute(ctx, kpFinding)
 	if err != nil || res.Details["syncRecoveredAfter"] == nil {
 		t.Fatalf("healthy kube-proxy after restart: %+v %v", res, err)
 	}
-	close(stop)
-	time.Sleep(50 * time.Millisecond)
+	stopController()
 
 	// Without a replacement: a bounded wait, then failure.
 	a = newRestart(t, &node.Node{Name: "n1", Kube: cs}, 200*time.Millisecond)
@@ -241,12 +266,7 @@ func TestOneActionRestartsKubeProxy(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
 	go func() {
-		for {
-			if _, err := cs.CoreV1().Pods("kube-system").Get(ctx, "kp-a", metav1.GetOptions{}); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitGone(cs, "kp-a")
 		other := kpPod("kp-other", "n1", "o", true, "DaemonSet")
 		other.OwnerReferences[0].UID = "another-ds"
 		_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, other, metav1.CreateOptions{})
@@ -271,22 +291,9 @@ func TestRestartNodeAgentRestartsKubeProxyAsRestartKubeProxyDid(t *testing.T) {
 		}
 	}
 	cs := fake.NewClientset(kpPod("kp-a", "n1", "a", true, "DaemonSet"))
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // the "DaemonSet controller"
-		for k := 0; ; k++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			if l, _ := cs.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{}); len(l.Items) == 0 {
-				_, _ = cs.CoreV1().Pods("kube-system").Create(ctx, kpPod(fmt.Sprintf("kp-%d", k), "n1", types.UID(fmt.Sprint(k)), true, "DaemonSet"), metav1.CreateOptions{})
-			}
-		}
-	}()
+	daemonSetController(t, cs)
 	kp := kubeproxy.NewFake(clock.RealClock{}, 30*time.Second)
-	kp.SetHealthz(503, `{"lastUpdated":"2026-11-21T12:00:00Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":false,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:00:00Z","healthy":false}}}`)
+	kp.SetHealthz(503, unhealthyHealthz)
 	n := &node.Node{Name: "n1", Kube: cs, KubeProxy: kp}
 	rules := finding.Finding{Target: "iptables/nat/KUBE-SERVICES", Subject: finding.Subject{Kind: finding.KindIPTablesRules}}
 	if plan, err := newRestartAgent(t, n, time.Second).Plan(ctx, rules); err != nil || !strings.Contains(plan.Summary, "kube-proxy pod kube-system/kp-a") {
@@ -295,7 +302,7 @@ func TestRestartNodeAgentRestartsKubeProxyAsRestartKubeProxyDid(t *testing.T) {
 	if _, err := newRestartAgent(t, n, 500*time.Millisecond).Execute(ctx, kpFinding); err == nil || !strings.Contains(err.Error(), "sync did not recover") {
 		t.Fatalf("kube-proxy restarted, Ready, /healthz unhealthy: %v", err)
 	}
-	kp.SetHealthz(200, `{"lastUpdated":"2026-11-21T12:01:30Z","currentTime":"2026-11-21T12:01:30Z","nodeEligible":true,"healthy":true,"status":{"IPv4":{"lastUpdated":"2026-11-21T12:01:30Z","healthy":true}}}`)
+	kp.SetHealthz(200, healthyHealthz)
 	res, err := newRestartAgent(t, n, 5*time.Second).Execute(ctx, rules)
 	if err != nil || res.Details["syncRecoveredAfter"] == nil || !strings.Contains(res.Summary, "/healthz healthy after") {
 		t.Fatalf("kube-proxy restarted and healthy: %+v %v", res, err)

@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 	"k8s.io/utils/ptr"
 )
@@ -252,23 +253,29 @@ func (b *Budget) Release(ctx context.Context, r *Request) {
 	b.opts.Log.Info("released cluster budget slot", zap.String("lease", h.name), zap.String("key", key))
 }
 
+// free clears the slot's holder if it is still this node. The Lease's
+// renewal (Run) may write it between the read and the write here: a
+// conflict reads it again (a few times, retry.DefaultRetry) rather than
+// leaving the slot held, unrenewed, until it expires.
 func (b *Budget) free(ctx context.Context, name string) error {
 	leases := b.cs.CoordinationV1().Leases(b.opts.Namespace)
-	l, err := leases.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != b.opts.Node {
+			return nil // expired and taken by someone else: nothing to free
+		}
+		l.Spec.HolderIdentity = nil
+		l.Spec.RenewTime = nil
+		l.Spec.AcquireTime = nil
+		delete(l.Annotations, AnnotationRule)
+		delete(l.Annotations, AnnotationTarget)
+		delete(l.Annotations, AnnotationAction)
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
 		return err
-	}
-	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != b.opts.Node {
-		return nil // expired and taken by someone else: nothing to free
-	}
-	l.Spec.HolderIdentity = nil
-	l.Spec.RenewTime = nil
-	l.Spec.AcquireTime = nil
-	delete(l.Annotations, AnnotationRule)
-	delete(l.Annotations, AnnotationTarget)
-	delete(l.Annotations, AnnotationAction)
-	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-	return err
+	})
 }
 
 // Held returns the Lease names this daemon holds, sorted.

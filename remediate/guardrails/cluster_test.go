@@ -133,6 +133,24 @@ func TestStormVerdict(t *testing.T) {
 	}
 }
 
+// TestStormVerdictShare: the reason's share is never rounded onto the
+// threshold it is said to be above (61 of 200 read "(30%) ... above the 30%").
+func TestStormVerdictShare(t *testing.T) {
+	for _, tc := range []struct {
+		live, affected int
+		want           string
+	}{
+		{200, 61, "61 of 200 nodes (30.5%) report it at once, above the 30% storm threshold"},
+		{10, 4, "4 of 10 nodes (40%) report it at once, above the 30% storm threshold"},
+		{3, 2, "2 of 3 nodes (66.7%) report it at once, above the 30% storm threshold"},
+		{10000, 3001, "3001 of 10000 nodes (30.01%) report it at once, above the 30% storm threshold"},
+	} {
+		if got := StormVerdict(tc.live, tc.affected, 0.3, 3); got != tc.want {
+			t.Errorf("live=%d affected=%d:\n got %s\nwant %s", tc.live, tc.affected, got, tc.want)
+		}
+	}
+}
+
 func TestStormFakeClient(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset()

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -232,8 +234,24 @@ func StormVerdict(live, affected int, maxShare float64, minNodes int) string {
 	}
 	share := float64(affected) / float64(live)
 	if share > maxShare {
-		return fmt.Sprintf("%d of %d nodes (%.0f%%) report it at once, above the %.0f%% storm threshold",
-			affected, live, share*100, maxShare*100)
+		limit := percent(maxShare, 1)
+		got := percent(share, 1)
+		// Never rounded onto the threshold it is above (61 of 200: 30.5%).
+		for d := 2; got == limit && d <= 6; d++ {
+			got = percent(share, d)
+		}
+		return fmt.Sprintf("%d of %d nodes (%s%%) report it at once, above the %s%% storm threshold",
+			affected, live, got, limit)
 	}
 	return ""
+}
+
+// percent prints share as a percentage with at most decimals decimals,
+// trailing zeros dropped (40, 66.7, 30.01).
+func percent(share float64, decimals int) string {
+	s := strconv.FormatFloat(share*100, 'f', decimals, 64)
+	if strings.Contains(s, ".") {
+		s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	}
+	return s
 }

@@ -350,6 +350,9 @@ func (ix *Index) Observe(fl *conntrack.Flow) {
 // with the first time it was missed; at most max are kept, the ones
 // missing longest dropped first.
 func Remember(known map[VIP]Known, ix *Index, now time.Time, max int) map[VIP]Known {
+	if rememberedAlready(known, ix, max) {
+		return known
+	}
 	out := make(map[VIP]Known, len(known))
 	for vip, sp := range ix.vips {
 		if !sp.deleted {
@@ -385,6 +388,28 @@ func Remember(known map[VIP]Known, ix *Index, now time.Time, max int) map[VIP]Kn
 		}
 	}
 	return out
+}
+
+// rememberedAlready reports whether Remember would return known as it is:
+// every Service address of the index is known under its Service, none is
+// missing, and known holds nothing else (a quiet cluster's every cycle:
+// 5,000 Services cost a map of 5,000 entries a cycle to rebuild it).
+func rememberedAlready(known map[VIP]Known, ix *Index, max int) bool {
+	if len(known) > max {
+		return false
+	}
+	n := 0
+	for vip, sp := range ix.vips {
+		if sp.deleted {
+			continue
+		}
+		k, ok := known[vip]
+		if !ok || k.Service != sp.service || !k.MissingSince.IsZero() {
+			return false
+		}
+		n++
+	}
+	return n == len(known)
 }
 
 // Proto is the entries' protocol (conntrack.ProtoUDP, conntrack.ProtoTCP).

@@ -2,6 +2,7 @@ package stale
 
 import (
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -71,5 +72,45 @@ func TestRememberCTVIPs(t *testing.T) {
 	got = Remember(known, ix, t2, 2)
 	if _, ok := got[a]; ok || len(got) != 2 {
 		t.Fatalf("bounded to 2: %+v (the oldest missing, a, must go)", got)
+	}
+}
+
+// TestRememberQuietCycleAllocatesNothing: a cycle where every Service
+// address is known already (a quiet cluster) returns what was known, with
+// no allocation (it rebuilt a map of every Service address each cycle);
+// a Service renamed, added or gone still gives a new map.
+func TestRememberQuietCycleAllocatesNothing(t *testing.T) {
+	a := VIP{netip.MustParseAddr("10.96.0.1"), 53, conntrack.ProtoUDP}
+	b := VIP{netip.MustParseAddr("10.96.0.2"), 53, conntrack.ProtoUDP}
+	ix := &Index{vips: map[VIP]*port{a: {service: "ns/a:dns"}, b: {service: "ns/b:dns"}}}
+	known := Remember(map[VIP]Known{}, ix, t0, 10)
+	if n := testing.AllocsPerRun(100, func() { known = Remember(known, ix, t0, 10) }); n != 0 {
+		t.Errorf("a quiet cycle allocates %.0f times", n)
+	}
+	if len(known) != 2 || known[a].Service != "ns/a:dns" || !known[b].MissingSince.IsZero() {
+		t.Fatalf("known %+v", known)
+	}
+	c := VIP{netip.MustParseAddr("10.96.0.3"), 53, conntrack.ProtoUDP}
+	t1 := t0.Add(time.Minute)
+	for name, tc := range map[string]struct {
+		ix   *Index
+		want map[VIP]Known
+	}{
+		"renamed": {&Index{vips: map[VIP]*port{a: {service: "ns/a2:dns"}, b: {service: "ns/b:dns"}}},
+			map[VIP]Known{a: {Service: "ns/a2:dns"}, b: {Service: "ns/b:dns"}}},
+		"gone": {&Index{vips: map[VIP]*port{a: {service: "ns/a:dns"}}},
+			map[VIP]Known{a: {Service: "ns/a:dns"}, b: {Service: "ns/b:dns", MissingSince: t1}}},
+		"deleted": {&Index{vips: map[VIP]*port{a: {service: "ns/a:dns"}, b: {service: "ns/b:dns", deleted: true}}},
+			map[VIP]Known{a: {Service: "ns/a:dns"}, b: {Service: "ns/b:dns", MissingSince: t1}}},
+		"added": {&Index{vips: map[VIP]*port{a: {service: "ns/a:dns"}, b: {service: "ns/b:dns"}, c: {service: "ns/c:dns"}}},
+			map[VIP]Known{a: {Service: "ns/a:dns"}, b: {Service: "ns/b:dns"}, c: {Service: "ns/c:dns"}}},
+	} {
+		if got := Remember(known, tc.ix, t1, 10); !reflect.DeepEqual(got, tc.want) || len(known) != 2 || !known[b].MissingSince.IsZero() {
+			t.Errorf("%s: %+v, want %+v (known %+v untouched)", name, got, tc.want, known)
+		}
+	}
+	if got := Remember(known, ix, t0, 1); len(got) != 2 {
+		// Over the bound with nothing missing: none to drop, all kept.
+		t.Errorf("bound 1: %+v", got)
 	}
 }

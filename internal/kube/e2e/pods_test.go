@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,18 +74,7 @@ func testNodePods(t *testing.T, cp *controlplane.ControlPlane) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pw, err := kube.NewPodWatch(c.Interface, "n1", c.Contact, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw.Start(wctx)
-	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-	defer scancel()
-	if !pw.WaitForSync(sctx) {
-		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
-	}
+	pw := syncedPodWatch(ctx, t, c, "n1")
 	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, Kube: c.Interface}
 	build := func(typ string, set func(any)) detect.Detector {
 		ty, _ := detect.Lookup(typ)

@@ -124,18 +124,7 @@ func TestSandboxEventsEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pw, err := kube.NewPodWatch(c.Interface, "n1", c.Contact, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw.Start(wctx)
-	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-	defer scancel()
-	if !pw.WaitForSync(sctx) {
-		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
-	}
+	pw := syncedPodWatch(ctx, t, c, "n1")
 	// Every Detect reads afresh (the answers kept per pod are
 	// TestSandboxEventsKeptPerPod's): the loop below waits for the
 	// recorder's last Events.
@@ -236,18 +225,7 @@ func TestSandboxEventsKeptPerPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	pw, err := kube.NewPodWatch(c.Interface, "n1", c.Contact, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pw.Start(wctx)
-	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
-	defer scancel()
-	if !pw.WaitForSync(sctx) {
-		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
-	}
+	pw := syncedPodWatch(ctx, t, c, "n1")
 	n := &node.Node{Name: "n1", Clock: clock.RealClock{}, Pods: pw, PodEvents: kube.NewSandboxEvents(c.Interface, "n1", 0)}
 	ty, _ := detect.Lookup("PodsNetworkNotReady")
 	d, err := ty.New(ty.NewParams(), n)
@@ -278,4 +256,23 @@ func TestSandboxEventsKeptPerPod(t *testing.T) {
 	if got := count(); got != 2 {
 		t.Fatalf("5 cycles with 2 stuck pods made %d Event LISTs as n1's daemon (audit log), want 2: one per stuck pod per 5 minutes", got)
 	}
+}
+
+// syncedPodWatch starts the pod watch of node through c (as the daemon
+// does), synced within 20 s, stopped at the test's end.
+func syncedPodWatch(ctx context.Context, t *testing.T, c *kube.Client, node string) *kube.PodWatch {
+	t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	pw, err := kube.NewPodWatch(c.Interface, node, c.Contact, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw.Start(wctx)
+	sctx, scancel := context.WithTimeout(ctx, 20*time.Second)
+	defer scancel()
+	if !pw.WaitForSync(sctx) {
+		t.Fatalf("pod watch not synced: %+v", pw.Freshness())
+	}
+	return pw
 }

@@ -48,6 +48,16 @@ func envDuration(name string, def time.Duration) time.Duration {
 // daemon's CPU per cycle (own + children: the *-save runs) and its RSS,
 // steady (nothing changes) and under churn (CLUSTERLOAD_CHURN changes a
 // minute, default 20: Service creates, rescales, deletes in turn).
+//
+// CLUSTERLOAD_PHASES (default steady,churn) picks the phases.
+// CLUSTERLOAD_BASELINE_BIN, if set, is a second binary (main's, for a
+// before/after table) measured the same way right after the first in each
+// phase (CLUSTERLOAD_BASELINE_PHASES, default steady,churn), on the same
+// population. CLUSTERLOAD_PROFILE_DIR, if set, runs the
+// first binary with --debug-pprof and keeps, per size and phase, its heap
+// profile (in use after a GC) and a CPU profile of
+// CLUSTERLOAD_PROFILE_DURATION (default 4 intervals) taken after
+// the measured windows (so they do not weigh on the figures).
 func BenchmarkCycleWithClusterView(b *testing.B) {
 	bin := os.Getenv("REMEDIATE_BENCH_BIN")
 	if bin == "" {
@@ -65,6 +75,12 @@ func BenchmarkCycleWithClusterView(b *testing.B) {
 	interval := envDuration("CLUSTERLOAD_INTERVAL", 5*time.Second)
 	cycles := envInt("CLUSTERLOAD_CYCLES", 10)
 	churn := envInt("CLUSTERLOAD_CHURN", 20)
+	bins := []string{bin}
+	if base := os.Getenv("CLUSTERLOAD_BASELINE_BIN"); base != "" {
+		base, _ = filepath.Abs(base)
+		bins = append(bins, base)
+	}
+	profDir := os.Getenv("CLUSTERLOAD_PROFILE_DIR")
 	const eps = 5
 
 	cp := controlplane.Start(b, controlplane.Options{})
@@ -92,7 +108,7 @@ func BenchmarkCycleWithClusterView(b *testing.B) {
 		fmt.Printf("%d Services (+%d) created in %v\n", n, n-have, time.Since(t0).Round(time.Second))
 		have = n
 		waitKubeProxySynced(b, cp, kp, time.Now())
-		for _, phase := range []string{"steady", "churn"} {
+		for _, phase := range strings.Split(envOr("CLUSTERLOAD_PHASES", "steady,churn"), ",") {
 			fmt.Printf("phase %d %s\n", n, phase)
 			cctx, stop := context.WithCancel(ctx)
 			done := make(chan string, 1)
@@ -108,19 +124,32 @@ func BenchmarkCycleWithClusterView(b *testing.B) {
 			} else {
 				close(done)
 			}
-			r := measureDaemon(b, cp, bin, pol, kubeconfig, kp.XtablesLock, interval, cycles)
+			var phaseRows []string
+			for i, bn := range bins {
+				if i > 0 && !strings.Contains(","+envOr("CLUSTERLOAD_BASELINE_PHASES", "steady,churn")+",", ","+phase+",") {
+					continue
+				}
+				prof := ""
+				if i == 0 && profDir != "" {
+					prof = filepath.Join(profDir, fmt.Sprintf("%d-%s", n, phase))
+				}
+				r := measureDaemon(b, cp, bn, pol, kubeconfig, kp.XtablesLock, interval, cycles, prof)
+				row := fmt.Sprintf("| %d | %s | %s | %s | %s | %.1f / %.1f MiB (peak %.1f; %.1f anonymous) | %s |", n, phase, filepath.Base(filepath.Dir(bn))+"/"+filepath.Base(bn), r.cpu, r.reads, r.rssMed, r.rssMax, r.hwm, r.anon, r.load)
+				fmt.Println(row)
+				phaseRows = append(phaseRows, row)
+			}
 			stop()
 			churned := <-done
-			row := fmt.Sprintf("| %d | %s | %s | %s | %.1f / %.1f MiB (peak %.1f; %.1f anonymous) | %s |", n, phase, r.cpu, r.reads, r.rssMed, r.rssMax, r.hwm, r.anon, r.load)
-			if churned != "" {
-				row += " " + churned
+			for _, row := range phaseRows {
+				if churned != "" {
+					row += " " + churned
+				}
+				rows = append(rows, row)
 			}
-			fmt.Println(row)
-			rows = append(rows, row)
 		}
 	}
-	fmt.Println("\n| Services | phase | CPU per cycle (mean, own + children) | reads per cycle | RSS median / max | load average |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Println("\n| Services | phase | binary | CPU per cycle (mean, own + children) | reads per cycle | RSS median / max | load average |")
+	fmt.Println("|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		fmt.Println(r)
 	}
@@ -183,13 +212,21 @@ type result struct {
 }
 
 // measureDaemon runs the binary until 2 warm-up cycles and then cycles
-// more completed, sampling its CPU and RSS over 5-cycle windows.
-func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeconfig, lock string, interval time.Duration, cycles int) result {
+// more completed, sampling its CPU and RSS over 5-cycle windows. With prof
+// set, the binary serves /debug/pprof and its heap and CPU profiles are
+// written to prof+"-heap.pb.gz" and prof+"-cpu.pb.gz" after the windows.
+func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeconfig, lock string, interval time.Duration, cycles int, prof string) result {
 	state := b.TempDir()
 	addr := "127.0.0.1:19809"
-	cmd := cp.NetNS.Command(bin, "--policy", pol, "--state-dir", state, "--node-name", "node1", "--kubeconfig", kubeconfig,
-		"--metrics-addr", addr, "--xtables-lock", lock, "--log-level", "info")
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + state}
+	const pprofAddr = "127.0.0.1:19810"
+	args := []string{"--policy", pol, "--state-dir", state, "--node-name", "node1", "--kubeconfig", kubeconfig,
+		"--metrics-addr", addr, "--xtables-lock", lock, "--log-level", "info"}
+	if prof != "" {
+		args = append(args, "--debug-pprof", pprofAddr)
+	}
+	cmd := cp.NetNS.Command(bin, args...)
+	// The environment the DaemonSet sets (deploy/base/daemonset.yaml).
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + state, "GOMEMLIMIT=150MiB", "KUBE_FEATURE_WatchListClient=true"}
 	logf, err := os.Create(filepath.Join(b.TempDir(), "daemon.log"))
 	if err != nil {
 		b.Fatal(err)
@@ -260,6 +297,22 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 		perCycle = append(perCycle, (own+kids-pOwn-pKids)/float64(k-pC))
 		rss = append(rss, StatusMiB(pid, "VmRSS:"))
 		pOwn, pKids, pC = own, kids, k
+	}
+	if prof != "" {
+		profDur := envDuration("CLUSTERLOAD_PROFILE_DURATION", 4*interval)
+		pc := cp.NetNS.HTTPClient(profDur + 30*time.Second)
+		for _, p := range []struct{ path, file string }{
+			{"/debug/pprof/heap?gc=1", prof + "-heap.pb.gz"},
+			{fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(profDur/time.Second)), prof + "-cpu.pb.gz"},
+		} {
+			body, err := get(pc, "http://"+pprofAddr+p.path)
+			if err != nil {
+				b.Fatalf("profile %s: %v", p.path, err)
+			}
+			if err := os.WriteFile(p.file, []byte(body), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	n := float64(pC - c0)
 	sort.Float64s(perCycle)

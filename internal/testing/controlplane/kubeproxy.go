@@ -26,7 +26,8 @@ type KubeProxyOptions struct {
 	// MinSyncPeriod is iptables.minSyncPeriod (default 1 s).
 	MinSyncPeriod time.Duration
 	// ReadyTimeout bounds the wait for the first successful sync (default
-	// 60 s).
+	// 3 minutes: the wait ends as soon as it synced, typically in seconds;
+	// 60 s was too short on a machine at load ~100).
 	ReadyTimeout time.Duration
 	// APIServerURL is the server in kube-proxy's kubeconfig (default
 	// APIServerURL); point it at a proxy inside the namespace to control
@@ -91,7 +92,7 @@ func (cp *ControlPlane) StartKubeProxy(opts KubeProxyOptions) *KubeProxy {
 		opts.MinSyncPeriod = time.Second
 	}
 	if opts.ReadyTimeout == 0 {
-		opts.ReadyTimeout = 60 * time.Second
+		opts.ReadyTimeout = 3 * time.Minute
 	}
 	switch opts.Mode {
 	case "":

@@ -3,6 +3,7 @@ package prometheusexporter
 import (
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,7 +17,8 @@ import (
 // The conntrack gauges carry the cycle's breakdown, with a fixed label set
 // (every class exported at 0 from the start), fall back to 0 when the
 // ConntrackExhaustion rule ran and found no breakdown, and keep their value
-// in a cycle that skipped it or in which it failed (as the findings do).
+// in a cycle that skipped it or in which it failed (as the findings do),
+// for KeepUnrenewedFor at most.
 func TestConntrackGauges(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := newEngineMetrics(reg)
@@ -41,7 +43,12 @@ func TestConntrackGauges(t *testing.T) {
 		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.TableTarget, Evidence: ev}},
 	}
 	ran := map[string]bool{"ct": true}
-	m.observeConntrack(pol, fs, ran)
+	t0 := time.Date(2026, 11, 26, 4, 0, 0, 0, time.UTC)
+	cycle := func(findings []remediate.ReportFinding, ran map[string]bool, now time.Time) {
+		m.zeroGauges(pol, now, ran) // as exportCycle does, first
+		m.observeConntrack(pol, findings, ran, now)
+	}
+	cycle(fs, ran, t0)
 	for class, want := range map[string]float64{"udp/stream": 24, "tcp/TIME_WAIT": 6, "udp/unreplied": 0, "icmp": 0} {
 		if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues(class)); got != want {
 			t.Errorf("%s = %v, want %v", class, got, want)
@@ -53,11 +60,27 @@ func TestConntrackGauges(t *testing.T) {
 	if got := gaugeValue(t, m.ConntrackTopShare.WithLabelValues("source")); got < 0.33 || got > 0.34 {
 		t.Errorf("source share %v", got)
 	}
-	m.observeConntrack(pol, nil, map[string]bool{})
-	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 24 {
-		t.Errorf("after a cycle that skipped the rule: %v, want 24 (kept)", got)
+	// Skipped (or failed) from then on: the value is kept for
+	// KeepUnrenewedFor, then let go (held for ever, a breakdown nobody
+	// renews would keep its alert firing).
+	for i := 1; time.Duration(i)*time.Minute <= KeepUnrenewedFor; i++ {
+		cycle(nil, map[string]bool{}, t0.Add(time.Duration(i)*time.Minute))
+		if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 24 {
+			t.Fatalf("%d min after the last cycle that ran the rule: %v, want 24 (kept)", i, got)
+		}
 	}
-	m.observeConntrack(pol, nil, ran)
+	cycle(nil, map[string]bool{}, t0.Add(KeepUnrenewedFor+time.Minute))
+	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 0 {
+		t.Errorf("skipped longer than KeepUnrenewedFor: %v, want 0", got)
+	}
+	if got := gaugeValue(t, m.ConntrackTopShare.WithLabelValues("destination")); got != 0 {
+		t.Errorf("destination share skipped longer than KeepUnrenewedFor: %v, want 0", got)
+	}
+	cycle(fs, ran, t0.Add(KeepUnrenewedFor+2*time.Minute))
+	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 24 {
+		t.Errorf("ran again: %v, want 24", got)
+	}
+	cycle(nil, ran, t0.Add(KeepUnrenewedFor+3*time.Minute))
 	if got := gaugeValue(t, m.ConntrackEntries.WithLabelValues("udp/stream")); got != 0 {
 		t.Errorf("after a cycle without breakdown: %v", got)
 	}

@@ -85,7 +85,7 @@ func (m *engineMetrics) exportCycle(x *remediate.CycleExport) {
 	}
 	m.zeroGauges(x.Policy, x.Finished, x.Ran)
 	m.observeFindings(x.Policy, rep.Findings, x.Ran)
-	m.observeConntrack(x.Policy, rep.Findings, x.Ran)
+	m.observeConntrack(x.Policy, rep.Findings, x.Ran, x.Finished)
 	for _, s := range rep.Skipped {
 		m.DetectorSkips.WithLabelValues(s.Rule, s.Detector).Set(1)
 	}
@@ -102,7 +102,8 @@ func (m *engineMetrics) exportCycle(x *remediate.CycleExport) {
 // The skip gauge and the error counter say why the value was not renewed;
 // a value not renewed for KeepUnrenewedFor (now against the last cycle
 // that ran the rule, ran this cycle's) goes to 0. The conntrack breakdown
-// gauges, a fixed set, are not reset here (observeConntrack).
+// gauges, a fixed set, are not reset here (observeConntrack, which reads
+// lastRan for the same bound).
 func (m *engineMetrics) zeroGauges(p *policy.Policy, now time.Time, ran map[string]bool) {
 	m.Findings.Reset()
 	m.DetectorSkips.Reset()
@@ -175,13 +176,25 @@ func (m *engineMetrics) zeroConntrackGauges() {
 // finding's breakdown (the first one: every ConntrackExhaustion rule dumps
 // the same table), or to 0 when a ConntrackExhaustion rule ran and found
 // no breakdown. When none ran (skipped or failed) the gauges keep their
-// value, as the findings do.
-func (m *engineMetrics) observeConntrack(p *policy.Policy, findings []remediate.ReportFinding, ran map[string]bool) {
-	observed := false
+// value, as the findings do, and for as long: when no ConntrackExhaustion
+// rule ran for KeepUnrenewedFor (lastRan, kept by zeroGauges, which runs
+// first), they go to 0.
+func (m *engineMetrics) observeConntrack(p *policy.Policy, findings []remediate.ReportFinding, ran map[string]bool, now time.Time) {
+	observed, stale := false, true
 	for i := range p.Rules {
-		observed = observed || (p.Rules[i].Detector.Type == detect.ConntrackExhaustionName && ran[p.Rules[i].Name])
+		r := &p.Rules[i]
+		if r.Detector.Type != detect.ConntrackExhaustionName {
+			continue
+		}
+		observed = observed || ran[r.Name]
+		if last, ok := m.lastRan[r.Name]; !ok || now.IsZero() || now.Sub(last) <= KeepUnrenewedFor {
+			stale = false
+		}
 	}
 	if !observed {
+		if stale {
+			m.zeroConntrackGauges()
+		}
 		return
 	}
 	m.zeroConntrackGauges()
