@@ -85,7 +85,8 @@ type NodeGuardrails struct {
 // Changes take effect when the daemon restarts (the Leases are set up once).
 type Cluster struct {
 	// Namespace holds the budget and node-status Leases ("" =
-	// $POD_NAMESPACE, else kube-system). Events about the Node are in
+	// $POD_NAMESPACE, else the pod's service account namespace, else
+	// kube-system). Events about the Node are in
 	// kube-system (the apiserver keeps them in default or kube-system).
 	Namespace string `yaml:"namespace"`
 	// BudgetSlots is how many disruptive actions (restart kube-proxy,

@@ -17,8 +17,8 @@ import (
 
 // syncWait bounds the wait for the initial cluster view at start.
 // Cluster-wide settings come from the policy's `cluster` section (read
-// once, at start); the namespace defaults to $POD_NAMESPACE, else
-// kube-system.
+// once, at start); the namespace defaults to $POD_NAMESPACE, else the
+// pod's service account namespace, else kube-system (kube.Namespace).
 const syncWait = 15 * time.Second
 
 // kubeWiring is the Kubernetes side of the daemon, built once on first use
@@ -55,13 +55,6 @@ func (w *wiring) fleetPaused() float64 {
 	return 0
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
-
 // kube connects (once): client, the Services/EndpointSlices view, the watch
 // on this Node, the reporter and the cluster guardrails. Without access it
 // records why; API-dependent rules then skip or block with that reason.
@@ -83,7 +76,9 @@ func (w *wiring) kube() *kubeWiring {
 		w.closers = append(w.closers, cancel)
 		ns := cl.Namespace
 		if ns == "" {
-			ns = envOr("POD_NAMESPACE", "kube-system")
+			var from kube.NamespaceSource
+			ns, from = kube.Namespace(os.Getenv("POD_NAMESPACE"), kube.ServiceAccountNamespaceFile)
+			w.log.Info("namespace of the daemon's Leases and fleet ConfigMap", zap.String("namespace", ns), zap.String("from", string(from)))
 		}
 		k.client = c
 		// The view's memory budget and maximum age (validated by the
@@ -145,6 +140,16 @@ func (w *wiring) kube() *kubeWiring {
 		k.storm = guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: ns, Node: w.o.nodeName, MaxShare: cl.StormMaxShare, MinNodes: cl.StormMinNodes})
 		k.publish.start(ctx, w.log)
 		k.reporter = kubeexporter.New(c.Interface, kubeexporter.Options{Node: w.o.nodeName, Firing: k.storm.Publish, Nodes: k.nodes, Log: w.log})
+		// At shutdown, the Event series counts not yet written (they are
+		// written every 5 minutes); before the context's cancel (closers
+		// run last first).
+		w.closers = append(w.closers, func() {
+			fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer fcancel()
+			if err := k.reporter.Flush(fctx); err != nil {
+				w.log.Warn("writing the pending Event series counts at shutdown failed", zap.Error(err))
+			}
+		})
 	})
 	return k
 }

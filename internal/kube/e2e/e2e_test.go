@@ -501,6 +501,9 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 		}
 		time.Sleep(time.Second)
 	}
+	if err := r.Flush(ctx); err != nil { // the series is written every 5 minutes, or at shutdown
+		t.Fatal(err)
+	}
 	evs, err := cp.Client.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

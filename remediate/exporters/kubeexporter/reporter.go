@@ -8,6 +8,12 @@
 // The daemon calls Reporter.Report once per cycle with the cycle's report.
 // API failures never stop the loop: what could not be written is retried
 // next cycle.
+//
+// An Event series is counted every cycle but written at most every
+// SeriesInterval (default 5 minutes): a finding that lasts no longer
+// patches its Event every cycle (1.5 writes a minute per node in
+// bench-fleet), and the count written is the true one when it is written.
+// Flush writes the counts still pending (the daemon calls it at shutdown).
 package kubeexporter
 
 import (
@@ -62,6 +68,16 @@ type Options struct {
 	// DedupWindow: the same rule, target and outcome within this window is
 	// one Event whose series count grows (default 10m).
 	DedupWindow time.Duration
+	// SeriesInterval: a series' count and lastObservedTime are written at
+	// most this often (default 5m), and at the latest SeriesInterval after
+	// its last occurrence, so the count on the server is at most
+	// SeriesInterval behind. 5 minutes is the Node condition's heartbeat
+	// (the two views of a lasting finding are equally fresh), well inside
+	// the apiserver's Event TTL (--event-ttl, 1h: a written series is kept
+	// alive), and one write per 10 cycles of 30 s; client-go's
+	// tools/events writes isomorphic series every 30 minutes, which would
+	// leave "last seen" half an hour behind on a finding still firing.
+	SeriesInterval time.Duration
 	// ConditionType (default KubeProxyDataplaneHealthy); empty rules means
 	// every finding of severity >= MinSeverity counts, else only those of
 	// ConditionRules.
@@ -101,11 +117,15 @@ type Reporter struct {
 	cleanSince map[string]time.Time // cordon rule → first cycle without its finding
 }
 
+// seriesState is one Event series: count occurrences, of which written
+// are on the server (written at wrote); last is the last occurrence.
 type seriesState struct {
-	name  string
-	count int32
-	first time.Time
-	last  time.Time
+	name    string
+	count   int32
+	written int32
+	first   time.Time
+	last    time.Time
+	wrote   time.Time
 }
 
 // New returns a Reporter writing through cs.
@@ -118,6 +138,9 @@ func New(cs kubernetes.Interface, o Options) *Reporter {
 	}
 	if o.DedupWindow <= 0 {
 		o.DedupWindow = 10 * time.Minute
+	}
+	if o.SeriesInterval <= 0 {
+		o.SeriesInterval = 5 * time.Minute
 	}
 	if o.ConditionType == "" {
 		o.ConditionType = DefaultConditionType
@@ -174,7 +197,69 @@ func (r *Reporter) Report(ctx context.Context, rep *remediate.Report) error {
 	if err := r.uncordon(ctx, rep); err != nil {
 		errs = append(errs, err)
 	}
+	if err := r.flush(ctx, false); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// Flush writes the series counts not yet written (at shutdown: the
+// occurrences since the last write are otherwise lost).
+func (r *Reporter) Flush(ctx context.Context) error {
+	return r.flush(ctx, true)
+}
+
+// flush writes the series with unwritten occurrences that are due (their
+// last write SeriesInterval ago, or their last occurrence about to be
+// forgotten), or all of them, then forgets the series whose last
+// occurrence is older than DedupWindow.
+func (r *Reporter) flush(ctx context.Context, all bool) error {
+	now := r.opts.Clock.Now()
+	type due struct {
+		s     *seriesState
+		count int32
+		last  time.Time
+	}
+	var todo []due
+	r.mu.Lock()
+	for _, s := range r.series {
+		if s.count > s.written && (all || now.Sub(s.wrote) >= r.opts.SeriesInterval || now.Sub(s.last) > r.opts.DedupWindow) {
+			todo = append(todo, due{s, s.count, s.last})
+		}
+	}
+	r.mu.Unlock()
+	sort.Slice(todo, func(i, j int) bool { return todo[i].s.name < todo[j].s.name })
+	var errs []error
+	for _, d := range todo {
+		if err := r.patchSeries(ctx, d.s, d.count, d.last, now); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
+	r.mu.Lock()
+	for k, s := range r.series { // forget expired series
+		if now.Sub(s.last) > r.opts.DedupWindow {
+			delete(r.series, k)
+		}
+	}
+	r.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// patchSeries writes count and lastObservedTime last to s's Event.
+func (r *Reporter) patchSeries(ctx context.Context, s *seriesState, count int32, last, now time.Time) error {
+	patch := fmt.Sprintf(`{"series":{"count":%d,"lastObservedTime":%q}}`, count,
+		metav1.NewMicroTime(last).UTC().Format(metav1.RFC3339Micro))
+	_, err := r.cs.EventsV1().Events(r.opts.EventNamespace).Patch(ctx, s.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("updating event series %s/%s: %w", r.opts.EventNamespace, s.name, err)
+	}
+	r.mu.Lock()
+	if count > s.written {
+		s.written = count
+	}
+	s.wrote = now
+	r.mu.Unlock()
+	return nil
 }
 
 // eventFor maps a decision to (type, reason); ok false = no event.
@@ -208,31 +293,33 @@ func (r *Reporter) event(ctx context.Context, d remediate.Decision) error {
 }
 
 // Emit records one occurrence of an event with dedup key key: the first in
-// DedupWindow creates an Event, the following ones patch its series.
+// DedupWindow creates an Event, the following ones count in its series,
+// written at most every SeriesInterval (and by Report's and Flush's
+// writes of the counts due).
 func (r *Reporter) Emit(ctx context.Context, key, typ, reason, action, note string) error {
 	now := r.opts.Clock.Now()
 	r.mu.Lock()
-	for k, s := range r.series { // forget expired series
-		if now.Sub(s.last) > r.opts.DedupWindow {
-			delete(r.series, k)
-		}
-	}
 	s := r.series[key]
+	if s != nil && now.Sub(s.last) > r.opts.DedupWindow {
+		s = nil // expired: a new Event (its pending count was written by flush)
+	}
+	var count int32
+	write := false
+	if s != nil {
+		s.count++
+		s.last = now
+		count = s.count
+		write = now.Sub(s.wrote) >= r.opts.SeriesInterval
+	}
 	r.mu.Unlock()
 	events := r.cs.EventsV1().Events(r.opts.EventNamespace)
 	if s != nil {
-		count := s.count + 1
-		patch := fmt.Sprintf(`{"series":{"count":%d,"lastObservedTime":%q}}`, count,
-			metav1.NewMicroTime(now).UTC().Format(metav1.RFC3339Micro))
-		_, err := events.Patch(ctx, s.name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-		if err == nil {
-			r.mu.Lock()
-			s.count, s.last = count, now
-			r.mu.Unlock()
+		if !write {
 			return nil
 		}
-		if !apierrors.IsNotFound(err) {
-			return fmt.Errorf("updating event series %s/%s: %w", r.opts.EventNamespace, s.name, err)
+		err := r.patchSeries(ctx, s, count, now, now)
+		if err == nil || !apierrors.IsNotFound(err) {
+			return err
 		}
 		// The event expired on the server: start a new one.
 	}
@@ -260,7 +347,7 @@ func (r *Reporter) Emit(ctx context.Context, key, typ, reason, action, note stri
 		return fmt.Errorf("creating event %s on node %s: %w", reason, r.opts.Node, err)
 	}
 	r.mu.Lock()
-	r.series[key] = &seriesState{name: created.Name, count: 1, first: now, last: now}
+	r.series[key] = &seriesState{name: created.Name, count: 1, written: 1, first: now, last: now, wrote: now}
 	r.mu.Unlock()
 	return nil
 }

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -32,6 +34,9 @@ func TestReporterFake(t *testing.T) {
 			t.Fatal(err)
 		}
 		clk.Step(30 * time.Second)
+	}
+	if err := r.Flush(ctx); err != nil { // the count is written every 5 minutes, or now
+		t.Fatal(err)
 	}
 	evs, _ := cs.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
 	var dry, cond int
@@ -158,7 +163,8 @@ func TestEventFor(t *testing.T) {
 // the Node when the condition turns False, then only at the heartbeat
 // (with the message of then), not every cycle; other problems (a new
 // target) are written at once. Each cycle's patch was 1.5 writes a minute
-// per sick node, ~250 a second for a fleet of 5,000 (bench-fleet).
+// per sick node (bench-fleet), ~125 a second for a fleet of 5,000 (the
+// kubelets' own node status reports: ~17 a second).
 func TestConditionNotPatchedForAChangingMessage(t *testing.T) {
 	ctx := context.Background()
 	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
@@ -206,5 +212,102 @@ func TestConditionNotPatchedForAChangingMessage(t *testing.T) {
 	_ = r.Report(ctx, sick("pod/a", "pod/b")) // another problem: at once
 	if n := patches(); n != 3 {
 		t.Fatalf("%d Node patches after a new problem, want 3", n)
+	}
+}
+
+// TestEventSeriesWrittenEveryInterval: a dry-run decision repeated every
+// 30 s cycle for 10 minutes is one Event whose series is written at most
+// every SeriesInterval (5m): 1 create and 2 PATCHes for 21 occurrences
+// (20 PATCHes before), with the count on the server the true one at each
+// write, the last one written by the flush once the decision stops, and
+// a changed decision a new Event at once.
+func TestEventSeriesWrittenEveryInterval(t *testing.T) {
+	ctx := context.Background()
+	cs := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
+	r := New(cs, Options{Node: "n1", Clock: clk})
+	dec := func(outcome remediate.Outcome) *remediate.Report {
+		return &remediate.Report{Decisions: []remediate.Decision{{Rule: "stale", Action: "RestartKubeProxy", Target: "kube-proxy/IPv4",
+			Outcome: outcome, Reason: "audit mode: would delete pod"}}}
+	}
+	writes := func(verb string) int { // of the dry-run Event (the condition has its own)
+		n := 0
+		for _, a := range cs.Actions() {
+			switch a := a.(type) {
+			case k8stesting.CreateAction:
+				if e, ok := a.GetObject().(*eventsv1.Event); ok && verb == "create" && e.Reason == ReasonDryRun {
+					n++
+				}
+			case k8stesting.PatchAction:
+				if verb == "patch" && a.GetResource().Resource == "events" {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	series := func(reason string) (int32, time.Time) {
+		evs, err := cs.EventsV1().Events("kube-system").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs.Items {
+			if e.Reason == reason {
+				if e.Series == nil {
+					return 1, e.EventTime.Time
+				}
+				return e.Series.Count, e.Series.LastObservedTime.Time
+			}
+		}
+		t.Fatalf("no %s event in %+v", reason, evs.Items)
+		return 0, time.Time{}
+	}
+	for i := 0; i <= 20; i++ { // 12:00:00 .. 12:10:00
+		if err := r.Report(ctx, dec(remediate.OutcomeDryRun)); err != nil {
+			t.Fatal(err)
+		}
+		switch i {
+		case 9: // 12:04:30: not yet
+			if c, _ := series(ReasonDryRun); c != 1 {
+				t.Fatalf("series written before 5 minutes: count %d", c)
+			}
+		case 10: // 12:05:00: the 11 occurrences
+			if c, last := series(ReasonDryRun); c != 11 || !last.Equal(clk.Now()) {
+				t.Fatalf("at 5m: count %d last %v, want 11 at %v", c, last, clk.Now())
+			}
+		}
+		clk.Step(30 * time.Second)
+	}
+	if c, p := writes("create"), writes("patch"); c != 1 || p != 2 {
+		t.Fatalf("21 occurrences in 10 minutes: %d creates, %d patches of events, want 1 and 2 (one every 5 minutes)", c, p)
+	}
+	// The decision stops at 12:10:00 (written then); one more occurrence
+	// at 12:10:30, then none: written 5 minutes after the last write.
+	_ = r.Report(ctx, dec(remediate.OutcomeDryRun))
+	lastSeen := clk.Now()
+	for i := 0; i < 10; i++ {
+		clk.Step(30 * time.Second)
+		_ = r.Report(ctx, &remediate.Report{})
+	}
+	if c, last := series(ReasonDryRun); c != 22 || !last.Equal(lastSeen) {
+		t.Fatalf("after the decision stopped: count %d last %v, want 22 at %v", c, last, lastSeen)
+	}
+	// A changed decision is a new Event at once; its repeats are written by
+	// Flush (shutdown) before their interval.
+	_ = r.Report(ctx, dec(remediate.OutcomeFailed))
+	if c, _ := series(ReasonFailed); c != 1 {
+		t.Fatalf("failed: count %d", c)
+	}
+	clk.Step(30 * time.Second)
+	_ = r.Report(ctx, dec(remediate.OutcomeFailed))
+	p := writes("patch")
+	if err := r.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := series(ReasonFailed); c != 2 || writes("patch") != p+1 {
+		t.Fatalf("flush: count %d, %d patches (before %d)", c, writes("patch"), p)
+	}
+	if err := r.Flush(ctx); err != nil || writes("patch") != p+1 {
+		t.Fatalf("a second flush with nothing pending wrote: %v, %d patches", err, writes("patch"))
 	}
 }
