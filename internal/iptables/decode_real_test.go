@@ -331,3 +331,73 @@ func TestRealSaveDecodesInsteadOfSaving(t *testing.T) {
 		t.Errorf("NoDecode: decoded %v fallback %q err %v", s.Decoded, s.DecodeFallback, err)
 	}
 }
+
+// benchDecode compares, on one legacy IPv4 rule set restored into a
+// namespace, what a changed table costs the adapter: decode (the
+// IPT_SO_GET_ENTRIES read the change check makes anyway, plus
+// DecodeLegacy) against save (running iptables-legacy-save, as Save did,
+// plus ParseString). cpu-ms/op counts this process and its children (the
+// save command). Root only.
+func benchDecode(b *testing.B, text string, nfacct ...string) {
+	ns := netnstest.New(b)
+	netnstest.NeedCommands(b, "iptables-legacy-restore", "iptables-legacy-save")
+	b.Setenv("XTABLES_LOCKFILE", b.TempDir()+"/xtables.lock")
+	for _, a := range nfacct {
+		addNfacct(b, ns, a)
+	}
+	netnstest.Run(b, ns, text, "iptables-legacy-restore", "-w", "5")
+	decode := func() *Ruleset {
+		var rs *Ruleset
+		err := nfnetlink.InNetNS(netnsPath(ns), func() error {
+			infos, blobs, err := readLegacyTables()
+			if err != nil {
+				return err
+			}
+			rs, err = DecodeLegacy(infos, blobs)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return rs
+	}
+	save := func() *Ruleset { return saveNS(b, ns) }
+	if d := diffTokens(save(), decode()); len(d) > 0 {
+		b.Fatalf("decode differs from the save:\n%s", strings.Join(d, "\n"))
+	}
+	for _, m := range []struct {
+		name string
+		read func() *Ruleset
+	}{{"decode", decode}, {"save", save}} {
+		b.Run(m.name, func(b *testing.B) {
+			var rules int
+			b.ReportAllocs()
+			cpu0 := cpuTimeAll()
+			for b.Loop() {
+				rules = m.read().RuleCount()
+			}
+			b.ReportMetric(float64((cpuTimeAll()-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			b.ReportMetric(float64(rules), "rules")
+		})
+	}
+}
+
+// cpuTimeAll is the user+system CPU time of this process and its waited-for
+// children.
+func cpuTimeAll() time.Duration {
+	var ru, rc unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil || unix.Getrusage(unix.RUSAGE_CHILDREN, &rc) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano() + rc.Utime.Nano() + rc.Stime.Nano())
+}
+
+// BenchmarkDecodeFixture: the captured kube-proxy v1.34.4 rules.
+func BenchmarkDecodeFixture(b *testing.B) {
+	rs, _ := loadFixture(b)
+	benchDecode(b, rs.String(), "ct_state_invalid_dropped_pkts")
+}
+
+// BenchmarkDecode85kNat: an 85k-rule kube-proxy-shaped nat table, the size
+// kube-proxy writes for ~5,000 Services (docs/SCALE.md).
+func BenchmarkDecode85kNat(b *testing.B) { benchDecode(b, natTable(85000)) }
