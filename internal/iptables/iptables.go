@@ -4,6 +4,11 @@
 // iptables -S/-L and coreos/go-iptables are deliberately not used for reads:
 // iptables-legacy takes the xtables lock for every command, reads included,
 // so a daemon reading that way adds to the contention it should cure.
+//
+// A changed legacy IPv4 table is not saved at all when its entries, which
+// the change check reads anyway (IPT_SO_GET_ENTRIES, see fingerprint),
+// decode exactly (DecodeLegacy): the decode gives the Ruleset the save's
+// parse would. Entries it cannot print exactly fall back to the save.
 package iptables
 
 import (
