@@ -129,6 +129,7 @@ type decoder struct {
 	text  []byte
 	toks  []string
 	names map[string]string
+	left  int // rules of the table not decoded yet: sizes the next blocks
 }
 
 func (d *decoder) u8(off int) uint8   { return d.blob[off] }
@@ -156,7 +157,7 @@ func (d *decoder) str(b []byte) string {
 		return ""
 	}
 	if cap(d.text)-len(d.text) < len(b) {
-		d.text = make([]byte, 0, max(64<<10, len(b)))
+		d.text = make([]byte, 0, max(min(64<<10, 64*d.left), 256, len(b)))
 	}
 	s := len(d.text)
 	d.text = append(d.text, b...)
@@ -198,7 +199,7 @@ func (d *decoder) table(info LegacyTableInfo) (*Table, error) {
 		return nil, notDecodable("table name %q", info.Name)
 	}
 	// The entries, checked like the kernel's translate_table.
-	var ents []rawEntry
+	ents := make([]rawEntry, 0, min(int(info.NumEntries), len(blob)/(ipEntrySize+extHdr), maxDecodeRules))
 	for off := 0; off < len(blob); {
 		if len(ents) >= int(info.NumEntries) || len(ents) >= maxDecodeRules {
 			return nil, notDecodable("more entries than the %d of the info", info.NumEntries)
@@ -258,10 +259,6 @@ func (d *decoder) table(info LegacyTableInfo) (*Table, error) {
 		headOff int
 	}
 	var spans []span
-	byOff := make(map[int]int, len(ents)) // offset -> entry index
-	for i, e := range ents {
-		byOff[e.off] = i
-	}
 	end := false
 	for i, e := range ents {
 		if end {
@@ -365,6 +362,7 @@ func (d *decoder) table(info LegacyTableInfo) (*Table, error) {
 		t.Chains = append(t.Chains, c)
 		t.byName[c.Name] = c
 	}
+	d.left = len(ents) - 2*len(spans)
 	for _, s := range spans {
 		c := t.byName[s.name]
 		if n := s.foot - s.first; n > 0 {
@@ -438,8 +436,9 @@ func (d *decoder) bareStandard(e rawEntry) (int32, bool) {
 // "-A CHAIN".
 func (d *decoder) rule(e rawEntry, jumpTo map[int]string) (Rule, error) {
 	if cap(d.toks)-len(d.toks) < 96 {
-		d.toks = make([]string, 0, 16<<10)
+		d.toks = make([]string, 0, max(min(16<<10, 20*d.left), 96))
 	}
+	d.left--
 	start := len(d.toks)
 	o := e.off
 	flags, inv := d.u8(o+82), d.u8(o+83)
