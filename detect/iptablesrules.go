@@ -371,6 +371,8 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []fi
 			"saveCommand":   iptables.SaveCommand(s.Family, s.Backend),
 			"saveMs":        s.Duration.Milliseconds(),
 			"kubeRuleCount": s.Rules.KubeRuleCount(),
+			// decoded: no save ran; saveMs is the entry read and decode.
+			"decoded": s.Decoded,
 		}
 	}
 	where := fmt.Sprintf("(%s, %s)", s.Family, s.Backend)
@@ -445,11 +447,20 @@ func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []fi
 			Detector: "IPTablesRules",
 			Target:   iptablesTarget(s.Family, s.Backend, "save-duration"),
 			Severity: finding.Warning,
-			Message:  fmt.Sprintf("%s took %s (over %s): the rule set is large enough to hold the xtables lock for long", iptables.SaveCommand(s.Family, s.Backend), s.Duration.Round(time.Millisecond), d.p.MaxSaveDuration.Duration),
+			Message:  fmt.Sprintf("%s took %s (over %s): the rule set is large enough to hold the xtables lock for long", saveName(s), s.Duration.Round(time.Millisecond), d.p.MaxSaveDuration.Duration),
 			Evidence: ev,
 		})
 	}
 	return out
+}
+
+// saveName names what read a snapshot's rules: the save command, or the
+// decode of the legacy entries that replaced it.
+func saveName(s *iptables.Snapshot) string {
+	if s.Decoded {
+		return "reading and decoding the " + string(s.Family) + " legacy entries"
+	}
+	return iptables.SaveCommand(s.Family, s.Backend)
 }
 
 // mixVersions adds to a backend-mix finding which iptables the host and

@@ -111,8 +111,13 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	// Created once: the kept saves and their change checks survive policy
 	// reloads. The xtables lock file is watched (never taken) to tell when
 	// a legacy table's entries need reading again (iptables.Config.LockFile).
+	// A changed legacy IPv4 table is decoded from the entries the change
+	// check read, not saved; what it cannot decode is saved (logged once).
 	if w.ipt.Load() == nil {
-		w.ipt.Store(iptables.NewShared(iptables.New(iptables.Config{LockFile: w.o.xtablesLock}), 2*time.Second))
+		w.ipt.Store(iptables.NewShared(iptables.New(iptables.Config{LockFile: w.o.xtablesLock,
+			Log: func(f iptables.Family, reason string) {
+				w.log.Info("legacy iptables entries not decodable: saving instead", zap.String("family", string(f)), zap.String("reason", reason))
+			}}), 2*time.Second))
 	}
 	n.IPTables = w.ipt.Load()
 	// nftables: the ruleset listed read-only with `nft -j list ruleset`

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"hash/maphash"
 	"os"
+	"slices"
 	"sort"
 	"strings"
+	"time"
 	"unsafe"
 
 	"github.com/mdlayher/netlink"
@@ -87,8 +89,9 @@ var (
 )
 
 // legacyTableNames reads the legacy tables of the namespace the calling
-// (locked) thread is in; a missing file means ip{,6}_tables is not loaded:
-// no table.
+// (locked) thread is in, in the file's order (the order
+// iptables-legacy-save prints them); a missing file means ip{,6}_tables
+// is not loaded: no table.
 func legacyTableNames(f Family) ([]string, error) {
 	name := "ip_tables_names"
 	if f == IPv6 {
@@ -102,21 +105,28 @@ func legacyTableNames(f Family) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := strings.Fields(string(b))
-	sort.Strings(names)
-	return names, nil
+	return strings.Fields(string(b)), nil
 }
 
 // fingerprint computes the fingerprint of a family and backend in the
 // configured network namespace; for legacy, withEntries reads and hashes
 // the entries too (otherwise only info is set).
-func (r *Real) fingerprint(f Family, b Backend, withEntries bool) (fingerprint, error) {
+//
+// When the entries are read, decodeIf is not nil and says yes to the
+// fingerprint (the rules changed since the kept snapshot), the entries
+// already read are decoded too (IPv4 only; see DecodeLegacy): dec is the
+// decode, its time included, or why it could not be had.
+func (r *Real) fingerprint(f Family, b Backend, withEntries bool, decodeIf func(fingerprint) bool) (fingerprint, *decoded, error) {
 	var fp fingerprint
+	var dec *decoded
 	err := nfnetlink.InNetNS(r.cfg.NetNS, func() error {
 		var err error
 		if b == Legacy {
 			r.addRead(f, b, readInfo)
-			fp, err = legacyFingerprint(f, withEntries)
+			if f != IPv4 {
+				decodeIf = nil
+			}
+			fp, dec, err = legacyFingerprint(f, withEntries, decodeIf)
 			if withEntries && !fp.empty && err == nil {
 				r.addRead(f, b, readEntries)
 			}
@@ -126,46 +136,112 @@ func (r *Real) fingerprint(f Family, b Backend, withEntries bool) (fingerprint, 
 		}
 		return err
 	})
-	return fp, err
+	return fp, dec, err
 }
 
-func legacyFingerprint(f Family, withEntries bool) (fingerprint, error) {
-	names, err := legacyTableNames(f)
+func legacyFingerprint(f Family, withEntries bool, decodeIf func(fingerprint) bool) (fingerprint, *decoded, error) {
+	start := time.Now()
+	fileOrder, err := legacyTableNames(f)
 	if err != nil {
-		return fingerprint{}, err
+		return fingerprint{}, nil, err
 	}
-	if len(names) == 0 {
-		return fingerprint{empty: true, full: true}, nil
+	if len(fileOrder) == 0 {
+		return fingerprint{empty: true, full: true}, nil, nil
 	}
+	names := slices.Clone(fileOrder)
+	sort.Strings(names)
 	af, level, layout := unix.AF_INET, unix.SOL_IP, ip4Entry
 	if f == IPv6 {
 		af, level, layout = unix.AF_INET6, unix.SOL_IPV6, ip6Entry
 	}
 	fd, err := unix.Socket(af, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
-		return fingerprint{}, fmt.Errorf("raw socket: %w", err)
+		return fingerprint{}, nil, fmt.Errorf("raw socket: %w", err)
 	}
 	defer unix.Close(fd)
 	var hi, hs maphash.Hash
 	hi.SetSeed(fpSeed)
 	hs.SetSeed(fpSeed)
+	// The blobs stay mapped until the decode (if any) is done.
+	tables := make(map[string]legacyTable, len(names))
+	defer func() {
+		for _, t := range tables {
+			t.unmap()
+		}
+	}()
 	for _, name := range names {
 		if len(name) >= 32 {
-			return fingerprint{}, fmt.Errorf("table name %q too long", name)
+			return fingerprint{}, nil, fmt.Errorf("table name %q too long", name)
 		}
 		var entries *maphash.Hash
 		if withEntries {
 			entries = &hs
 		}
-		if err := hashLegacyTable(&hi, entries, fd, level, name, layout); err != nil {
-			return fingerprint{}, fmt.Errorf("table %s: %w", name, err)
+		t, err := hashLegacyTable(&hi, entries, fd, level, name, layout)
+		if err != nil {
+			return fingerprint{}, nil, fmt.Errorf("table %s: %w", name, err)
+		}
+		if t.unmap != nil {
+			tables[name] = t
 		}
 	}
 	fp := fingerprint{info: hi.Sum64(), full: withEntries}
-	if withEntries {
-		fp.sum = hs.Sum64()
+	if !withEntries {
+		return fp, nil, nil
 	}
-	return fp, nil
+	fp.sum = hs.Sum64()
+	if decodeIf == nil || !decodeIf(fp) {
+		return fp, nil, nil
+	}
+	infos := make([]LegacyTableInfo, 0, len(fileOrder))
+	blobs := make([][]byte, 0, len(fileOrder))
+	dec := &decoded{}
+	for _, name := range fileOrder {
+		t, ok := tables[name]
+		if !ok {
+			return fp, nil, fmt.Errorf("table %s listed twice", name)
+		}
+		infos, blobs = append(infos, t.info), append(blobs, t.blob)
+		dec.bytes += len(t.blob)
+	}
+	dec.rules, dec.err = DecodeLegacy(infos, blobs)
+	dec.took = time.Since(start)
+	return fp, dec, nil
+}
+
+// legacyTable is one table's info and entry blob (mapped outside the heap
+// until unmap).
+type legacyTable struct {
+	info  LegacyTableInfo
+	blob  []byte
+	unmap func()
+}
+
+// readLegacyTables reads the IPv4 legacy tables of the calling thread's
+// namespace in the save's order (for tests and benchmarks: the info and a
+// heap copy of each entry blob).
+func readLegacyTables() ([]LegacyTableInfo, [][]byte, error) {
+	names, err := legacyTableNames(IPv4)
+	if err != nil {
+		return nil, nil, err
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return nil, nil, fmt.Errorf("raw socket: %w", err)
+	}
+	defer unix.Close(fd)
+	var infos []LegacyTableInfo
+	var blobs [][]byte
+	for _, name := range names {
+		var hi, hs maphash.Hash
+		t, err := hashLegacyTable(&hi, &hs, fd, unix.SOL_IP, name, ip4Entry)
+		if err != nil {
+			return nil, nil, err
+		}
+		infos, blobs = append(infos, t.info), append(blobs, slices.Clone(t.blob))
+		t.unmap()
+	}
+	return infos, blobs, nil
 }
 
 func getsockopt(fd, level, opt int, buf []byte) error {
@@ -183,53 +259,69 @@ func getsockopt(fd, level, opt int, buf []byte) error {
 
 // hashLegacyTable writes the table's name and GET_INFO into hi and, when
 // hs is not nil, the same followed by its entries (counters zeroed) into
-// hs.
-func hashLegacyTable(hi, hs *maphash.Hash, fd, level int, name string, lay entryLayout) error {
+// hs, and returns the info and the entries (mapped outside the heap; the
+// caller calls unmap, nil when hs is nil).
+func hashLegacyTable(hi, hs *maphash.Hash, fd, level int, name string, lay entryLayout) (legacyTable, error) {
 	info := make([]byte, getInfoSize)
 	copy(info, name)
 	if err := getsockopt(fd, level, soGetInfo, info); err != nil {
-		return fmt.Errorf("IPT_SO_GET_INFO: %w", err)
+		return legacyTable{}, fmt.Errorf("IPT_SO_GET_INFO: %w", err)
 	}
 	size := byteorder.NativeEndian.Uint32(info[80:84])
 	if size > maxBlob {
-		return fmt.Errorf("entries of %d bytes: larger than %d", size, maxBlob)
+		return legacyTable{}, fmt.Errorf("entries of %d bytes: larger than %d", size, maxBlob)
 	}
 	_, _ = hi.WriteString(name)
 	_ = hi.WriteByte(0)
 	_, _ = hi.Write(info[32:]) // valid_hooks, hook_entry, underflow, num_entries, size
 	if hs == nil {
-		return nil
+		return legacyTable{}, nil
 	}
 	_, _ = hs.WriteString(name)
 	_ = hs.WriteByte(0)
 	_, _ = hs.Write(info[32:])
-	// The blob is read into memory outside the Go heap and unmapped at
-	// once: a large table must not grow the heap for a hash.
+	t := legacyTable{info: LegacyTableInfo{Name: name,
+		ValidHooks: byteorder.NativeEndian.Uint32(info[32:36]),
+		NumEntries: byteorder.NativeEndian.Uint32(info[76:80]), Size: size}}
+	for h := range 5 {
+		t.info.HookEntry[h] = byteorder.NativeEndian.Uint32(info[36+4*h:])
+		t.info.Underflow[h] = byteorder.NativeEndian.Uint32(info[56+4*h:])
+	}
+	// The blob is read into memory outside the Go heap and unmapped
+	// after the hash (and decode): a large table must not grow the heap
+	// for a hash.
 	buf, unmap, err := blobBuffer(entriesHdr + int(size))
 	if err != nil {
-		return err
+		return legacyTable{}, err
 	}
-	defer unmap()
+	ok := false
+	defer func() {
+		if !ok {
+			unmap()
+		}
+	}()
 	copy(buf, name)
 	byteorder.NativeEndian.PutUint32(buf[32:36], size)
 	if err := getsockopt(fd, level, soGetEntries, buf); err != nil {
 		// EAGAIN: the table was replaced between the two reads.
-		return fmt.Errorf("IPT_SO_GET_ENTRIES: %w", err)
+		return legacyTable{}, fmt.Errorf("IPT_SO_GET_ENTRIES: %w", err)
 	}
 	blob := buf[entriesHdr:]
 	for off := 0; off < len(blob); {
 		if off+lay.size > len(blob) {
-			return fmt.Errorf("entry at %d overruns the blob", off)
+			return legacyTable{}, fmt.Errorf("entry at %d overruns the blob", off)
 		}
 		next := int(byteorder.NativeEndian.Uint16(blob[off+lay.nextOff:]))
 		if next < lay.size || off+next > len(blob) {
-			return fmt.Errorf("bad next_offset %d at %d", next, off)
+			return legacyTable{}, fmt.Errorf("bad next_offset %d at %d", next, off)
 		}
 		clear(blob[off+lay.counters : off+lay.counters+16])
 		off += next
 	}
 	_, _ = hs.Write(blob)
-	return nil
+	ok = true
+	t.blob, t.unmap = blob, unmap
+	return t, nil
 }
 
 // hugePage is the size of a transparent huge page on x86-64 and arm64
@@ -322,6 +414,7 @@ func nftFingerprint(f Family) (fingerprint, error) {
 	if err != nil {
 		return fingerprint{}, err
 	}
+	sort.Strings(legacy)
 	sort.Strings(tables)
 	var h maphash.Hash
 	h.SetSeed(fpSeed)

@@ -9,6 +9,6 @@ type fingerprint struct {
 	full, empty bool
 }
 
-func (r *Real) fingerprint(Family, Backend, bool) (fingerprint, error) {
-	return fingerprint{}, errors.New("fingerprints need Linux")
+func (r *Real) fingerprint(Family, Backend, bool, func(fingerprint) bool) (fingerprint, *decoded, error) {
+	return fingerprint{}, nil, errors.New("fingerprints need Linux")
 }

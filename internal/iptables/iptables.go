@@ -4,6 +4,11 @@
 // iptables -S/-L and coreos/go-iptables are deliberately not used for reads:
 // iptables-legacy takes the xtables lock for every command, reads included,
 // so a daemon reading that way adds to the contention it should cure.
+//
+// A changed legacy IPv4 table is not saved at all when its entries, which
+// the change check reads anyway (IPT_SO_GET_ENTRIES, see fingerprint),
+// decode exactly (DecodeLegacy): the decode gives the Ruleset the save's
+// parse would. Entries it cannot print exactly fall back to the save.
 package iptables
 
 import (
@@ -51,8 +56,15 @@ type Snapshot struct {
 	// large rule set, and kube-proxy's own restores take correspondingly
 	// long while holding the lock.
 	Duration time.Duration
-	// Bytes is the size of the save output.
+	// Bytes is the size of the save output (0 when Decoded).
 	Bytes int
+	// Decoded is true when no save ran: the legacy IPv4 entries read for
+	// the change check were decoded into Rules (see DecodeLegacy), and
+	// Duration is the time of that read and decode. DecodeFallback is why
+	// a legacy IPv4 save ran although the entries were read (they were not
+	// decodable; see ErrNotDecodable), "" otherwise.
+	Decoded        bool
+	DecodeFallback string
 	// Reused is true when the save was not run because the kernel's
 	// rules are unchanged since the snapshot's save (its Duration and
 	// Bytes are that save's); Empty when the backend has no table in this
@@ -98,6 +110,12 @@ type Config struct {
 	EntriesMaxAge time.Duration
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
+	// NoDecode turns the decode of legacy IPv4 entries off: a change
+	// always runs the save (see DecodeLegacy).
+	NoDecode bool
+	// Log, when set, is told (once per adapter) that entries were not
+	// decodable and the save ran instead, with the reason.
+	Log func(family Family, reason string)
 }
 
 // Real runs the save commands. It keeps the last snapshot of each family
@@ -115,6 +133,16 @@ type Real struct {
 	mu    sync.Mutex
 	last  map[sharedKey]*lastSave
 	stats map[sharedKey]*Reads
+	// loggedFallback is set once the first decode fallback was logged.
+	loggedFallback bool
+}
+
+// decoded is a decode of the legacy entries read for a fingerprint.
+type decoded struct {
+	rules *Ruleset
+	err   error         // not decodable: the caller saves
+	took  time.Duration // reading the entries and decoding them
+	bytes int           // the entry blobs' size
 }
 
 // lastSave is the snapshot kept for the next Save of a family and backend.
@@ -143,6 +171,10 @@ type Reads struct {
 	Entries uint64
 	// Saves counts the save commands run and parsed.
 	Saves uint64
+	// Decodes counts the legacy IPv4 entry reads decoded instead of a
+	// save; DecodeFallbacks those that were not decodable, so the save
+	// ran (also counted in Saves).
+	Decodes, DecodeFallbacks uint64
 }
 
 type readKind int
@@ -151,6 +183,8 @@ const (
 	readInfo readKind = iota
 	readEntries
 	readSave
+	readDecode
+	readDecodeFallback
 )
 
 func (r *Real) addRead(f Family, b Backend, k readKind) {
@@ -168,6 +202,10 @@ func (r *Real) addRead(f Family, b Backend, k readKind) {
 		s.Entries++
 	case readSave:
 		s.Saves++
+	case readDecode:
+		s.Decodes++
+	case readDecodeFallback:
+		s.DecodeFallbacks++
 	}
 }
 
@@ -250,18 +288,27 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 	}
 	quick := l != nil && genOK && l.lockOK && l.lockGen == gen && now.Sub(l.checked) >= 0 &&
 		now.Sub(l.checked) < r.cfg.EntriesMaxAge
-	fp, fpErr := r.fingerprintFor(f, b, !quick)
+	reusable := func(fp fingerprint) bool {
+		return l != nil && fp.info == l.fp.info && (!fp.full || fp.sum == l.fp.sum) && now.Sub(l.at) < r.cfg.ReuseFor
+	}
+	// When the entries read for the check changed, they are decoded
+	// instead of saving (legacy IPv4; see DecodeLegacy).
+	var decodeIf func(fingerprint) bool
+	if !r.cfg.NoDecode {
+		decodeIf = func(fp fingerprint) bool { return !reusable(fp) }
+	}
+	fp, dec, fpErr := r.fingerprintFor(f, b, !quick, decodeIf)
 	if fpErr == nil && quick && fp.info != l.fp.info {
 		// The sizes or offsets changed: read the entries for the
 		// fingerprint kept with the save.
-		fp, fpErr = r.fingerprintFor(f, b, true)
+		fp, dec, fpErr = r.fingerprintFor(f, b, true, decodeIf)
 	}
 	if fpErr == nil {
 		if fp.empty {
 			r.forget(k)
 			return &Snapshot{Family: f, Backend: b, Rules: &Ruleset{}, Empty: true}, nil
 		}
-		if l != nil && fp.info == l.fp.info && (!fp.full || fp.sum == l.fp.sum) && now.Sub(l.at) < r.cfg.ReuseFor {
+		if reusable(fp) {
 			if fp.full {
 				r.mu.Lock()
 				if r.last[k] == l {
@@ -276,7 +323,22 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 			return &s, nil
 		}
 	}
-	snap, err := r.saveParsed(ctx, f, b)
+	var snap *Snapshot
+	var err error
+	switch {
+	case fpErr == nil && dec != nil && dec.err == nil:
+		r.addRead(f, b, readDecode)
+		snap = &Snapshot{Family: f, Backend: b, Rules: dec.rules, Duration: dec.took, Decoded: true}
+	default:
+		snap, err = r.saveParsed(ctx, f, b)
+		if fpErr == nil && dec != nil {
+			r.addRead(f, b, readDecodeFallback)
+			r.logFallback(f, dec.err)
+			if snap != nil {
+				snap.DecodeFallback = dec.err.Error()
+			}
+		}
+	}
 	if err != nil || fpErr != nil {
 		r.forget(k)
 		return snap, err
@@ -289,14 +351,25 @@ func (r *Real) Save(ctx context.Context, f Family, b Backend) (*Snapshot, error)
 	return snap, nil
 }
 
-func (r *Real) fingerprintFor(f Family, b Backend, withEntries bool) (fingerprint, error) {
+func (r *Real) fingerprintFor(f Family, b Backend, withEntries bool, decodeIf func(fingerprint) bool) (fingerprint, *decoded, error) {
 	if r.cfg.ReuseFor < 0 {
-		return fingerprint{}, errors.New("reuse turned off")
+		return fingerprint{}, nil, errors.New("reuse turned off")
 	}
 	if len(r.cfg.Prefix) > 0 && r.cfg.NetNS == "" {
-		return fingerprint{}, errors.New("a command prefix without NetNS: the namespace is unknown")
+		return fingerprint{}, nil, errors.New("a command prefix without NetNS: the namespace is unknown")
 	}
-	return r.fingerprint(f, b, withEntries)
+	return r.fingerprint(f, b, withEntries, decodeIf)
+}
+
+// logFallback tells Config.Log of the first decode fallback.
+func (r *Real) logFallback(f Family, err error) {
+	r.mu.Lock()
+	first := !r.loggedFallback
+	r.loggedFallback = true
+	r.mu.Unlock()
+	if first && r.cfg.Log != nil {
+		r.cfg.Log(f, err.Error())
+	}
 }
 
 func (r *Real) forget(k sharedKey) {

@@ -240,7 +240,7 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 	pid := findChild(b, cmd)
 	fmt.Printf("daemon pid %d\n", pid)
 	c := cp.NetNS.HTTPClient(5 * time.Second)
-	var entries, saves float64
+	var entries, saves, decodes float64
 	var lastErr string
 	// The cycles are counted from /metrics, which costs the daemon ~15 ms
 	// a scrape (126 kB of text, gzip): it is polled before a window ends
@@ -261,6 +261,7 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 		}
 		entries, _ = Metric(body, `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="entries"}`)
 		saves, _ = Metric(body, `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="save"}`)
+		decodes, _ = Metric(body, `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="decode"}`)
 		return int(n)
 	}
 	wait := func(n int) int {
@@ -281,7 +282,7 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 	}
 	c0 := wait(2)
 	own0, kids0, _ := CPU(pid)
-	e0, s0 := entries, saves
+	e0, s0, d0 := entries, saves, decodes
 	const window = 5
 	var perCycle, rss []float64
 	pOwn, pKids, pC := own0, kids0, c0
@@ -320,7 +321,7 @@ func measureDaemon(b *testing.B, cp *controlplane.ControlPlane, bin, pol, kubeco
 	return result{
 		cpu: fmt.Sprintf("%.0f ms (%.0f + %.0f; %d cycles, windows %.0f–%.0f)", (pOwn+pKids-own0-kids0)/n, (pOwn-own0)/n, (pKids-kids0)/n,
 			pC-c0, perCycle[0], perCycle[len(perCycle)-1]),
-		reads:  fmt.Sprintf("%.2f entries, %.2f saves", (entries-e0)/n, (saves-s0)/n),
+		reads:  fmt.Sprintf("%.2f entries, %.2f saves, %.2f decodes", (entries-e0)/n, (saves-s0)/n, (decodes-d0)/n),
 		rssMed: rss[len(rss)/2], rssMax: rss[len(rss)-1], hwm: StatusMiB(pid, "VmHWM:"), anon: StatusMiB(pid, "RssAnon:"),
 		load: LoadAvg(),
 	}

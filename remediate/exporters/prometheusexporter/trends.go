@@ -42,10 +42,10 @@ func newTrendCollector(src trendSources) *trendCollector {
 			"Rules in an iptables table per IP family and backend, from the detectors' last *-save (0: not saved yet).",
 			[]string{"ip_family", "backend", "table"}, nil),
 		save: prometheus.NewDesc("remediate_iptables_save_duration_seconds",
-			"Duration of the detectors' last *-save per IP family and backend (field guide 2: > 0.1 s a problem, > 0.5 s bad; 0: not saved yet).",
+			"Duration of the detectors' last *-save per IP family and backend, or of the entry read and decode that replaced it (field guide 2: > 0.1 s a problem, > 0.5 s bad; 0: not saved yet).",
 			[]string{"ip_family", "backend"}, nil),
 		reads: prometheus.NewDesc("remediate_iptables_reads_total",
-			"What the detectors' iptables reads cost, per IP family and backend: read=\"info\" the cheap change checks (legacy table sizes, the nf_tables generation), read=\"entries\" the legacy entry copies (the save's own costly read, skipped while the xtables lock file is untouched and the sizes unchanged, at most 1m), read=\"save\" the *-save commands run.",
+			"What the detectors' iptables reads cost, per IP family and backend: read=\"info\" the cheap change checks (legacy table sizes, the nf_tables generation), read=\"entries\" the legacy entry copies (the save's own costly read, skipped while the xtables lock file is untouched and the sizes unchanged, at most 1m), read=\"save\" the *-save commands run, read=\"decode\" the changed legacy IPv4 tables decoded from the entries read instead of saved, read=\"decode-fallback\" those not decodable, so saved.",
 			[]string{"ip_family", "backend", "read"}, nil),
 		kpRules: prometheus.NewDesc("remediate_kube_proxy_rules",
 			"kube-proxy's own count of its iptables rules per IP family and table (sync_proxy_rules_iptables_total, last scrape; 0: not seen).",
@@ -105,7 +105,7 @@ func (c *trendCollector) Collect(ch chan<- prometheus.Metric) {
 			for _, x := range []struct {
 				read string
 				n    uint64
-			}{{"info", r.Info}, {"entries", r.Entries}, {"save", r.Saves}} {
+			}{{"info", r.Info}, {"entries", r.Entries}, {"save", r.Saves}, {"decode", r.Decodes}, {"decode-fallback", r.DecodeFallbacks}} {
 				ch <- prometheus.MustNewConstMetric(c.reads, prometheus.CounterValue, float64(x.n), string(f), string(b), x.read)
 			}
 		}

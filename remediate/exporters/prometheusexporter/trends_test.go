@@ -35,7 +35,7 @@ func TestTrendCollector(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c)
 	start := gatherText(t, reg)
-	if n := strings.Count(start, "\n"); n != 2*2*4+2*2*3+4+4+2+2 {
+	if n := strings.Count(start, "\n"); n != 2*2*4+2*2*5+4+4+2+2 {
 		t.Fatalf("%d series at start:\n%s", n, start)
 	}
 	for _, l := range []string{"remediate_conntrack_entries 0\n", `remediate_iptables_rules{backend="nft",ip_family="IPv6",table="raw"} 0` + "\n"} {
@@ -49,7 +49,7 @@ func TestTrendCollector(t *testing.T) {
 		t.Fatal(err)
 	}
 	saves = []*iptables.Snapshot{{Family: iptables.IPv4, Backend: iptables.Legacy, Rules: rs, Duration: 640 * time.Millisecond}}
-	reads = []iptables.Reads{{Family: iptables.IPv4, Backend: iptables.Legacy, Info: 20, Entries: 2, Saves: 1}}
+	reads = []iptables.Reads{{Family: iptables.IPv4, Backend: iptables.Legacy, Info: 20, Entries: 2, Saves: 1, Decodes: 5, DecodeFallbacks: 1}}
 	ct, ctOK = conntrack.Usage{Count: 900, Max: 1000}, true
 	vs, vsOK = ipvs.Counts{Virtual: 3, Real: 7}, true
 	nat := map[string]float64{"nat": 29, "filter": 4}
@@ -58,6 +58,8 @@ func TestTrendCollector(t *testing.T) {
 		"remediate_iptables_reads_total": `remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="info"} 20
 remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="entries"} 2
 remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="save"} 1
+remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="decode"} 5
+remediate_iptables_reads_total{backend="legacy",ip_family="IPv4",read="decode-fallback"} 1
 remediate_iptables_reads_total{backend="nft",ip_family="IPv6",read="save"} 0`,
 		"remediate_iptables_rules": `remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="nat"} 2
 remediate_iptables_rules{backend="legacy",ip_family="IPv4",table="filter"} 1
@@ -77,7 +79,7 @@ remediate_iptables_save_duration_seconds{backend="legacy",ip_family="IPv6"} 0`,
 			}
 		}
 	}
-	if n := strings.Count(gatherText(t, reg), "\n"); n != 40 {
+	if n := strings.Count(gatherText(t, reg), "\n"); n != 48 {
 		t.Errorf("%d series after observations, want the same 40", n)
 	}
 }
