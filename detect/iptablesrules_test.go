@@ -101,6 +101,11 @@ func TestIPTablesRules(t *testing.T) {
 				f.SetError(iptables.IPv4, iptables.Legacy, fmt.Errorf("iptables-legacy-save: timed out after 30s: %w", context.DeadlineExceeded))
 			},
 			want: []string{"iptables/IPv4/legacy/save-duration"}},
+		{name: "save starved of CPU: the daemon's slowness, an error, not a finding", legacy: healthy, nft: emptyNFT,
+			fake: func(f *iptables.Fake) {
+				f.SetError(iptables.IPv4, iptables.Legacy, fmt.Errorf("iptables-legacy-save: not finished after 8s, only 40ms of it on a CPU: %w", iptables.ErrStarved))
+			},
+			wantErr: true},
 		{name: "save failed", legacy: healthy, nft: emptyNFT,
 			fake:    func(f *iptables.Fake) { f.SetError(iptables.IPv4, iptables.NFT, errors.New("exit status 1: boom")) },
 			wantErr: true},

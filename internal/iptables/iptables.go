@@ -47,6 +47,15 @@ const (
 // installed.
 var ErrUnavailable = errors.New("iptables backend unavailable")
 
+// ErrStarved is returned (wrapped) when a save did not finish in its
+// timeout because it waited for a CPU (at the timeout, from
+// /proc/PID/schedstat and stat: half its time counted as run-queue wait,
+// or runnable with under a quarter of it on a CPU), not because it ran
+// long or hung (blocked, sleeping): the daemon's own CPU limit or a busy
+// node, not a sign of the node's rules. It does not wrap
+// context.DeadlineExceeded.
+var ErrStarved = errors.New("starved of CPU")
+
 // Snapshot is one parsed save of one family and backend.
 type Snapshot struct {
 	Family  Family
@@ -427,11 +436,26 @@ func (r *Real) save(ctx context.Context, f Family, b Backend, w io.Writer) (*byt
 	if w != nil {
 		cmd.Stdout = w
 	}
+	// At the timeout, before the kill, how the save spent its time: on a
+	// CPU, waiting for one, or neither (blocked, hung).
+	var sched schedStat
+	var cancelAt time.Duration
 	start := time.Now()
+	cmd.Cancel = func() error {
+		sched, cancelAt = readSchedStat(cmd.Process.Pid), time.Since(start)
+		return cmd.Process.Kill()
+	}
 	err = cmd.Run()
 	d := time.Since(start)
 	if err != nil {
 		if ctx.Err() != nil {
+			// Run returns after Cancel did (exec collects its result in Wait).
+			// Judged at the cancel: a starved process also takes long to
+			// be scheduled to die.
+			if sched.starved(cancelAt) {
+				return nil, d, fmt.Errorf("%s: not finished after %v, only %v of it on a CPU, waiting for one (%v counted so far): %w (the daemon's CPU limit or a busy node), not a slow save",
+					name, cancelAt.Round(time.Millisecond), sched.cpu.Round(time.Millisecond), sched.runDelay.Round(time.Millisecond), ErrStarved)
+			}
 			return nil, d, fmt.Errorf("%s: timed out after %v: %w", name, d.Round(time.Millisecond), ctx.Err())
 		}
 		return nil, d, fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(errb.String()))
