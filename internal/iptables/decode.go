@@ -170,11 +170,6 @@ func (d *decoder) num(v uint64) string {
 	return d.str(strconv.AppendUint(b[:0], v, 10))
 }
 
-func (d *decoder) hex(v uint32) string {
-	var b [12]byte
-	return d.str(strconv.AppendUint(append(b[:0], '0', 'x'), uint64(v), 16))
-}
-
 // intern returns one string per distinct chain name of the decode.
 func (d *decoder) intern(s string) string {
 	if v, ok := d.names[s]; ok {
