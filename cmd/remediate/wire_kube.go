@@ -78,7 +78,13 @@ func (w *wiring) kube() *kubeWiring {
 		if ns == "" {
 			var from kube.NamespaceSource
 			ns, from = kube.Namespace(os.Getenv("POD_NAMESPACE"), kube.ServiceAccountNamespaceFile)
-			w.log.Info("namespace of the daemon's Leases and fleet ConfigMap", zap.String("namespace", ns), zap.String("from", string(from)))
+			// Said at info only when it is not the chart's POD_NAMESPACE nor
+			// the default (a one-shot run stays one line when nothing is wrong).
+			lvl := zap.DebugLevel
+			if from == kube.NamespaceFromServiceAccount {
+				lvl = zap.InfoLevel
+			}
+			w.log.Log(lvl, "namespace of the daemon's Leases and fleet ConfigMap", zap.String("namespace", ns), zap.String("from", string(from)))
 		}
 		k.client = c
 		// The view's memory budget and maximum age (validated by the
