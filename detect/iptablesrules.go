@@ -132,7 +132,7 @@ func validateProxyMode(m string) []policy.FieldError {
 
 func init() {
 	Define("IPTablesRules",
-		"kube-proxy iptables rule corruption from one *-save per backend: missing KUBE-SERVICES and KUBE-POSTROUTING jumps, the masquerade mark and MASQUERADE rules, rules that lost their match conditions, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
+		"kube-proxy iptables rule corruption from one *-save per backend: kube-proxy's chains absent while it says it programs iptables (a flushed firewall), missing KUBE-SERVICES and KUBE-POSTROUTING jumps, the masquerade mark and MASQUERADE rules, rules that lost their match conditions, bare DROP in KUBE-FIREWALL, KUBE-* in both legacy and nft, rule count, slow save",
 		newIPTablesRules, Targets(finding.KindIPTablesRules))
 }
 
@@ -143,6 +143,9 @@ type iptablesRules struct {
 	mu   sync.Mutex
 	last map[string]*saveResult // family/backend -> last save
 	judgement
+
+	// absence is what chainsAbsent remembers per family across cycles.
+	absence chainsAbsence
 
 	// defects are kube-proxy's chain defects of the rule set last checked
 	// per family/backend: a reused save (the same *Ruleset, never
@@ -270,6 +273,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 	for _, fs := range d.p.Families {
 		fam := iptables.Family(fs)
 		snaps := map[iptables.Backend]*iptables.Snapshot{}
+		complete := true // every backend saved or not installed
 		for _, bs := range d.p.Backends {
 			be := iptables.Backend(bs)
 			res := results[fs+"/"+bs]
@@ -280,6 +284,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 				continue
 			case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 				// The save's own timeout, not the cycle's: that is a finding.
+				complete = false
 				out = append(out, finding.Finding{
 					Detector: "IPTablesRules",
 					Target:   iptablesTarget(fam, be, "save-duration"),
@@ -290,6 +295,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 				})
 				continue
 			case err != nil:
+				complete = false
 				errs = multierror.Append(errs, err)
 				continue
 			}
@@ -300,6 +306,9 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 				f.Evidence["cached"] = res.cached
 				out = append(out, f)
 			}
+		}
+		if f := d.chainsAbsent(ctx, fam, snaps, complete, mode, now); f != nil {
+			out = append(out, *f)
 		}
 		if d.p.CheckBackendMix {
 			mix := mixFinding(fam, snaps)
