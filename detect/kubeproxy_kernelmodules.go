@@ -129,7 +129,7 @@ type kernelModule struct {
 
 // requiredModules lists what kube-proxy v1.34's iptables-mode rules use
 // (pkg/proxy/iptables/proxier.go) for one family and backend.
-func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
+func requiredModules(f kmod.Family, be iptables.Backend, nfacct bool) []kernelModule {
 	v6 := f == kmod.IPv6
 	pick := func(a, b string) string {
 		if v6 {
@@ -150,6 +150,9 @@ func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
 		{"xt_MASQUERADE", "-j MASQUERADE (return traffic)", kmod.Provides{Family: f, Targets: []string{"MASQUERADE"}}},
 		{pick("ipt_REJECT", "ip6t_REJECT"), "-j REJECT (Services without endpoints)", kmod.Provides{Family: f, Targets: []string{"REJECT"}}},
 	}
+	if nfacct {
+		ms = append(ms, kernelModule{"xt_nfacct", "-m nfacct (kube-proxy's packet counters, used because nfnetlink_acct is present)", kmod.Provides{Family: f, Matches: []string{"nfacct"}}})
+	}
 	switch be {
 	case iptables.Legacy:
 		ms = append(ms,
@@ -166,9 +169,6 @@ func requiredModules(f kmod.Family, be iptables.Backend) []kernelModule {
 }
 
 func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]finding.Finding, error) {
-	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
-		return nil, finding.Skip("%s", why)
-	}
 	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode != string(kubeproxy.ModeIPTables) && !(mode.mode == "" && mode.check) {
 		return nil, finding.Skip("kube-proxy runs in %s mode (%s): the module check is for iptables mode", orUnknown(mode.mode), mode.note)
@@ -197,7 +197,20 @@ func (d *kubeProxyKernelModules) Detect(ctx context.Context) ([]finding.Finding,
 // read reads the module sources and kube-proxy's backend and judges them.
 func (d *kubeProxyKernelModules) read(ctx context.Context, now time.Time) *kmodReading {
 	be, beSource := d.backend(ctx)
-	snap := kmod.Read(d.n.ProcRoot, hostRoot(d.n))
+	// Without the host's root (no CAP_SYS_PTRACE: the chart's default),
+	// /proc/modules, the xtables registries and /proc/config.gz still
+	// tell loaded, registered, built in and built without; only
+	// "installed on disk" needs the host's module lists.
+	root := hostRoot(d.n)
+	if _, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
+		root = ""
+	}
+	snap := kmod.Read(d.n.ProcRoot, root)
+	// kube-proxy v1.33+ counts dropped packets with -m nfacct when the
+	// kernel's nfacct netlink (nfnetlink_acct) answers it: then the
+	// xt_nfacct match must exist too, or every restore fails
+	// (kubernetes/kubernetes#142068: "Couldn't load match `nfacct'").
+	nfacct := snap.State("nfnetlink_acct", kmod.Provides{}).Present()
 	conntrackSysctl := false
 	if _, err := os.Stat(filepath.Join(d.n.ProcRoot, "sys", "net", "netfilter", "nf_conntrack_max")); err == nil {
 		conntrackSysctl = true
@@ -213,7 +226,7 @@ func (d *kubeProxyKernelModules) read(ctx context.Context, now time.Time) *kmodR
 		states := map[string]string{}
 		counts := map[kmod.State]int{}
 		var missing, unknown []string
-		for _, m := range requiredModules(f, be) {
+		for _, m := range requiredModules(f, be, nfacct) {
 			st := snap.State(m.name, m.prov)
 			switch {
 			case st.Present():
@@ -275,6 +288,9 @@ func stateCounts(c map[kmod.State]int) string {
 func (d *kubeProxyKernelModules) backend(ctx context.Context) (iptables.Backend, string) {
 	if d.p.Backend != "auto" {
 		return iptables.Backend(d.p.Backend), "from the policy"
+	}
+	if why, off := d.n.Unavailable[node.SubsystemHostRoot]; off {
+		return "", "backend unknown (" + why + "): only backend-neutral modules checked"
 	}
 	if kp, err := kubeProxyIPTables(ctx, d.n, d.installs); err == nil && kp.known() && kp.In.Backend != "" {
 		return kp.In.Backend, "kube-proxy's iptables (" + kp.In.Root + ")"

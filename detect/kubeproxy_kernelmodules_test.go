@@ -1,14 +1,18 @@
 package detect
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -104,7 +108,8 @@ func TestKubeProxyKernelModules(t *testing.T) {
 // TestRealKubeProxyKernelModulesThisKernel runs the check on this machine's
 // real /proc. Its kernel has no module support (no /proc/modules): every
 // feature is built in, the xtables registries list what exists, and the
-// nft modules (no registry entry) must come out unknown, not missing.
+// nft modules (no registry entry) come out built in from /proc/config.gz
+// (unknown without it), never missing.
 func TestRealKubeProxyKernelModulesThisKernel(t *testing.T) {
 	if _, err := os.Stat("/proc/net/ip_tables_matches"); err != nil {
 		t.Skip("no /proc/net/ip_tables_matches on this kernel")
@@ -124,7 +129,12 @@ func TestRealKubeProxyKernelModulesThisKernel(t *testing.T) {
 		}
 		j := d.(Judged).Judged()
 		t.Logf("%s: %s", be, j)
-		if noModules && be == "nft" && !strings.Contains(j, "unknown") {
+		// /proc/config.gz (this kernel has it) says the nft modules are
+		// built in (=y); without it they could only be unknown.
+		switch _, err := os.Stat("/proc/config.gz"); {
+		case noModules && be == "nft" && err == nil && (strings.Contains(j, "unknown") || !strings.Contains(j, "builtin")):
+			t.Errorf("nft modules on a kernel without module support whose /proc/config.gz sets them should be builtin: %s", j)
+		case noModules && be == "nft" && err != nil && !strings.Contains(j, "unknown"):
 			t.Errorf("nft modules on a kernel without module support should be unknown: %s", j)
 		}
 		// Unknown without module support stays so until a reboot: the
@@ -227,4 +237,56 @@ func TestKubeProxyKernelModulesReusesReading(t *testing.T) {
 	// at once.
 	d = newDetector()
 	cycle(0, 1, 0, "(first reading)")
+}
+
+// TestKubeProxyKernelModulesWithoutHostRoot: the chart's default pod (no
+// CAP_SYS_PTRACE, so neither the host's nor kube-proxy's root) still runs
+// the check from /proc alone (on main it skipped): /proc/config.gz saying
+// "# CONFIG_NETFILTER_XT_MATCH_NFACCT is not set" on a kernel whose
+// nfnetlink_acct is loaded (kube-proxy then writes -m nfacct) is a
+// critical finding naming xt_nfacct (kubernetes/kubernetes#142068), and
+// the backend is unknown (said) rather than guessed.
+func TestKubeProxyKernelModulesWithoutHostRoot(t *testing.T) {
+	cfg := func(nfacct string) []byte {
+		var buf bytes.Buffer
+		z := gzip.NewWriter(&buf)
+		_, _ = z.Write([]byte("CONFIG_NETFILTER_XT_MATCH_STATISTIC=y\n" + nfacct + "\n"))
+		_ = z.Close()
+		return buf.Bytes()
+	}
+	for _, c := range []struct {
+		name, modules, nfacct string
+		want                  []string
+	}{
+		{"nfnetlink_acct loaded, xt_nfacct not built", "nfnetlink_acct 16384 0 - Live 0x0\n", "# CONFIG_NETFILTER_XT_MATCH_NFACCT is not set", []string{"iptables/IPv4/kernel-modules"}},
+		{"nfnetlink_acct loaded, xt_nfacct built in", "nfnetlink_acct 16384 0 - Live 0x0\n", "CONFIG_NETFILTER_XT_MATCH_NFACCT=y", nil},
+		{"no nfnetlink_acct: kube-proxy writes no nfacct rule", "x 1 0 - Live 0x0\n", "# CONFIG_NETFILTER_XT_MATCH_NFACCT is not set", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			n, _ := newIssue3Node(procs.NewFake(999))
+			n.Unavailable = map[string]string{node.SubsystemHostRoot: "needs CAP_SYS_PTRACE to read the host's files"}
+			n.ProcRoot = fakeProcRoot(t, nil)
+			writeFiles(t, n.ProcRoot, map[string]string{"/modules": c.modules,
+				"/net/ip_tables_matches": "conntrack\ncomment\nmark\nstatistic\naddrtype\ntcp\nudp\n", "/net/ip_tables_targets": "MARK\nDNAT\nSNAT\nMASQUERADE\nREJECT\n",
+				"/sys/net/netfilter/nf_conntrack_max": "262144\n"})
+			if err := os.WriteFile(filepath.Join(n.ProcRoot, "config.gz"), cfg(c.nfacct), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			d := newIssue3Detector(t, "KubeProxyKernelModules", n, nil)
+			got, err := d.Detect(context.Background())
+			if err != nil {
+				t.Fatalf("err = %v (the check must run without the host's root)", err)
+			}
+			if !reflect.DeepEqual(findingTargets(got), c.want) {
+				t.Fatalf("targets = %v, want %v\n%+v", findingTargets(got), c.want, got)
+			}
+			j := d.(Judged).Judged()
+			if !strings.Contains(j, "backend unknown (needs CAP_SYS_PTRACE") {
+				t.Errorf("judged %q: the unknown backend and why are not said", j)
+			}
+			if len(got) > 0 && (!strings.Contains(got[0].Message, "xt_nfacct") || got[0].Severity != finding.Critical) {
+				t.Errorf("finding %s: %s", got[0].Severity, got[0].Message)
+			}
+		})
+	}
 }

@@ -2,7 +2,8 @@
 // and without loading anything: /proc/modules (loaded modules), the xtables
 // extension registry (/proc/net/ip_tables_matches, ..._targets, which
 // lists matches and targets whether built in or loaded), the tables in use
-// (/proc/net/ip_tables_names), /sys/module/<name> and the host's
+// (/proc/net/ip_tables_names), the kernel's configuration
+// (/proc/config.gz: built in, or built without), /sys/module/<name> and the host's
 // /lib/modules/<release>/modules.builtin and modules.dep (built in, or
 // loadable on first use). A kernel without module support has no
 // /proc/modules: everything it has is built in. When no source can say, the
@@ -75,6 +76,9 @@ type Snapshot struct {
 	// Builtin and OnDisk come from the host's modules.builtin and
 	// modules.dep (nil when unreadable).
 	Builtin, OnDisk map[string]bool
+	// Config is the kernel's configuration from /proc/config.gz (nil when
+	// the kernel does not expose it, CONFIG_IKCONFIG_PROC).
+	Config map[string]string
 	// Release is the kernel release the module lists were read for.
 	Release string
 	// Sources lists what was read, Errors what could not be.
@@ -121,6 +125,13 @@ func Read(procRoot, hostRoot string) *Snapshot {
 				note(p, nil)
 			}
 		}
+	}
+	cz := filepath.Join(procRoot, "config.gz")
+	if cfg, err := readConfig(cz); err == nil {
+		s.Config = cfg
+		note(cz, nil)
+	} else if !os.IsNotExist(err) {
+		note(cz, err)
 	}
 	if hostRoot != "" {
 		rel, err := boundedfile.Read(filepath.Join(procRoot, "sys", "kernel", "osrelease"), 4096)
@@ -184,6 +195,11 @@ func (s *Snapshot) State(module string, prov Provides) State {
 	}
 	if s.OnDisk[module] {
 		return Loadable
+	}
+	if c := s.configState(module); c != "" {
+		// The kernel was built with it (=y) or without it ("is not
+		// set"): certain, whatever else could not be read.
+		return c
 	}
 	if !s.HasModules {
 		// Everything is built in: an extension the registry does not

@@ -1,6 +1,8 @@
 package kmod
 
 import (
+	"bytes"
+	"compress/gzip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,4 +148,63 @@ func TestLinesLongerThanTheFirstBuffer(t *testing.T) {
 	if want := []int{1, len(long), 1}; !slices.Equal(got, want) {
 		t.Fatalf("line lengths %v, want %v", got, want)
 	}
+}
+
+// TestConfigGz: /proc/config.gz decides what the module lists cannot
+// (no host root: the chart's default pod): "is not set" is missing, =y
+// built in, =m or a symbol it does not name stays unknown; what is loaded
+// or registered wins over the configuration.
+func TestConfigGz(t *testing.T) {
+	dir := t.TempDir()
+	cfg := "# comment\nCONFIG_NETFILTER_XT_MATCH_STATISTIC=y\n# CONFIG_NETFILTER_XT_MATCH_NFACCT is not set\nCONFIG_NETFILTER_XT_MARK=m\n# CONFIG_NETFILTER_XT_MATCH_COMMENT is not set\nCONFIG_LOCALVERSION=\"-x\"\n"
+	var buf bytes.Buffer
+	z := gzip.NewWriter(&buf)
+	_, _ = z.Write([]byte(cfg))
+	_ = z.Close()
+	write(t, dir, map[string]string{
+		"modules":               "nf_conntrack 172032 5 - Live 0x0\n",
+		"net/ip_tables_matches": "comment\n",
+	})
+	if err := os.WriteFile(filepath.Join(dir, "config.gz"), buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := Read(dir, "")
+	for _, c := range []struct {
+		mod  string
+		prov Provides
+		want State
+	}{
+		{"xt_nfacct", Provides{Family: IPv4, Matches: []string{"nfacct"}}, Missing},
+		{"xt_statistic", Provides{Family: IPv4, Matches: []string{"statistic"}}, Builtin},
+		{"xt_mark", Provides{Family: IPv4, Matches: []string{"mark"}}, Unknown},
+		{"xt_addrtype", Provides{Family: IPv4, Matches: []string{"addrtype"}}, Unknown},
+		{"xt_comment", Provides{Family: IPv4, Matches: []string{"comment"}}, Registered},
+		{"nf_conntrack", Provides{}, Loaded},
+	} {
+		if got := s.State(c.mod, c.prov); got != c.want {
+			t.Errorf("%s = %s, want %s (config %v)", c.mod, got, c.want, s.Config)
+		}
+	}
+	if s.Config["CONFIG_LOCALVERSION"] != `"-x"` {
+		t.Errorf("config = %v", s.Config)
+	}
+	// A corrupt config.gz is an unreadable source, not a crash.
+	if err := os.WriteFile(filepath.Join(dir, "config.gz"), []byte("not gzip"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s := Read(dir, ""); s.Config != nil || s.State("xt_nfacct", Provides{Family: IPv4, Matches: []string{"nfacct"}}) != Unknown {
+		t.Errorf("corrupt config.gz: config %v", s.Config)
+	}
+}
+
+func FuzzParseConfig(f *testing.F) {
+	f.Add("CONFIG_A=y\n# CONFIG_B is not set\n")
+	f.Add("CONFIG_=y\n#  CONFIG_X is not set\nCONFIG_a=m\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		for k, v := range ParseConfig(strings.NewReader(s)) {
+			if !validSymbol(k) || len(v) >= 256 {
+				t.Fatalf("%q=%q", k, v)
+			}
+		}
+	})
 }
