@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/remediate-dev/remediate/internal/bundle"
+)
+
+// plantedCredentialsDoc is what a redirect's target serves: nothing
+// redaction would recognise, so only not fetching it keeps it out.
+const plantedCredentialsDoc = "CREDENTIALS-DOCUMENT-planted-by-the-redirect-target"
+
+// A kube-proxy endpoint answering 302 into another local listener (a
+// credentials document): the bundle's fetches refuse the redirect like
+// the detectors' and say so in the manifest; the target is never asked.
+// On main the bundle used http.DefaultClient, followed the 302 and wrote
+// the document into four parts.
+func TestOnceBundleRefusesRedirects(t *testing.T) {
+	var secretHits atomic.Int32
+	creds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secretHits.Add(1)
+		fmt.Fprint(w, plantedCredentialsDoc)
+	}))
+	t.Cleanup(creds.Close)
+	kp := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, creds.URL+"/creds", http.StatusFound)
+	}))
+	t.Cleanup(kp.Close)
+	if !strings.HasPrefix(kp.URL, "http://127.0.0.1:") || !strings.HasPrefix(creds.URL, "http://127.0.0.1:") {
+		t.Fatalf("listeners not on loopback: %s %s", kp.URL, creds.URL)
+	}
+	dir := t.TempDir()
+	pol := bundlePolicy(t, dir, kp.URL)
+	path := filepath.Join(dir, "node.tar.gz")
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "0", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+		"--node-name", "n1", "--bundle", path)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, _ := cmd.Output()
+	if code := cmd.ProcessState.ExitCode(); code != exitOK && code != exitFindings && code != exitError {
+		t.Fatalf("exit %d\n%s\n%s", code, out, stderr.String())
+	}
+	parts := readParts(t, path)
+	for name, b := range parts {
+		if bytes.Contains(b, []byte(plantedCredentialsDoc)) {
+			t.Errorf("%s carries the redirect target's document", name)
+		}
+	}
+	if n := secretHits.Load(); n != 0 {
+		t.Errorf("the redirect target was fetched %d times", n)
+	}
+	var m bundle.Manifest
+	if err := json.Unmarshal(parts[bundle.ManifestName], &m); err != nil {
+		t.Fatal(err)
+	}
+	refused := 0
+	for _, p := range m.Parts {
+		if strings.HasPrefix(p.Name, "kube-proxy-") {
+			if !strings.Contains(p.Error, "HTTP 302 redirect to") || !strings.Contains(p.Error, "not followed") || p.Size != 0 {
+				t.Errorf("%s: error %q, %d bytes; want the redirect refused, nothing kept", p.Name, p.Error, p.Size)
+			}
+			refused++
+		}
+	}
+	if refused != 4 {
+		t.Errorf("%d kube-proxy parts, want 4", refused)
+	}
+}
