@@ -75,3 +75,39 @@ func TestOnceBundleRefusesRedirects(t *testing.T) {
 		t.Errorf("%d kube-proxy parts, want 4", refused)
 	}
 }
+
+// A policy's kube-proxy URL with a password in its userinfo and a token
+// in its query: MANIFEST.json's how (GET <url>) and error name the URL
+// redacted, like the parts. On main the manifest carried both.
+func TestOnceBundleManifestRedacted(t *testing.T) {
+	kp := kubeProxyWithSecrets(t, 0)
+	u := strings.Replace(kp, "http://", "http://admin:PolicyPassw0rd@", 1)
+	dir := t.TempDir()
+	pol := policyFile(t, dir, fmt.Sprintf(`kubeProxy: {metricsURL: "%[1]s/metrics?token=PolicyQueryTok", healthzURL: "%[1]s/healthz?sig=PolicySigTok", proxyModeURL: "%[1]s/nowhere?access_token=PolicyAccessTok"}
+rules:
+- name: bloat
+  detector: {type: KubeProxyRuleBloat}
+`, u))
+	path := filepath.Join(dir, "node.tar.gz")
+	cmd := mainCmd(os.Args[0], "--once", "--sample", "0", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+		"--node-name", "n1", "--bundle", path)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, _ := cmd.Output()
+	parts := readParts(t, path)
+	man, ok := parts[bundle.ManifestName]
+	if !ok {
+		t.Fatalf("no manifest\n%s\n%s", out, stderr.String())
+	}
+	for _, s := range []string{"PolicyPassw0rd", "PolicyQueryTok", "PolicySigTok", "PolicyAccessTok"} {
+		for name, b := range parts {
+			if bytes.Contains(b, []byte(s)) {
+				t.Errorf("%s carries %q", name, s)
+			}
+		}
+	}
+	if !bytes.Contains(man, []byte("GET http://"+bundle.Redacted+"@127.0.0.1:")) || !bytes.Contains(man, []byte("/nowhere?access_token="+bundle.Redacted)) ||
+		!bytes.Contains(man, []byte("HTTP 404")) {
+		t.Errorf("manifest does not name the URLs redacted or the 404:\n%s", man)
+	}
+}
