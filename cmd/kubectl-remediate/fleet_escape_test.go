@@ -2,7 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilexec "k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/internal/kube"
@@ -87,5 +92,34 @@ func TestFleetViewNeutralisesEscapes(t *testing.T) {
 	var back fleetview.Fleet
 	if err := json.Unmarshal(j.Bytes(), &back); err != nil || back.Nodes[0].Message != hostileMsg {
 		t.Errorf("JSON does not decode to the message (%v): %q", err, back.Nodes[0].Message)
+	}
+}
+
+// escExec is an executor whose pod prints escape sequences, cut in the
+// middle of a rune, on stdout and stderr.
+type escExec struct{}
+
+func (escExec) Exec(_ context.Context, _ *corev1.Pod, _ string, _ []string, stdout, stderr io.Writer) error {
+	msg := []byte("FINDINGS: \x1b[2J\x1b[Hall good — \u202eevil\u009b\n")
+	for i := range msg {
+		stdout.Write(msg[i : i+1])
+	}
+	fmt.Fprint(stderr, "warn \x1b]0;title\x07\n")
+	return utilexec.CodeExitError{Err: errors.New("command terminated with exit code 2"), Code: 2}
+}
+
+// `kubectl remediate NODE` passes the pod's output on neutralised (a
+// compromised node prints what it likes), its exit status intact. On main
+// the bytes went to the terminal as sent.
+func TestRemoteOutputNeutralised(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := execToTerminal(context.Background(), escExec{}, &corev1.Pod{}, "c", []string{"remediate"}, &out, &errb)
+	if code, _ := exitCode(err); code != 2 {
+		t.Errorf("exit %d (%v), want 2", code, err)
+	}
+	assertTerminalSafe(t, out.String())
+	assertTerminalSafe(t, errb.String())
+	if out.String() != `FINDINGS: \u001b[2J\u001b[Hall good — \u202eevil\u009b`+"\n" {
+		t.Errorf("stdout %q", out.String())
 	}
 }

@@ -134,30 +134,76 @@ type JSONWriter struct{ W io.Writer }
 
 // Write implements io.Writer; it reports len(p) on success.
 func (w *JSONWriter) Write(p []byte) (int, error) {
-	s := string(p)
-	if !clean(s, true) {
-		var b strings.Builder
-		for i := 0; i < len(s); {
-			r, size := utf8.DecodeRuneInString(s[i:])
-			switch {
-			case r == utf8.RuneError && size == 1:
-				b.WriteString(`\ufffd`)
-			case r == '\n' || r == '\t' || !Unsafe(r):
-				b.WriteString(s[i : i+size])
-			case r <= 0xffff:
-				fmt.Fprintf(&b, `\u%04x`, r)
-			default:
-				r1, r2 := utf16Pair(r)
-				fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
-			}
-			i += size
-		}
-		s = b.String()
-	}
-	if _, err := io.WriteString(w.W, s); err != nil {
+	if _, err := io.WriteString(w.W, jsonEscape(string(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
+}
+
+// jsonEscape writes every unsafe rune of s but newline and tab as a JSON
+// \uXXXX escape (a surrogate pair above U+FFFF) and invalid UTF-8 as
+// \ufffd.
+func jsonEscape(s string) string {
+	if clean(s, true) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b.WriteString(`\ufffd`)
+		case r == '\n' || r == '\t' || !Unsafe(r):
+			b.WriteString(s[i : i+size])
+		case r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			r1, r2 := utf16Pair(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, r1, r2)
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// Stream neutralises a byte stream cut anywhere (another process's
+// output, text or JSON: a remote --once run's): like JSONWriter, so JSON
+// stays the same value and text shows \u001b for ESC; a rune split
+// between two writes is held until its end arrives. Flush writes what is
+// still held (as \ufffd: it never ended). Not safe for concurrent use.
+type Stream struct {
+	W    io.Writer
+	held []byte
+}
+
+// Write implements io.Writer; it reports len(p) on success.
+func (s *Stream) Write(p []byte) (int, error) {
+	data := append(s.held, p...)
+	cut := len(data)
+	// Hold an incomplete rune at the end (at most UTFMax-1 bytes).
+	for k := 1; k < utf8.UTFMax && k <= len(data); k++ {
+		if utf8.RuneStart(data[len(data)-k]) {
+			if !utf8.FullRune(data[len(data)-k:]) {
+				cut = len(data) - k
+			}
+			break
+		}
+	}
+	s.held = append([]byte(nil), data[cut:]...)
+	if _, err := io.WriteString(s.W, jsonEscape(string(data[:cut]))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush writes what is held.
+func (s *Stream) Flush() error {
+	if len(s.held) == 0 {
+		return nil
+	}
+	_, err := io.WriteString(s.W, jsonEscape(string(s.held)))
+	s.held = nil
+	return err
 }
 
 // utf16Pair is r's UTF-16 surrogate pair (r > 0xffff).

@@ -160,5 +160,42 @@ func FuzzNeutralise(f *testing.F) {
 		if back != want {
 			t.Fatalf("JSON %q decodes to %q, want %q", b.String(), back, want)
 		}
+		// A stream cut in two anywhere gives the same as JSONWriter.
+		var whole, cut bytes.Buffer
+		(&JSONWriter{W: &whole}).Write([]byte(s))
+		st := &Stream{W: &cut}
+		st.Write([]byte(s[:len(s)/2]))
+		st.Write([]byte(s[len(s)/2:]))
+		st.Flush()
+		if cut.String() != whole.String() {
+			t.Fatalf("stream %q, whole %q", cut.String(), whole.String())
+		}
 	})
+}
+
+// A stream cut anywhere (an exec's output in chunks) is neutralised the
+// same as whole, runes split between chunks kept.
+func TestStreamCutAnywhere(t *testing.T) {
+	in := "report — “ok” 日本語 🙂\x1b[2J\u202e\u009b end\n" + `{"a":"\u202e"}`
+	var whole bytes.Buffer
+	(&JSONWriter{W: &whole}).Write([]byte(in))
+	for step := 1; step <= 5; step++ {
+		var b bytes.Buffer
+		s := &Stream{W: &b}
+		for i := 0; i < len(in); i += step {
+			s.Write([]byte(in[i:min(i+step, len(in))]))
+		}
+		s.Flush()
+		if b.String() != whole.String() {
+			t.Errorf("step %d: %q, want %q", step, b.String(), whole.String())
+		}
+		check(t, in, b.String(), true)
+	}
+	var b bytes.Buffer
+	s := &Stream{W: &b}
+	s.Write([]byte("x\xe2\x80"))
+	s.Flush()
+	if b.String() != `x\ufffd\ufffd` {
+		t.Errorf("a never-ended rune: %q", b.String())
+	}
 }
