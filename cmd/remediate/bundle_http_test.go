@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -109,5 +110,84 @@ rules:
 	if !bytes.Contains(man, []byte("GET http://"+bundle.Redacted+"@127.0.0.1:")) || !bytes.Contains(man, []byte("/nowhere?access_token="+bundle.Redacted)) ||
 		!bytes.Contains(man, []byte("HTTP 404")) {
 		t.Errorf("manifest does not name the URLs redacted or the 404:\n%s", man)
+	}
+}
+
+// argvShapesFile is the corpus of secret shapes on a command line,
+// shared with internal/bundle's tests.
+const argvShapesFile = "../../internal/bundle/testdata/argv-shapes.tsv"
+
+// A real process named kube-proxy whose argv carries every shape of
+// argv-shapes.tsv (one after the other): no part of the bundle, manifest
+// included, holds any of the secrets, and processes.json still lists the
+// process with its ordinary arguments. On main 25 of the shapes survived.
+func TestOnceBundleArgvShapes(t *testing.T) {
+	raw, err := os.ReadFile(argvShapesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"kube-proxy", "--hostname-override=node-1"}
+	var secrets, shapes []string
+	for _, l := range strings.Split(string(raw), "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		f := strings.Split(l, "\t")
+		var a []string
+		if len(f) != 3 || json.Unmarshal([]byte(f[2]), &a) != nil {
+			t.Fatalf("bad line %q", l)
+		}
+		argv = append(argv, a...)
+		shapes, secrets = append(shapes, f[0]), append(secrets, f[1])
+	}
+	if len(secrets) < 38 {
+		t.Fatalf("%d shapes", len(secrets))
+	}
+	cmd := &exec.Cmd{Path: os.Args[0], Args: argv, Env: []string{"REMEDIATE_TEST_SLEEP=1"}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	dir := t.TempDir()
+	pol := bundlePolicy(t, dir, kubeProxyWithSecrets(t, 0))
+	path := filepath.Join(dir, "node.tar.gz")
+	run := mainCmd(os.Args[0], "--once", "--sample", "0", "--dry-run", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+		"--node-name", "n1", "--bundle", path)
+	var stderr bytes.Buffer
+	run.Stderr = &stderr
+	out, _ := run.Output()
+	parts := readParts(t, path)
+	if len(parts) == 0 {
+		t.Fatalf("no bundle\n%s\n%s", out, stderr.String())
+	}
+	for name, b := range parts {
+		for i, s := range secrets {
+			if bytes.Contains(b, []byte(s)) {
+				t.Errorf("%s keeps %q (%s)", name, s, shapes[i])
+			}
+		}
+	}
+	var ps []struct {
+		Pid     int      `json:"pid"`
+		Cmdline []string `json:"cmdline"`
+	}
+	if err := json.Unmarshal(parts["processes.json"], &ps); err != nil {
+		t.Fatalf("processes.json: %v\n%s", err, parts["processes.json"])
+	}
+	found := false
+	for _, p := range ps {
+		if p.Pid == cmd.Process.Pid {
+			found = true
+			joined := strings.Join(p.Cmdline, " ")
+			for _, keep := range []string{"kube-proxy --hostname-override=node-1", "mysqladmin", "--v=2", "http://10.0.0.1:8080/api?token="} {
+				if !strings.Contains(joined, keep) {
+					t.Errorf("processes.json lost %q: %s", keep, joined)
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("the process %d is not in processes.json:\n%s", cmd.Process.Pid, parts["processes.json"])
 	}
 }
