@@ -6,6 +6,7 @@ import (
 	"math"
 	"regexp"
 	"sort"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -267,8 +268,8 @@ func redactDashP(data []byte) ([]byte, int) {
 	return append(out, data[last:]...), n
 }
 
-// keepDashP keeps a -p argument that is no password: a protocol, a port
-// or a number, or a plain lower-case word (-print, -ptcp).
+// keepDashP keeps a -p argument that is no password: a protocol (any
+// case), a port or a number, or a plain lower-case word (-print, -ptcp).
 func keepDashP(v []byte) bool {
 	lower, digitsOnly := true, true
 	for _, c := range v {
@@ -278,6 +279,10 @@ func keepDashP(v []byte) bool {
 		if (c < '0' || c > '9') && c != ':' && c != '.' && c != ',' && c != '-' && c != '/' {
 			digitsOnly = false
 		}
+	}
+	switch strings.ToLower(string(v)) {
+	case "tcp", "udp", "sctp", "icmp", "icmpv6", "ipv6-icmp", "all", "esp", "ah", "gre", "udplite":
+		return true // -pTCP
 	}
 	return lower || digitsOnly
 }

@@ -51,7 +51,7 @@ var argvKeep = []string{
 	`kube-proxy --cluster-cidr=10.244.0.0/16 --proxy-mode=iptables --conntrack-max-per-core=0 --iptables-sync-period=30s --oom-score-adj=-999 --config=/var/lib/kube-proxy/config.conf --hostname-override=node-1 --masquerade-all --kubeconfig=/var/lib/kube-proxy/kubeconfig`,
 	`kube-apiserver --tls-private-key-file=/etc/kubernetes/pki/apiserver.key --service-account-key-file=/etc/kubernetes/pki/sa.pub`,
 	`iptables -t nat -A KUBE-SERVICES -p tcp -d 10.96.0.1/32 -m comment --comment "default/kubernetes:https cluster IP" --dport 443 -j KUBE-SVC-NPX46M4PTMTKRN6Y`,
-	`ip6tables -w -ptcp --dport 53 -j ACCEPT`,
+	`ip6tables -w -ptcp --dport 53 -j ACCEPT`, `iptables -pUDP --dport 53`,
 	`ssh -p2222 node-1`, `find /var/lib -print`, `ipvsadm -A -t 10.96.0.10:53 -s rr -p 300`,
 	`containerd://3f4e5d6c7b8a99887766554433221100ffeeddccbbaa99887766554433221100`,
 	`pod 0a1b2c3d-4e5f-6789-abcd-ef0123456789`,
