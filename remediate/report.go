@@ -11,6 +11,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/finding"
+	"github.com/remediate-dev/remediate/internal/termsafe"
 )
 
 // Outcome of a decision. These strings are part of the stable JSON report.
@@ -93,15 +94,20 @@ func (r *Report) ExitCode() int {
 	return 0
 }
 
-// WriteJSON writes the report as indented JSON.
+// WriteJSON writes the report as indented JSON (runes a terminal would act
+// on escaped as \uXXXX: the same JSON value, safe to print).
 func (r *Report) WriteJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
+	enc := json.NewEncoder(&termsafe.JSONWriter{W: w})
 	enc.SetIndent("", "  ")
 	return enc.Encode(r)
 }
 
-// WriteText writes the report as readable tables, like kubectl.
+// WriteText writes the report as readable tables, like kubectl. Findings
+// carry outside text (a process's argv, kube-proxy's answers): the whole
+// report goes through termsafe, and every free-text cell is put on one
+// line, so nothing in it drives the terminal or forges a line.
 func (r *Report) WriteText(w io.Writer) error {
+	w = termsafe.NewWriter(w)
 	mode := r.Mode
 	if r.ForcedDryRun {
 		mode += " (--dry-run)"
@@ -125,7 +131,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintln(w, "FINDINGS:")
 		fmt.Fprintln(tw, "SEVERITY\tRULE\tDETECTOR\tTARGET\tMESSAGE")
 		for _, f := range r.Findings {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Severity, f.Rule, f.Detector, f.Target, oneLine(f.Message))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", f.Severity, f.Rule, f.Detector, oneLine(f.Target), oneLine(f.Message))
 		}
 		tw.Flush()
 		writeTopCauses(w, r.Findings)
@@ -137,7 +143,7 @@ func (r *Report) WriteText(w io.Writer) error {
 		fmt.Fprintln(w, "DECISIONS:")
 		fmt.Fprintln(tw, "OUTCOME\tRULE\tACTION\tTARGET\tREASON")
 		for _, d := range r.Decisions {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Outcome, d.Rule, orDash(d.Action), d.Target, oneLine(d.Reason))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", d.Outcome, d.Rule, orDash(d.Action), oneLine(d.Target), oneLine(d.Reason))
 		}
 		tw.Flush()
 	}
@@ -170,7 +176,7 @@ func writeTopCauses(w io.Writer, fs []ReportFinding) {
 			fmt.Fprintln(w, "LIKELY CAUSE (top of each finding's ranked list; all with figures: -o json):")
 			first = false
 		}
-		fmt.Fprintf(w, "  %s %s: %s\n", f.Rule, f.Target, oneLine(top))
+		fmt.Fprintf(w, "  %s %s: %s\n", f.Rule, oneLine(f.Target), oneLine(top))
 	}
 }
 
@@ -202,9 +208,10 @@ func (r *Report) rulesWithFindings() int {
 const maxTextField = 2000
 
 // oneLine puts s on one line, whole: causes are at the end of messages, so
-// cutting them short loses what matters.
+// cutting them short loses what matters. Controls left after the
+// whitespace is folded are escaped (termsafe.Line).
 func oneLine(s string) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = termsafe.Line(strings.Join(strings.Fields(s), " "))
 	if len(s) > maxTextField {
 		s = s[:maxTextField-len(" ... (cut; see -o json)")] + " ... (cut; see -o json)"
 	}

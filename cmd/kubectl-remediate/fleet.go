@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/remediate-dev/remediate/internal/termsafe"
 	"github.com/remediate-dev/remediate/remediate/exporters/fleetview"
 )
 
@@ -67,9 +68,7 @@ docs/FLEET.md.`,
 			}
 			sortNodes(f.Nodes, o.sortBy)
 			if o.output == "json" {
-				enc := json.NewEncoder(stdout)
-				enc.SetIndent("", "  ")
-				return enc.Encode(f)
+				return encodeFleetJSON(stdout, &f)
 			}
 			printFleet(stdout, &f, now)
 			return nil
@@ -182,10 +181,25 @@ func clipText(s string, n int) string {
 	return s[:n-3] + "..."
 }
 
+// encodeFleetJSON writes -o json: encoding/json's escaping, and the runes
+// it leaves raw that a terminal acts on (C1, bidi) as \uXXXX too.
+func encodeFleetJSON(w io.Writer, f *fleetview.Fleet) error {
+	enc := json.NewEncoder(&termsafe.JSONWriter{W: w})
+	enc.SetIndent("", "  ")
+	return enc.Encode(f)
+}
+
 // printFleet writes the text view: the fleet-wide lines, then a table.
+// Everything in it was written by someone else (a node's daemon, or any
+// holder of its token: the condition's message, Lease fields, Events), so
+// the whole view goes through termsafe (no escape sequence reaches the
+// terminal) and each field through termsafe.Line (no field starts a
+// forged line or column).
 func printFleet(w io.Writer, f *fleetview.Fleet, now time.Time) {
+	w = termsafe.NewWriter(w)
+	l := termsafe.Line
 	if f.Pause.Paused {
-		fmt.Fprintf(w, "FLEET PAUSED: %s\n", f.Pause.Reason)
+		fmt.Fprintf(w, "FLEET PAUSED: %s\n", l(f.Pause.Reason))
 	} else {
 		fmt.Fprintln(w, "Fleet pause: none")
 	}
@@ -193,7 +207,7 @@ func printFleet(w io.Writer, f *fleetview.Fleet, now time.Time) {
 	for _, s := range f.Budget {
 		if s.Holder != "" {
 			held++
-			fmt.Fprintf(w, "Budget slot %s: held by %s for %s on %s (%s), since %s ago\n", s.Lease, s.Holder, s.Action, s.Target, s.Rule, age(s.Since, now))
+			fmt.Fprintf(w, "Budget slot %s: held by %s for %s on %s (%s), since %s ago\n", l(s.Lease), l(s.Holder), l(s.Action), l(s.Target), l(s.Rule), age(s.Since, now))
 		}
 	}
 	if held == 0 {
@@ -203,10 +217,10 @@ func printFleet(w io.Writer, f *fleetview.Fleet, now time.Time) {
 	for _, n := range f.Nodes {
 		count[n.Status]++
 	}
-	fmt.Fprintf(w, "Nodes: %d (%s: True %d, False %d, Unknown %d, None %d; stale after %s)\n", len(f.Nodes), f.ConditionType,
+	fmt.Fprintf(w, "Nodes: %d (%s: True %d, False %d, Unknown %d, None %d; stale after %s)\n", len(f.Nodes), l(f.ConditionType),
 		count["True"], count["False"], count["Unknown"], count[fleetview.StatusNone], time.Duration(f.StaleAfterSeconds)*time.Second)
 	for _, warn := range f.Warnings {
-		fmt.Fprintf(w, "WARNING: %s\n", warn)
+		fmt.Fprintf(w, "WARNING: %s\n", l(warn))
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tSTATUS\tSINCE\tHEARTBEAT\tTOP FINDING\tLAST ACTION\tBUDGET")
@@ -222,7 +236,7 @@ func printFleet(w io.Writer, f *fleetview.Fleet, now time.Time) {
 				act += fmt.Sprintf(" (x%d)", a.Count)
 			}
 		}
-		top := clipText(n.TopFinding, 60)
+		top := clipText(l(n.TopFinding), 60)
 		if top == "" {
 			top = "-"
 		}
@@ -230,7 +244,7 @@ func printFleet(w io.Writer, f *fleetview.Fleet, now time.Time) {
 		if len(n.BudgetSlots) > 0 {
 			budget = strings.Join(n.BudgetSlots, ",")
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, st, age(n.Since, now), age(n.Heartbeat, now), top, act, budget)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l(n.Name), l(st), age(n.Since, now), age(n.Heartbeat, now), top, l(act), l(budget))
 	}
 	tw.Flush()
 }

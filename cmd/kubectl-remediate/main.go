@@ -43,6 +43,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/remediate-dev/remediate/internal/bundle"
+	"github.com/remediate-dev/remediate/internal/termsafe"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -278,6 +279,19 @@ many nodes); a node named like one is reached with: kubectl remediate once NODE.
 }
 
 // remote does the work: find the pod, run --once, copy the bundle.
+// execToTerminal runs cmd in the pod with its output passed on through
+// termsafe: what a node's pod prints is outside text to this terminal (a
+// compromised node could print escape sequences), text or JSON alike.
+func execToTerminal(ctx context.Context, ex Executor, pod *corev1.Pod, container string, cmd []string, stdout, stderr io.Writer) error {
+	so, se := &termsafe.Stream{W: stdout}, &termsafe.Stream{W: stderr}
+	err := ex.Exec(ctx, pod, container, cmd, so, se)
+	ferr := errors.Join(so.Flush(), se.Flush())
+	if err != nil {
+		return err // as the executor gave it: its exit status is read from it
+	}
+	return ferr
+}
+
 func remote(ctx context.Context, o *options, nodeName string, extra []string, stdout, stderr io.Writer, d deps) error {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -315,7 +329,7 @@ func remote(ctx context.Context, o *options, nodeName string, extra []string, st
 	if o.act && slices.Contains(argv[:len(argv)-len(extra)], "--dry-run") {
 		fmt.Fprintf(stderr, "kubectl-remediate: the DaemonSet runs remediate with --dry-run: --act does not lift it, this run is a dry run too\n")
 	}
-	runErr := ex.Exec(ctx, pod, o.ctr, argv, stdout, stderr)
+	runErr := execToTerminal(ctx, ex, pod, o.ctr, argv, stdout, stderr)
 	code, runErr := exitCode(runErr)
 	if runErr != nil {
 		return abortBundle(f, fmt.Errorf("exec in pod %s/%s: %w", pod.Namespace, pod.Name, runErr))

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/remediate-dev/remediate/internal/termsafe"
 	"github.com/remediate-dev/remediate/remediate/exporters/fleetview"
 )
 
@@ -108,7 +109,7 @@ errored or was not run, else 2 if any has findings, else 0.`,
 				return err
 			}
 			if o.output == "json" {
-				enc := json.NewEncoder(stdout)
+				enc := json.NewEncoder(&termsafe.JSONWriter{W: stdout})
 				enc.SetIndent("", "  ")
 				if err := enc.Encode(rep); err != nil {
 					return err
@@ -353,8 +354,10 @@ func merge(results []nodeResult) *mergedReport {
 	return m
 }
 
-// printMerged prints each node's report, then the summary.
+// printMerged prints each node's report, then the summary. What a node's
+// pod printed is outside text to this terminal: it goes through termsafe.
 func printMerged(w io.Writer, m *mergedReport) {
+	w = termsafe.NewWriter(w)
 	for _, r := range m.Nodes {
 		fmt.Fprintf(w, "=== node %s (pod %s): exit %d\n", r.Node, orDash(r.Pod), r.Exit)
 		if r.DryRunForced {

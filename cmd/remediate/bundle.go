@@ -18,6 +18,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/bundle"
+	"github.com/remediate-dev/remediate/internal/httpget"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/ipvs"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -69,6 +70,8 @@ type collector struct {
 	pol     *policy.Policy
 	partMax int
 	errs    []error
+	// http makes every request of the bundle (httpget's client).
+	http *http.Client
 }
 
 func (c *collector) add(name, how string, data []byte, err error) {
@@ -102,7 +105,7 @@ func writeBundle(ctx context.Context, o *options, pol *policy.Policy, wi *wiring
 	if err != nil {
 		return 0, err
 	}
-	c := &collector{w: w, n: n, o: o, pol: pol, partMax: bundle.DefaultMaxPartBytes}
+	c := &collector{w: w, n: n, o: o, pol: pol, partMax: bundle.DefaultMaxPartBytes, http: httpget.NewClient(httpget.Options{Timeout: httpTimeout})}
 	var txt, js bytes.Buffer
 	terr := rep.WriteText(&txt)
 	c.add(bundle.ReportTextName, "the --once report (text)", txt.Bytes(), terr)
@@ -268,21 +271,17 @@ func (c *collector) kubeProxy(ctx context.Context) {
 	}
 }
 
+// get reads one kube-proxy endpoint the way the detectors do (httpget: a
+// redirect is refused and named, never followed; no proxy from the
+// environment; bounded in time and size). A body over the part's cap is
+// kept to just past it, for Add to cut and mark.
 func (c *collector) get(ctx context.Context, url string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, httpTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
+	status, body, err := httpget.Get(ctx, c.http, url, "", httpTimeout, int64(c.partMax)+1)
+	if errors.Is(err, httpget.ErrTooLarge) {
+		err = nil
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(c.partMax)+1))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("HTTP %d", resp.StatusCode)
+	if err == nil && status != http.StatusOK {
+		err = fmt.Errorf("HTTP %d", status)
 	}
 	return body, err
 }

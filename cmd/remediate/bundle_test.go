@@ -287,7 +287,7 @@ func TestBundleShowHostile(t *testing.T) {
 		t.Errorf("exit %d, want 1", code)
 	}
 	for _, s := range []string{`"../../etc/cron.d/evil" refused: not a flat file name`, `"report.txt" refused: not a regular file`,
-		"journal-tail.txt: in the manifest, missing from the bundle", "node n?[31mred"} {
+		"journal-tail.txt: in the manifest, missing from the bundle", `node n\x1b[31mred`} {
 		if !strings.Contains(out, s) {
 			t.Errorf("output lacks %q:\n%s", s, out)
 		}

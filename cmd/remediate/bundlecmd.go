@@ -10,6 +10,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/bundle"
+	"github.com/remediate-dev/remediate/internal/termsafe"
 )
 
 func newBundleCmd(stdout, stderr io.Writer) *cobra.Command {
@@ -97,26 +98,9 @@ func showBundle(path string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// safe makes a string from a bundle printable on one line: control
-// characters (terminal escapes in a hostile bundle) become '?'.
-func safe(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return '?'
-		}
-		return r
-	}, s)
-}
+// safe makes a string from a bundle printable on one line (a hostile
+// bundle's terminal escapes shown escaped).
+func safe(s string) string { return termsafe.Line(s) }
 
 // safeText is safe for multi-line text: newlines and tabs stay.
-func safeText(s string) string {
-	return strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\t' {
-			return r
-		}
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return '?'
-		}
-		return r
-	}, s)
-}
+func safeText(s string) string { return termsafe.Text(s) }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/remediate-dev/remediate/internal/kube"
+	"github.com/remediate-dev/remediate/internal/termsafe"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
 	"github.com/remediate-dev/remediate/remediate/journal"
@@ -383,7 +384,7 @@ func newJournalCmd(stdout, stderr io.Writer) *cobra.Command {
 			for _, r := range recs {
 				if out == "json" {
 					b, _ := jsonLine(r)
-					fmt.Fprintln(stdout, b)
+					fmt.Fprintln(&termsafe.JSONWriter{W: stdout}, b)
 				} else {
 					fmt.Fprintln(stdout, journal.Format(r))
 				}

@@ -6,8 +6,10 @@
 //
 // The writer bounds the bundle: each part is capped (truncation is marked
 // in the part and the manifest) and all parts together stay under a total;
-// every part passes through Redact (bearer tokens, Authorization headers,
-// kubeconfig credentials, private keys, JWTs) before it is written. The
+// every part, and each part's how and error in the manifest, passes
+// through Redact (by shape: credential names, known token prefixes, URL
+// userinfo and query credentials, headers and cookies, private keys,
+// JWTs, base64 decoded once, high-entropy tokens) before it is written. The
 // reader is for bundles from anywhere: it keeps nothing on disk, refuses
 // anything but flat regular files, bounds every entry and the whole
 // stream, and checks each part against the manifest.
@@ -57,7 +59,8 @@ type Part struct {
 	// past the cap, so the source may have been longer still).
 	Truncated bool  `json:"truncated,omitempty"`
 	Original  int64 `json:"originalSize,omitempty"`
-	// Redactions counts the secrets replaced in the part.
+	// Redactions counts the secrets replaced in the part, its how and
+	// its error.
 	Redactions int `json:"redactions,omitempty"`
 }
 
@@ -132,11 +135,17 @@ func (w *Writer) Add(name, how string, data []byte, err error) error {
 		return fmt.Errorf("bundle: part %q added twice", name)
 	}
 	w.seen[name] = true
-	p := Part{Name: name, How: how}
+	// The manifest is redacted like the parts: a how names a URL (a
+	// policy's, with userinfo or a token in its query), an error quotes
+	// it.
+	var nHow, nErr int
+	p := Part{Name: name}
+	p.How, nHow = RedactString(how)
 	if err != nil {
-		p.Error = err.Error()
+		p.Error, nErr = RedactString(err.Error())
 	}
 	data, p.Redactions = Redact(data)
+	p.Redactions += nHow + nErr
 	room := min(w.o.MaxPartBytes, w.o.MaxBytes-manifestReserve-w.used)
 	if int64(len(data)) > room {
 		p.Truncated, p.Original = true, int64(len(data))

@@ -255,6 +255,9 @@ func FuzzRedact(f *testing.F) {
 	for _, c := range redactionCorpus {
 		f.Add([]byte(c.in))
 	}
+	for _, c := range argvShapes {
+		f.Add([]byte(c.line))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		out, _ := Redact(data)
 		if again, _ := Redact(out); !bytes.Equal(again, out) {
@@ -298,8 +301,11 @@ var redactionKeep = []string{
 	`kubeproxy_sync_proxy_rules_iptables_total{table="nat"} 42`, "--kubeconfig=/var/lib/kube-proxy/kubeconfig", "--hostname-override node-1",
 }
 
-// Every part a bundle holds, each carrying the whole corpus in its
-// place: what is read back holds no secret of it and keeps the evidence.
+// Every part a bundle holds, each carrying the whole corpus (and the argv
+// shapes) in its place, and the manifest's how and error carrying a
+// policy URL's password and query token and every argv shape: what is
+// read back holds no secret of it and keeps the evidence. On main the
+// manifest kept the URL's password and 25 argv shapes survived.
 func TestRedactCorpusInEveryPart(t *testing.T) {
 	parts := []string{ReportTextName, ReportJSONName, "versions.txt",
 		"iptables-legacy-save.txt", "ip6tables-legacy-save.txt", "iptables-nft-save.txt", "ip6tables-nft-save.txt",
@@ -310,13 +316,24 @@ func TestRedactCorpusInEveryPart(t *testing.T) {
 	for i, c := range redactionCorpus {
 		fmt.Fprintf(&body, "%s\n%s\n", redactionKeep[i%len(redactionKeep)], c.in)
 	}
+	for i, c := range argvShapes {
+		fmt.Fprintf(&body, "%s\n%s\n", argvKeep[i%len(argvKeep)], c.line)
+	}
+	// The manifest's how and error carry what a collector was given: a
+	// policy URL with a password, a query token, an argv.
+	var how strings.Builder
+	for _, c := range argvShapes {
+		how.WriteString(c.line + " ")
+	}
+	planted := []string{"PolicyPassw0rd", "PolicyQueryTok", "ErrPassw0rd", "ErrQueryTok"}
 	path := filepath.Join(t.TempDir(), "b.tar.gz")
 	w, err := Create(path, Options{Node: "n1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range parts {
-		must(t, w.Add(p, "test", []byte(body.String()), nil))
+		must(t, w.Add(p, "GET http://admin:PolicyPassw0rd@127.0.0.1:10249/metrics?token=PolicyQueryTok "+how.String(), []byte(body.String()),
+			fmt.Errorf(`Get "http://admin:ErrPassw0rd@127.0.0.1:10249/metrics?x=1&sig=ErrQueryTok": %s`, how.String())))
 	}
 	must(t, w.Close())
 	b := readFile(t, path, Limits{})
@@ -355,15 +372,31 @@ func TestRedactCorpusInEveryPart(t *testing.T) {
 				t.Errorf("%s keeps %q (planted as %q)", p, c.secret, c.in)
 			}
 		}
-		for _, k := range redactionKeep {
+		for _, c := range argvShapes {
+			if bytes.Contains(got, []byte(c.secret)) {
+				t.Errorf("%s keeps %q (%s)", p, c.secret, c.shape)
+			}
+		}
+		for _, k := range append(redactionKeep, argvKeep...) {
 			if !bytes.Contains(got, []byte(k)) {
 				t.Errorf("%s lost the evidence %q", p, k)
 			}
 		}
 	}
+	man := all[ManifestName]
+	for _, s := range planted {
+		if !bytes.Contains(man, []byte("127.0.0.1:10249/metrics")) || bytes.Contains(man, []byte(s)) {
+			t.Errorf("MANIFEST.json carries %q:\n%s", s, man)
+		}
+	}
+	for _, c := range argvShapes {
+		if bytes.Contains(man, []byte(c.secret)) {
+			t.Errorf("MANIFEST.json keeps %q (%s)", c.secret, c.shape)
+		}
+	}
 	for _, p := range b.Manifest.Parts {
-		if p.Redactions < len(redactionCorpus) {
-			t.Errorf("%s: %d redactions counted, want at least %d", p.Name, p.Redactions, len(redactionCorpus))
+		if want := len(redactionCorpus) + len(argvShapes); p.Redactions < want {
+			t.Errorf("%s: %d redactions counted, want at least %d", p.Name, p.Redactions, want)
 		}
 	}
 	if t.Failed() {

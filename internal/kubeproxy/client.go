@@ -2,8 +2,8 @@ package kubeproxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -13,6 +13,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/httpget"
 )
 
 // Defaults for Options.
@@ -44,8 +45,8 @@ type Options struct {
 	// CacheTTL is how long an answer (or a failure) is reused.
 	CacheTTL time.Duration
 	// Transport makes the connections (tests reach a kube-proxy in a
-	// network namespace through it). Default: a transport without
-	// keep-alives or proxy.
+	// network namespace through it). Default: httpget's (no keep-alives,
+	// no proxy); redirects are refused either way.
 	Transport http.RoundTripper
 	// Clock defaults to the real clock.
 	Clock clock.PassiveClock
@@ -107,11 +108,7 @@ func New(opts Options) (*Client, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	tr := opts.Transport
-	if tr == nil {
-		tr = &http.Transport{Proxy: nil, DisableKeepAlives: true, ResponseHeaderTimeout: opts.Timeout}
-	}
-	c := &Client{opts: opts, http: &http.Client{Transport: tr, Timeout: opts.Timeout, CheckRedirect: noRedirects}, clock: opts.Clock}
+	c := &Client{opts: opts, http: httpget.NewClient(httpget.Options{Timeout: opts.Timeout, Transport: opts.Transport}), clock: opts.Clock}
 	c.mets.init()
 	c.health.init()
 	c.mode.init()
@@ -200,41 +197,27 @@ func ParseProxyMode(body []byte) (Mode, error) {
 	}
 }
 
-// get performs one bounded GET and returns the status and at most MaxBytes
-// of body (more is an ErrTooLarge bad response).
+// get performs one bounded GET (httpget: no redirect, no proxy) and
+// returns the status and at most MaxBytes of body (more is an ErrTooLarge
+// bad response).
 func (c *Client) get(ctx context.Context, u, accept string) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: err}
-	}
-	req.Header.Set("Accept", accept)
-	resp, err := c.http.Do(req)
-	if err != nil {
+	status, body, err := httpget.Get(ctx, c.http, u, accept, c.opts.Timeout, c.opts.MaxBytes)
+	var terr *httpget.TransportError
+	switch {
+	case err == nil:
+		return status, body, nil
+	case errors.Is(err, httpget.ErrTooLarge):
+		return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, c.opts.MaxBytes)}
+	case errors.As(err, &terr):
 		return 0, nil, &Error{Kind: KindUnreachable, URL: u, Err: err}
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
-		// Never followed: kube-proxy does not redirect, and a redirect's
-		// target (and its body) is nobody we asked.
-		return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("HTTP %d redirect to %q not followed", resp.StatusCode, clip.String(resp.Header.Get("Location"), 200))}
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBytes+1))
-	if err != nil {
-		return 0, nil, &Error{Kind: KindUnreachable, URL: u, Err: fmt.Errorf("reading body: %w", err)}
-	}
-	if int64(len(body)) > c.opts.MaxBytes {
-		return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: fmt.Errorf("%w (%d bytes)", ErrTooLarge, c.opts.MaxBytes)}
-	}
-	return resp.StatusCode, body, nil
+	// A redirect (never followed: kube-proxy does not redirect, and a
+	// redirect's target is nobody we asked) or a URL that is no request.
+	return 0, nil, &Error{Kind: KindBadResponse, URL: u, Err: err}
 }
 
 // snippet returns the start of a body for error messages.
 func snippet(b []byte) string { return clip.Excerpt(b, 80) }
-
-// noRedirects makes the HTTP client return a redirect response as is.
-func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // cache holds one endpoint's last answer. The semaphore serialises fetches:
 // callers arriving during a fetch wait (or give up with their ctx) and then

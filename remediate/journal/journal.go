@@ -19,6 +19,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/termsafe"
 )
 
 // Kinds of records.
@@ -319,7 +320,10 @@ func readLine(br *bufio.Reader, max int) ([]byte, int, error) {
 	}
 }
 
-// Format renders a record as one readable line.
+// Format renders a record as one readable line, safe for a terminal: a
+// record carries outside text (a process's argv in a target or an error),
+// so the line goes through termsafe.Line (escape sequences, controls,
+// bidi overrides and newlines shown escaped).
 func Format(r Record) string {
 	var b strings.Builder
 	ts := "????-??-??T??:??:??Z"
@@ -352,5 +356,5 @@ func Format(r Record) string {
 	if r.ID != "" {
 		fmt.Fprintf(&b, "  [%s]", r.ID)
 	}
-	return b.String()
+	return termsafe.Line(b.String())
 }
