@@ -159,25 +159,35 @@ func Rules(c Config) []Rule {
 		add(d, Read, "CNIConfig, HostLocalIPAM")
 	}
 	if c.CRISocket != "" {
-		add(filepath.Dir(c.CRISocket), Read, "--cri-socket")
+		add(dirOf(c.CRISocket), Read, "--cri-socket")
 	}
 	add(c.StateDir, ReadWrite, "--state-dir: guardrail state, journal")
 	add(c.JournalDir, Read, "the journal's tail for --bundle")
 	add(c.XtablesLock, ReadWrite, "--xtables-lock: iptables-restore takes it")
 	if c.Policy != "" {
-		add(filepath.Dir(c.Policy), Read, "--policy (reloaded)")
+		add(dirOf(c.Policy), Read, "--policy (reloaded)")
 	}
 	for _, k := range c.Kubeconfig {
 		if k != "" {
-			add(filepath.Dir(k), Read, "kubeconfig")
+			add(dirOf(k), Read, "kubeconfig (and the files it names beside it)")
 		}
 	}
 	add(c.KubeletCA, Read, "--kubelet-ca")
 	if c.Bundle != "" {
-		add(filepath.Dir(c.Bundle), ReadWrite, "--bundle")
+		add(dirOf(c.Bundle), ReadWrite, "--bundle")
 	}
 	add(c.TempDir, ReadWrite, "the dry-run copy of the state")
 	return out
+}
+
+// dirOf is the directory of file, or file itself when that directory is
+// the root (a rule on / would allow everything).
+func dirOf(file string) string {
+	d := filepath.Dir(filepath.Clean(file))
+	if d == "/" || d == "." {
+		return file
+	}
+	return d
 }
 
 // Status says what Apply did.

@@ -41,6 +41,12 @@ func TestRules(t *testing.T) {
 			t.Errorf("%s: %v %v, want %v", p, g, ok, a)
 		}
 	}
+	// A file in / gives a rule on the file, never on /.
+	for _, r := range Rules(Config{Policy: "/policy.yaml", Kubeconfig: []string{"/kubeconfig"}, Bundle: "/b.tar.gz", CRISocket: "/cri.sock"}) {
+		if r.Path == "/" {
+			t.Errorf("rule on /: %+v", r)
+		}
+	}
 	for _, p := range []string{"/", "/etc", "/var", "/run", "/host", "."} {
 		if _, ok := got[p]; ok {
 			t.Errorf("%s is allowed: it would cover the host's files when the daemon's root is the host's", p)
