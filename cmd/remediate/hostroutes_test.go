@@ -126,6 +126,22 @@ func probeRoutes(in string, args []string) int {
 	readIs("needed proc/locks", filepath.Join(o.procRoot, "locks"), "")
 	readIs("needed proc/net/ip_tables_names", "/proc/net/ip_tables_names", "")
 	readIs("needed nf_conntrack_max", filepath.Join(o.procRoot, "sys/net/netfilter/nf_conntrack_max"), "")
+	try("needed nf_conntrack_max write", func() error { // RaiseConntrackMax's write, its own value back
+		p := filepath.Join(o.procRoot, "sys/net/netfilter/nf_conntrack_max")
+		b, err := boundedfile.Read(p, 64)
+		if err != nil {
+			return err
+		}
+		f, err := boundedfile.OpenWrite(p)
+		if err != nil {
+			return err
+		}
+		_, err = f.Write(b)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}())
 	try("needed state dir write", os.WriteFile(filepath.Join(o.stateDir, "probe"), []byte("x"), 0o600))
 	_, err := os.ReadDir(o.cniConfDir)
 	try("needed CNI dir list", err)

@@ -14,6 +14,8 @@
 //     lands on a dentry whose ancestors carry no rule, and is refused;
 //   - a symlink planted in a mounted directory that points out of it
 //     (through /proc/<pid>/root) is refused the same way;
+//   - connecting to an abstract UNIX socket of a host process (the pod
+//     shares the host's network namespace) is refused (ABI 6+);
 //   - writes are allowed only where the daemon writes (its state
 //     directory, the xtables lock, the conntrack sysctls under
 //     <proc-root>/sys/net/netfilter, the conntrack hashsize, /tmp): a
@@ -89,11 +91,14 @@ type Config struct {
 	StateDir    string // read and write
 	JournalDir  string // the state dir as given, when a dry run works on a copy (read)
 	XtablesLock string // read and write (iptables-restore takes it)
-	Policy      string // its directory (a ConfigMap swaps a symlink), read
-	Kubeconfig  []string
-	KubeletCA   string
-	Bundle      string // --bundle: its directory, read and write
-	TempDir     string // os.TempDir(): the dry-run state copy, read and write
+	// ChildLock is the lock file the iptables children take
+	// ($XTABLES_LOCKFILE, else /run/xtables.lock), read and write.
+	ChildLock  string
+	Policy     string // its directory (a ConfigMap swaps a symlink), read
+	Kubeconfig []string
+	KubeletCA  string
+	Bundle     string // --bundle: its directory, read and write
+	TempDir    string // os.TempDir(): the dry-run state copy, read and write
 }
 
 // image are the hierarchies of the daemon's own root filesystem its
@@ -164,6 +169,7 @@ func Rules(c Config) []Rule {
 	add(c.StateDir, ReadWrite, "--state-dir: guardrail state, journal")
 	add(c.JournalDir, Read, "the journal's tail for --bundle")
 	add(c.XtablesLock, ReadWrite, "--xtables-lock: iptables-restore takes it")
+	add(c.ChildLock, ReadWrite, "the lock iptables-restore takes ($XTABLES_LOCKFILE, else /run/xtables.lock)")
 	if c.Policy != "" {
 		add(dirOf(c.Policy), Read, "--policy (reloaded)")
 	}
@@ -214,10 +220,13 @@ func (s Status) String() string {
 
 // handled are the filesystem rights restricted: every right of ABI 5 to 7
 // (pinned, so that a newer kernel does not start refusing what a newer
-// ABI adds, such as connect(2) to the CRI socket in ABI 9). Network access
-// and signals are not restricted: the daemon must reach kube-proxy and
-// the API and signal hung processes.
-var handled = landlock.V5.BestEffort()
+// ABI adds, such as connect(2) to the CRI socket in ABI 9), and, from ABI
+// 6, connecting to abstract UNIX sockets of processes outside the domain
+// (hostNetwork shares the host's: containerd-shim listened on one,
+// CVE-2020-15257; the daemon uses none). Network ports and signals are
+// not restricted: the daemon must reach kube-proxy and the API and signal
+// hung processes.
+var handled = landlock.MustConfig(landlock.V5.HandledAccessFS, landlock.ScopedSet(ll.ScopeAbstractUnixSocket)).BestEffort()
 
 // rights are the Landlock rights for a on a directory or on a file.
 func rights(a Access, dir bool) landlock.AccessFSSet {
@@ -281,7 +290,7 @@ func Apply(rules []Rule) (Status, error) {
 		seen[r] = true
 		lr = append(lr, landlock.PathAccess(rights(r.Access, fi.IsDir()), r.Path))
 	}
-	if err := handled.RestrictPaths(lr...); err != nil {
+	if err := handled.Restrict(lr...); err != nil {
 		return Status{ABI: abi, Reason: err.Error()}, fmt.Errorf("landlock: %w", err)
 	}
 	st.Enforced, st.Rules = true, len(lr)

@@ -3,11 +3,13 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -106,6 +108,12 @@ func child(dir string) int {
 	read("child root secret", kid+"/root"+secret)
 	read("outsider stat", parent+"/stat")
 	read("outsider root secret", parent+"/root"+secret)
+	c, err := net.Dial("unix", "@"+filepath.Base(dir))
+	if err == nil {
+		c.Close()
+	}
+	p["abstract socket"] = errString(err)
+	p["signal outsider"] = errString(syscall.Kill(os.Getppid(), 0)) // KillProcess still reaches host processes
 	p["write allowed"] = errString(os.WriteFile(filepath.Join(allowed, "g"), []byte("x"), 0o600))
 	p["write beside"] = errString(os.WriteFile(filepath.Join(dir, "g"), []byte("x"), 0o600))
 	b, _ := json.Marshal(p)
@@ -125,7 +133,8 @@ func errString(err error) string {
 // to, so /proc/<pid>/root/<secret> is refused even for a process the
 // restricted one may ptrace (its own child, same domain), while the same
 // route to an allowed file and /proc/<pid>/stat work; a process outside
-// the domain is refused /proc/<pid>/root altogether. Skipped on a kernel
+// the domain is refused /proc/<pid>/root altogether, and so is its
+// abstract UNIX socket (ABI 6+). Skipped on a kernel
 // without Landlock (Apply says so, and the test checks that it does).
 func TestLandlockJudgesTheResolvedFile(t *testing.T) {
 	abi, err := ABI()
@@ -153,6 +162,21 @@ func TestLandlockJudgesTheResolvedFile(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "secret", "shadow"), []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// An abstract UNIX socket outside the domain (as a host process's is).
+	l, err := net.Listen("unix", "@"+filepath.Base(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"="+dir)
 	out, err := cmd.Output()
@@ -163,8 +187,13 @@ func TestLandlockJudgesTheResolvedFile(t *testing.T) {
 	if err := json.Unmarshal(out, &p); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	ok := []string{"exec", "allowed", "child stat", "child root allowed", "outsider stat", "write allowed"}
+	ok := []string{"exec", "allowed", "child stat", "child root allowed", "outsider stat", "write allowed", "signal outsider"}
 	refused := []string{"secret", "child root secret", "outsider root secret", "write beside"}
+	if abi >= 6 {
+		if e := p["abstract socket"]; !strings.Contains(e, "operation not permitted") {
+			t.Errorf("abstract socket: %q, want operation not permitted (Landlock ABI %d scopes them)", e, abi)
+		}
+	}
 	for _, k := range ok {
 		if e, seen := p[k]; !seen || e != "" {
 			t.Errorf("%s: %q (seen %v), want it to work", k, e, seen)
