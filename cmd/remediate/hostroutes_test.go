@@ -123,6 +123,16 @@ func probeRoutes(in string, args []string) int {
 	for _, f := range []string{"stat", "status", "cmdline", "cgroup"} {
 		readIs("needed proc/<pid>/"+f, o.procRoot+pid+"/"+f, "")
 	}
+	// Reported, not judged: what else of another process the process
+	// checks could use (those guarded by ptrace_may_access are refused to
+	// a Landlock domain whatever the capabilities).
+	for _, f := range []string{"schedstat", "wchan", "io", "environ", "net/tcp", "mountinfo"} {
+		readIs("info proc/<pid>/"+f, o.procRoot+pid+"/"+f, "")
+	}
+	_, err := os.Readlink(o.procRoot + pid + "/ns/net")
+	try("info proc/<pid>/ns/net readlink", err)
+	_, err = os.Readlink(o.procRoot + pid + "/exe")
+	try("info proc/<pid>/exe readlink", err)
 	readIs("needed proc/locks", filepath.Join(o.procRoot, "locks"), "")
 	readIs("needed proc/net/ip_tables_names", "/proc/net/ip_tables_names", "")
 	readIs("needed nf_conntrack_max", filepath.Join(o.procRoot, "sys/net/netfilter/nf_conntrack_max"), "")
@@ -143,7 +153,7 @@ func probeRoutes(in string, args []string) int {
 		return err
 	}())
 	try("needed state dir write", os.WriteFile(filepath.Join(o.stateDir, "probe"), []byte("x"), 0o600))
-	_, err := os.ReadDir(o.cniConfDir)
+	_, err = os.ReadDir(o.cniConfDir)
 	try("needed CNI dir list", err)
 	out, _ := json.Marshal(struct {
 		Landlock string
@@ -268,6 +278,9 @@ func TestHostRoutes(t *testing.T) {
 		t.Errorf("the pod's daemon is not confined: %s", pod.Landlock)
 	}
 	for name, r := range pod.Results {
+		if strings.HasPrefix(name, "info ") {
+			continue
+		}
 		if strings.HasPrefix(name, "needed ") {
 			if !r.OK && !strings.Contains(r.Err, "no such file") { // not there is not refused
 				t.Errorf("%s: refused to the confined daemon: %s", name, r.Err)
@@ -302,6 +315,11 @@ func TestHostRoutes(t *testing.T) {
 		}
 	}
 	t.Logf("main's pod (%s, no Landlock): %v", mainPodCaps, main.Results)
+	for name, r := range pod.Results {
+		if strings.HasPrefix(name, "info ") {
+			t.Logf("%s of a capability-less root process: confined %v %s; unconfined (pod capabilities) %v %s", name, r.OK, r.Err, capsOnly.Results[name].OK, capsOnly.Results[name].Err)
+		}
+	}
 	t.Logf("Landlock only (%s, %s): %v", mainPodCaps, landlockOnly.Landlock, landlockOnly.Results)
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -47,7 +48,9 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 		StateDir: o.stateDir, JournalDir: o.journalDir, XtablesLock: o.xtablesLock, ChildLock: childLock, Policy: o.policy,
 		Kubeconfig: kubeconfigs, KubeletCA: o.kubeletCA, Bundle: o.bundle, TempDir: os.TempDir(),
 	})
+	start := time.Now()
 	st, err := sandbox.Apply(rules)
+	took := time.Since(start)
 	switch {
 	case err != nil:
 		log.Warn("landlock: not enforced: the daemon's file access is not confined", zap.Error(err))
@@ -56,7 +59,7 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 		log.Warn(st.String())
 		o.sandboxWarning = st.String()
 	default:
-		log.Info(st.String(), zap.Strings("missing", st.Missing))
+		log.Info(st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
 	}
 	return st
 }
