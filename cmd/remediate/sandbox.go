@@ -38,14 +38,10 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 	if o.kubeconfig != "" {
 		kubeconfigs = []string{o.kubeconfig}
 	}
-	childLock := os.Getenv("XTABLES_LOCKFILE") // iptables' own default otherwise
-	if childLock == "" {
-		childLock = "/run/xtables.lock"
-	}
 	rules := sandbox.Rules(sandbox.Config{
 		ProcRoot: o.procRoot, HostRoot: o.hostRoot, SysRoot: o.sysRoot, CgroupRoot: o.cgroupRoot,
 		CNIDirs: []string{o.cniConfDir, o.cniBinDir, o.cniIPAMDir}, CRISocket: o.criSocket,
-		StateDir: o.stateDir, JournalDir: o.journalDir, XtablesLock: o.xtablesLock, ChildLock: childLock, Policy: o.policy,
+		StateDir: o.stateDir, JournalDir: o.journalDir, XtablesLock: o.xtablesLock, Policy: o.policy,
 		Kubeconfig: kubeconfigs, KubeletCA: o.kubeletCA, Bundle: o.bundle, TempDir: os.TempDir(),
 	})
 	start := time.Now()

@@ -17,7 +17,7 @@
 //   - connecting to an abstract UNIX socket of a host process (the pod
 //     shares the host's network namespace) is refused (ABI 6+);
 //   - writes are allowed only where the daemon writes (its state
-//     directory, the xtables lock, the conntrack sysctls under
+//     directory, the conntrack sysctls under
 //     <proc-root>/sys/net/netfilter, the conntrack hashsize, /tmp): a
 //     writable host /proc no longer lets it write kernel.core_pattern.
 //
@@ -29,7 +29,7 @@
 //
 // Children (iptables-save, nft, conntrack) inherit the domain; the rules
 // therefore cover what they read (the image's /usr, libraries, a few /etc
-// files, /proc/net, the xtables lock).
+// files, /proc/net).
 //
 // Best effort: on a kernel without Landlock, Apply restricts nothing and
 // says so in its Status; it never fails the daemon.
@@ -90,15 +90,12 @@ type Config struct {
 	CRISocket   string // --cri-socket (its directory, read)
 	StateDir    string // read and write
 	JournalDir  string // the state dir as given, when a dry run works on a copy (read)
-	XtablesLock string // read and write (iptables-restore takes it)
-	// ChildLock is the lock file the iptables children take
-	// ($XTABLES_LOCKFILE, else /run/xtables.lock), read and write.
-	ChildLock  string
-	Policy     string // its directory (a ConfigMap swaps a symlink), read
-	Kubeconfig []string
-	KubeletCA  string
-	Bundle     string // --bundle: its directory, read and write
-	TempDir    string // os.TempDir(): the dry-run state copy, read and write
+	XtablesLock string // read (watched with inotify and stat, never opened: no child takes it)
+	Policy      string // its directory (a ConfigMap swaps a symlink), read
+	Kubeconfig  []string
+	KubeletCA   string
+	Bundle      string // --bundle: its directory, read and write
+	TempDir     string // os.TempDir(): the dry-run state copy, read and write
 }
 
 // image are the hierarchies of the daemon's own root filesystem its
@@ -168,8 +165,7 @@ func Rules(c Config) []Rule {
 	}
 	add(c.StateDir, ReadWrite, "--state-dir: guardrail state, journal")
 	add(c.JournalDir, Read, "the journal's tail for --bundle")
-	add(c.XtablesLock, ReadWrite, "--xtables-lock: iptables-restore takes it")
-	add(c.ChildLock, ReadWrite, "the lock iptables-restore takes ($XTABLES_LOCKFILE, else /run/xtables.lock)")
+	add(c.XtablesLock, Read, "--xtables-lock (watched, never taken)")
 	if c.Policy != "" {
 		add(dirOf(c.Policy), Read, "--policy (reloaded)")
 	}
