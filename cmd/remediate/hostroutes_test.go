@@ -462,5 +462,8 @@ func TestConfinedChildrenWork(t *testing.T) {
 	if string(cj) != string(oj) {
 		t.Errorf("the reports differ:\nconfined   %s\nunconfined %s", cj, oj)
 	}
+	if len(confined.Warnings) != 0 || !slices.Contains(open.Warnings, "landlock: not enforced: --no-landlock") {
+		t.Errorf("report warnings: confined %v, unconfined %v; want none, and the unconfined run said", confined.Warnings, open.Warnings)
+	}
 	t.Logf("confined: %d findings, %d skipped, %d ok, the same as unconfined; warnings %v / %v", len(confined.Findings), len(confined.Skipped), len(confined.OK), confined.Warnings, open.Warnings)
 }
