@@ -19,7 +19,7 @@ require (
 	github.com/spf13/pflag v1.0.9 // indirect
 	github.com/ti-mo/conntrack v0.6.0
 	go.uber.org/zap v1.27.0
-	golang.org/x/sys v0.35.0
+	golang.org/x/sys v0.40.0
 	gopkg.in/yaml.v3 v3.0.1
 	k8s.io/api v0.34.4
 	k8s.io/apimachinery v0.34.4
@@ -90,6 +90,7 @@ require (
 )
 
 require (
+	github.com/landlock-lsm/go-landlock v0.10.1
 	google.golang.org/grpc v1.72.1
 	k8s.io/cri-api v0.34.4
 )
@@ -99,4 +100,5 @@ require (
 	github.com/moby/spdystream v0.5.0 // indirect
 	github.com/mxk/go-flowrate v0.0.0-20140419014527-cca7078d478f // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20250303144028-a0af3efb3deb // indirect
+	kernel.org/pub/linux/libs/security/libcap/psx v1.2.77 // indirect
 )

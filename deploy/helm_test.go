@@ -377,11 +377,14 @@ func TestChartValues(t *testing.T) {
 	}
 }
 
-// TestSysPtraceOptIn (issue 27, item 12): CAP_SYS_PTRACE is not granted by
-// default, by the overlays or the chart; the chart's sysPtrace=true and
-// the component deploy/components/sys-ptrace grant it, and render the same
-// DaemonSet.
+// TestSysPtraceOptIn (issue 27, item 12; issue 41, item 3): by default the
+// overlays and the chart grant exactly NET_ADMIN, NET_RAW and KILL: no
+// CAP_SYS_PTRACE and no DAC_READ_SEARCH (open_by_handle_at: cmd/remediate
+// TestHostRoutes); the chart's sysPtrace=true and the component
+// deploy/components/sys-ptrace grant SYS_PTRACE and DAC_READ_SEARCH, and
+// render the same DaemonSet.
 func TestSysPtraceOptIn(t *testing.T) {
+	defaultCaps := []string{"NET_ADMIN", "NET_RAW", "KILL"}
 	helm := needHelm(t)
 	ctx := context.Background()
 	caps := func(t *testing.T, objs []*unstructured.Unstructured) []string {
@@ -406,16 +409,16 @@ func TestSysPtraceOptIn(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := caps(t, objs); slices.Contains(got, "SYS_PTRACE") || len(got) != 4 {
-			t.Errorf("overlay %s adds %v, want the four without SYS_PTRACE", overlay, got)
+		if got := caps(t, objs); !slices.Equal(got, defaultCaps) {
+			t.Errorf("overlay %s adds %v, want %v", overlay, got, defaultCaps)
 		}
 	}
 	hobjs, err := RenderChart(ctx, helm, ChartNamespace)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := caps(t, hobjs); slices.Contains(got, "SYS_PTRACE") {
-		t.Errorf("chart defaults add %v", got)
+	if got := caps(t, hobjs); !slices.Equal(got, defaultCaps) {
+		t.Errorf("chart defaults add %v, want %v", got, defaultCaps)
 	}
 
 	dir := t.TempDir()
@@ -444,8 +447,8 @@ func TestSysPtraceOptIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	kc, hc := caps(t, kobjs), caps(t, hobjs)
-	if !slices.Contains(kc, "SYS_PTRACE") || len(kc) != 5 {
-		t.Errorf("component sys-ptrace adds %v", kc)
+	if want := append(slices.Clone(defaultCaps), "DAC_READ_SEARCH", "SYS_PTRACE"); !slices.Equal(kc, want) {
+		t.Errorf("component sys-ptrace adds %v, want %v", kc, want)
 	}
 	if !slices.Equal(kc, hc) {
 		t.Errorf("capabilities differ: kustomize+component %v, chart sysPtrace=true %v", kc, hc)

@@ -69,6 +69,10 @@ type options struct {
 	// stateWarning is said in the --once report (a dry run on a state dir
 	// it cannot write).
 	stateWarning string
+	// noLandlock is --no-landlock; sandboxWarning is said in the --once
+	// report when the daemon's file access is not confined (sandbox.go).
+	noLandlock     bool
+	sandboxWarning string
 }
 
 // usageError is a command-line mistake: it is printed with a pointer to
@@ -182,6 +186,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
 	fs.StringVar(&o.debugPprof, "debug-pprof", "", "loopback address (such as 127.0.0.1:6060) for Go's profiles, /debug/pprof/ (daemon only; for measuring it; empty disables)")
+	fs.BoolVar(&o.noLandlock, "no-landlock", false, "do not confine the daemon's own file access with Landlock to the paths above (by default it is, when the kernel has Landlock and the daemon runs without CAP_SYS_PTRACE; deploy/README.md)")
 	fs.StringVar(&o.logFormat, "log-format", "", "json or console (default json for the daemon, console for --once)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.once, "once", false, "run one detection pass plus decisions and exit (0: no findings, 2: findings, 1: error)")

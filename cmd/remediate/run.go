@@ -84,6 +84,9 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 		}
 		defer release()
 	}
+	// Before the first read of the node: from here on the daemon and its
+	// children reach only the paths their flags name (sandbox.go).
+	restrictSelf(o, log)
 	j, err := journal.Open(o.stateDir, 0, 0)
 	if err != nil {
 		fmt.Fprintf(stderr, "Error: %v\n", err)
@@ -159,6 +162,9 @@ func runOnce(ctx context.Context, eng *remediate.Engine, o *options, capped []st
 	rep.Sampled = sampled
 	if o.stateWarning != "" {
 		rep.Warnings = append(rep.Warnings, o.stateWarning)
+	}
+	if o.sandboxWarning != "" {
+		rep.Warnings = append(rep.Warnings, o.sandboxWarning)
 	}
 	code := rep.ExitCode()
 	if err != nil {
