@@ -205,7 +205,7 @@ func (a *killProcess) checkParent(ctx context.Context, cur procs.Process) error 
 	if _, ok := procs.GoMainPackages[cur.ParentName]; ok {
 		goMain, goErr = a.n.Procs.GoMain(ctx, pp.Pid)
 	}
-	if err := procs.CheckProgram(pp, cur.ParentName, a.n.Procs.SelfNetNS(), goMain, goErr); err != nil {
+	if err := procs.CheckProgram(pp, cur.ParentName, a.n.Procs.SelfNetKey(), goMain, goErr); err != nil {
 		return refuse("%v", err)
 	}
 	return nil
