@@ -67,6 +67,9 @@ type kubeProxyFrozen struct {
 	// when the last probe got an answer).
 	silent procs.Ref
 	since  time.Time
+	// ticks is the silent process's CPU time at since: a process that
+	// used CPU since is working, not frozen.
+	ticks uint64
 }
 
 func newKubeProxyFrozen(p *KubeProxyFrozenParams, n *node.Node) (Detector, error) {
@@ -128,7 +131,7 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 		d.set("kube-proxy's endpoints fail without timing out (/metrics: %s; /healthz: %s): not frozen", errText(merr), errText(herr))
 		return nil, nil
 	}
-	p, err := findKubeProxy(ctx, d.n)
+	p, id, err := findKubeProxyIdentity(ctx, d.n)
 	if err != nil {
 		d.silent, d.since = procs.Ref{}, time.Time{}
 		return nil, finding.Skip("kube-proxy answers nothing, but its process cannot be told (KubeProxyUnreachable reports the silence): %v", err)
@@ -143,14 +146,38 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 	}
 	ref := p.Ref()
 	if d.since.IsZero() || d.silent != ref {
-		d.silent, d.since = ref, now
+		d.silent, d.since, d.ticks = ref, now, p.CPUTicks
+	}
+	if p.CPUTicks > d.ticks || p.State == "R" {
+		// Progress, not age: a kube-proxy using CPU is working, whoever
+		// answers nothing on its ports (a process that bound
+		// 127.0.0.1:10249/10256 first keeps kube-proxy's endpoints and
+		// stays silent).
+		used := float64(p.CPUTicks-min(d.ticks, p.CPUTicks)) / procs.TicksPerSecond
+		since := now.Sub(d.since).Round(time.Second)
+		d.since, d.ticks = now, p.CPUTicks
+		return nil, finding.Skip("kube-proxy's endpoints answer nothing, but kube-proxy (pid %d, state %s) is making progress: %.2f s of CPU in %s: not frozen (KubeProxyUnreachable reports the silence)", p.Pid, p.State, used, since)
 	}
 	silentFor := now.Sub(d.since)
 	if silentFor < d.p.MinSilence.Duration {
-		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s): judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
+		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s), using no CPU: judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
 			p.Pid, p.State, rfc3339(d.since), silentFor.Round(time.Second), d.p.MinSilence.Duration)
 	}
-	return []finding.Finding{d.finding(ctx, p, merr, herr, now, silentFor)}, nil
+	if p.State != "T" {
+		// Without CAP_SYS_PTRACE the listener's socket (its inode in
+		// /proc/net/tcp) cannot be tied to kube-proxy's descriptors: the
+		// silence may be another process's listener on kube-proxy's
+		// ports. Only a stopped kube-proxy is known to be the silent one.
+		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing for %s and used no CPU, but it is not stopped (state T): whose listener is silent cannot be told without tying the socket to kube-proxy's process, so it is not judged frozen (KubeProxyUnreachable reports the silence)",
+			p.Pid, p.State, silentFor.Round(time.Second))
+	}
+	f := d.finding(ctx, p, merr, herr, now, silentFor)
+	id.Evidence(f.Evidence)
+	f.Evidence["cpuSeconds"] = float64(p.CPUTicks) / procs.TicksPerSecond
+	f.Evidence["cpuSecondsWhileSilent"] = 0.0
+	f.Evidence["progressWindowSeconds"] = silentFor.Round(time.Second).Seconds()
+	f.Message += fmt.Sprintf("; stopped (state T), no CPU used in %s; identity: %s", silentFor.Round(time.Second), id)
+	return []finding.Finding{f}, nil
 }
 
 func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, herr error, now time.Time, silentFor time.Duration) finding.Finding {

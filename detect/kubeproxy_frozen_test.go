@@ -168,7 +168,7 @@ func newFrozenDetector(t *testing.T, w *driftWorld, minSilence time.Duration) De
 
 func kubeProxyProc(pid int32, created time.Time, state string) procs.FakeProcess {
 	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 1, Comm: "kube-proxy", Cmdline: []string{"/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf"},
-		CreateTimeMs: created.UnixMilli(), State: state}}
+		CreateTimeMs: created.UnixMilli(), State: state, CapEff: procs.CapNetAdmin}}
 }
 
 // KubeProxyFrozen: silence is counted per process; reported after
