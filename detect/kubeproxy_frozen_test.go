@@ -363,3 +363,66 @@ func TestDataplaneDriftRealClientFrozen(t *testing.T) {
 	}
 	t.Logf("DataplaneDrift with a hanging kube-proxy: %v (one /proxyMode request, client timeout 500ms)", took.Round(time.Millisecond))
 }
+
+// Issue 41: a process that binds kube-proxy's ports first (an impostor
+// listening on 127.0.0.1:10249/10256 and answering nothing) leaves the real
+// kube-proxy running, sleeping and using CPU: not frozen, however long the
+// silence (on main it was judged frozen after minSilence and its pod
+// deleted). A kube-proxy using no CPU but not stopped cannot be tied to the
+// silent listener without ptrace: not judged either. Stopped (T) with no
+// CPU: frozen, with the CPU seconds and the identity in the evidence.
+func TestKubeProxyFrozenNeedsNoProgressAndStopped(t *testing.T) {
+	w := newDriftWorld(t)
+	fp := procs.NewFake(1)
+	w.n.Procs = fp
+	kp := kubeProxyProc(4242, w.clock.Now().Add(-time.Hour), "S")
+	kp.CPUPerRead = 20 // syncing rules, answering nobody (its ports are taken)
+	fp.Add(kp)
+	d := newFrozenDetector(t, w, 2*time.Minute)
+	w.freeze(t)
+	detect := func() ([]finding.Finding, string) {
+		t.Helper()
+		sharedObservation.Lock()
+		sharedObservation.m = map[observationKey]*observationSlot{}
+		sharedObservation.Unlock()
+		fs, err := d.Detect(context.Background())
+		if r, ok := finding.IsSkip(err); ok {
+			return nil, r
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fs, ""
+	}
+	for i := 0; i < 5; i++ {
+		fs, skip := detect()
+		if len(fs) != 0 {
+			t.Fatalf("a kube-proxy at work judged frozen after %d min: %+v", i, fs[0].Message)
+		}
+		if i > 0 && !strings.Contains(skip, "is making progress: 0.20 s of CPU in 1m0s: not frozen") {
+			t.Fatalf("cycle %d: %q", i, skip)
+		}
+		w.clock.Step(time.Minute)
+	}
+	// Idle and sleeping: no CPU, but whose listener is silent is unknown.
+	kp.CPUPerRead, kp.CPUTicks = 0, fp.MustGet(4242).CPUTicks+100
+	fp.Add(kp)
+	for i := 0; i < 4; i++ {
+		fs, skip := detect()
+		if len(fs) != 0 {
+			t.Fatalf("a sleeping kube-proxy judged frozen: %+v", fs[0].Message)
+		}
+		if i == 3 && !strings.Contains(skip, "it is not stopped (state T)") {
+			t.Fatalf("sleeping, no CPU for 3m: %q", skip)
+		}
+		w.clock.Step(time.Minute)
+	}
+	// SIGSTOPped: frozen.
+	kp.State = "T"
+	fp.Add(kp)
+	fs, skip := detect()
+	if len(fs) != 1 || !strings.Contains(fs[0].Message, "stopped (state T), no CPU used in 4m0s; identity: host-cgroup") ||
+		fs[0].Evidence["cpuSecondsWhileSilent"] != 0.0 || fs[0].Evidence["identity"] != "host-cgroup" {
+		t.Fatalf("stopped: %+v %q", fs, skip)
+	}
+}
