@@ -110,8 +110,8 @@ func (id Identity) String() string {
 	switch id.Method {
 	case CgroupAPI:
 		s := fmt.Sprintf("%s (pod %s, %s, uid %s", id.Method, id.Pod, id.Owner, id.PodUID)
-		if id.ContainerID != "" {
-			s += ", container " + clip.String(id.ContainerID, 12)
+		if c := id.ContainerID; c != "" {
+			s += ", container " + c[:min(12, len(c))]
 		}
 		return s + ")"
 	case HostCgroup:
