@@ -25,14 +25,17 @@ type HungIPTablesRestoreParams struct {
 	// Names are the argv[0] basenames to watch (never comm: a blocked
 	// iptables-legacy-restore has comm "iptables-legacy").
 	Names []string `yaml:"names"`
-	// MinAge is how long a restore must have run to be reported.
-	// kube-proxy's restores wait at most 5s for the lock and normally
-	// finish in well under a second.
+	// MinAge is how long a restore must have run to be reported, and
+	// only when it made no progress (no CPU time used over the window,
+	// not running). kube-proxy's restores wait at most 5s for the lock and
+	// normally finish in well under a second.
 	MinAge policy.Duration `yaml:"minAge"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// restore must really run, with CAP_NET_ADMIN, to be a target; a
-	// process that only names itself iptables-restore is reported at info
-	// level and never acted on.
+	// restore must really run, where readable (CAP_SYS_PTRACE: a second
+	// opinion), to be a target; it must also be kube-proxy's or a CNI
+	// agent's (its cgroup per the API) or a host process, with
+	// CAP_NET_ADMIN. Anything else is reported at info level and never
+	// acted on.
 	Programs []string `yaml:"programs"`
 }
 
@@ -68,7 +71,7 @@ func validateNames(field string, names []string) []policy.FieldError {
 
 func init() {
 	Define("HungIPTablesRestore",
-		"iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
+		"iptables-restore processes running longer than minAge and making no progress (no CPU time over the window: stuck, often waiting on the xtables lock)",
 		newHungIPTablesRestore, Targets(finding.KindProcess))
 }
 

@@ -23,13 +23,17 @@ type HungNFTParams struct {
 	// watched (default ["kube-proxy"]): an administrator's interactive nft
 	// is none of our business.
 	Parents []string `yaml:"parents"`
-	// MinAge is how long an nft child must have run to be reported (a
-	// kube-proxy transaction normally takes well under a second, seconds
-	// for tens of thousands of services).
+	// MinAge is how long an nft child must have run to be reported, and
+	// only when it made no progress (no CPU time used over the window,
+	// not running: a busy nft at tens of thousands of Services runs for
+	// minutes; a kube-proxy transaction normally takes well under a
+	// second).
 	MinAge policy.Duration `yaml:"minAge"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// reported process must run, with CAP_NET_ADMIN; anything else named
-	// nft is at most an info finding (argv[0] is chosen by the process).
+	// reported process must run where readable (CAP_SYS_PTRACE: a second
+	// opinion); it must also be kube-proxy's (its cgroup per the API) or
+	// a host process, with CAP_NET_ADMIN; anything else named nft is at
+	// most an info finding (argv[0] is chosen by the process).
 	Programs []string `yaml:"programs"`
 }
 
@@ -59,7 +63,7 @@ func (p *HungNFTParams) SetDefaults() {
 
 func init() {
 	Define("HungNFT",
-		"an nft child of kube-proxy running longer than minAge (kube-proxy's nftables sync is stuck on it)",
+		"an nft child of kube-proxy running longer than minAge and making no progress (no CPU time over the window: kube-proxy's nftables sync is stuck on it)",
 		newHungNFT, Targets(finding.KindProcess))
 }
 

@@ -36,15 +36,21 @@ type KillProcessParams struct {
 	// only when it has held the lock at least this long.
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// target must run, with CAP_NET_ADMIN, immediately before every
-	// signal: argv[0] is chosen by the process, its executable is not.
+	// target must run where its executable is readable (CAP_SYS_PTRACE: a
+	// second opinion), checked immediately before every signal with its
+	// identity (its cgroup: kube-proxy's or a CNI agent's pod on this node
+	// per the API, or a host process), CAP_NET_ADMIN and its progress: a
+	// target whose CPU time advanced since the detector judged it is
+	// refused.
 	Programs []string `yaml:"programs"`
 	// Parents restricts programs by their parent: a process whose argv[0]
 	// basename is a key may be killed only while its parent's command
 	// name (comm) is one of the listed names and the parent passes the
-	// identity checks of that program (procs.CheckProgram: its
-	// executable, for kube-proxy its Go build information, CAP_NET_ADMIN,
-	// the node's network namespace), re-checked before every signal.
+	// identity checks of that program (for kube-proxy: this node's
+	// kube-proxy by its pod's cgroup and the API, or a host process;
+	// CAP_NET_ADMIN, the node's network namespace; where readable its
+	// executable and Go build information), re-checked before every
+	// signal.
 	// Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's sync may be
 	// killed, an administrator's nft (or one under an impostor named
 	// kube-proxy) never.
