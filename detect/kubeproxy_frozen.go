@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
+	"strconv"
 	"sort"
 	"strings"
 	"sync"
@@ -163,20 +165,26 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s), using no CPU: judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
 			p.Pid, p.State, rfc3339(d.since), silentFor.Round(time.Second), d.p.MinSilence.Duration)
 	}
+	how := "stopped (state T)"
 	if p.State != "T" {
-		// Without CAP_SYS_PTRACE the listener's socket (its inode in
-		// /proc/net/tcp) cannot be tied to kube-proxy's descriptors: the
-		// silence may be another process's listener on kube-proxy's
-		// ports. Only a stopped kube-proxy is known to be the silent one.
-		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing for %s and used no CPU, but it is not stopped (state T): whose listener is silent cannot be told without tying the socket to kube-proxy's process, so it is not judged frozen (KubeProxyUnreachable reports the silence)",
-			p.Pid, p.State, silentFor.Round(time.Second))
+		// Not stopped: the silence may be another process's listener on
+		// kube-proxy's ports. Only where kube-proxy's descriptors are
+		// readable (CAP_SYS_PTRACE) can the silent listeners be tied to
+		// it; else only a stopped kube-proxy is known to be the silent one.
+		why := d.listenersOwned(ctx, p, merr, herr)
+		if why != "" {
+			return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing for %s and used no CPU, but it is not stopped (state T) and %s: not judged frozen (KubeProxyUnreachable reports the silence)",
+				p.Pid, p.State, silentFor.Round(time.Second), why)
+		}
+		how = fmt.Sprintf("state %s, its silent listeners its own (its descriptors)", p.State)
 	}
 	f := d.finding(ctx, p, merr, herr, now, silentFor)
 	id.Evidence(f.Evidence)
 	f.Evidence["cpuSeconds"] = float64(p.CPUTicks) / procs.TicksPerSecond
 	f.Evidence["cpuSecondsWhileSilent"] = 0.0
 	f.Evidence["progressWindowSeconds"] = silentFor.Round(time.Second).Seconds()
-	f.Message += fmt.Sprintf("; stopped (state T), no CPU used in %s; identity: %s", silentFor.Round(time.Second), id)
+	f.Evidence["silentListener"] = how
+	f.Message += fmt.Sprintf("; %s, no CPU used in %s; identity: %s", how, silentFor.Round(time.Second), id)
 	return []finding.Finding{f}, nil
 }
 
@@ -237,6 +245,34 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 		msg += "; no Service port drifted yet"
 	}
 	return finding.Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: finding.Critical, Message: msg, Evidence: ev}
+}
+
+// listenersOwned says why the silent endpoints cannot be tied to
+// kube-proxy's process p ("" when each endpoint's port has a listening
+// socket p holds): its descriptors are unreadable (no CAP_SYS_PTRACE), or
+// another process holds a port (an impostor bound it first).
+func (d *kubeProxyFrozen) listenersOwned(ctx context.Context, p procs.Process, errs ...error) string {
+	for _, err := range errs {
+		e, ok := kubeproxy.AsError(err)
+		if !ok {
+			return "whose listener is silent cannot be told"
+		}
+		u, perr := url.Parse(e.URL)
+		port, cerr := strconv.ParseUint(u.Port(), 10, 16)
+		if perr != nil || cerr != nil {
+			return fmt.Sprintf("the port of %s is unknown", e.URL)
+		}
+		owns, err := d.n.Procs.OwnsListener(ctx, p.Pid, uint16(port))
+		switch {
+		case errors.Is(err, procs.ErrNoPtrace):
+			return "without CAP_SYS_PTRACE the listener's socket cannot be tied to kube-proxy's process (another process may hold its port)"
+		case err != nil:
+			return fmt.Sprintf("whose listener is silent cannot be told: %v", err)
+		case !owns:
+			return fmt.Sprintf("the socket listening on port %d is not kube-proxy's: another process holds it (kube-proxy answers there for nobody)", port)
+		}
+	}
+	return ""
 }
 
 func errText(err error) string {

@@ -412,11 +412,25 @@ func TestKubeProxyFrozenNeedsNoProgressAndStopped(t *testing.T) {
 		if len(fs) != 0 {
 			t.Fatalf("a sleeping kube-proxy judged frozen: %+v", fs[0].Message)
 		}
-		if i == 3 && !strings.Contains(skip, "it is not stopped (state T)") {
-			t.Fatalf("sleeping, no CPU for 3m: %q", skip)
+		if i == 3 && !strings.Contains(skip, "it is not stopped (state T) and the socket listening on port 10249 is not kube-proxy's: another process holds it") {
+			t.Fatalf("sleeping, no CPU for 3m, an impostor's listener: %q", skip)
 		}
 		w.clock.Step(time.Minute)
 	}
+	// Without CAP_SYS_PTRACE its descriptors cannot be read: not judged.
+	kp.CPUTicks, kp.NoPtrace = fp.MustGet(4242).CPUTicks, true
+	fp.Add(kp)
+	if fs, skip := detect(); len(fs) != 0 || !strings.Contains(skip, "without CAP_SYS_PTRACE the listener's socket cannot be tied to kube-proxy's process") {
+		t.Fatalf("no ptrace: %+v %q", fs, skip)
+	}
+	// With it (second opinion), both silent listeners are kube-proxy's
+	// own: a deadlocked kube-proxy, frozen though sleeping.
+	kp.NoPtrace, kp.Listens = false, []uint16{10249, 10256}
+	fp.Add(kp)
+	if fs, skip := detect(); len(fs) != 1 || !strings.Contains(fs[0].Message, "state S, its silent listeners its own (its descriptors), no CPU used in 4m0s") {
+		t.Fatalf("its own silent listeners: %+v %q", fs, skip)
+	}
+	kp.Listens = nil
 	// SIGSTOPped: frozen.
 	kp.State = "T"
 	fp.Add(kp)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -47,6 +48,10 @@ type FakeProcess struct {
 	// GoMain is the main package path of its executable's Go build
 	// information ("": not a Go program).
 	GoMain string
+	// Listens are the TCP ports the process holds listening sockets on
+	// (OwnsListener); NoPtrace makes OwnsListener fail with ErrNoPtrace.
+	Listens  []uint16
+	NoPtrace bool
 	// CPUPerRead is the CPU time (ticks) the process uses between two
 	// reads: every Find, Get or FileLocks that returns it first adds this
 	// to its CPUTicks (a busy process; 0: one that makes no progress).
@@ -196,6 +201,20 @@ func (f *Fake) Get(_ context.Context, pid int32) (Process, error) {
 		return Process{}, ErrNotFound
 	}
 	return f.read(p), nil
+}
+
+// OwnsListener implements Interface: Listens, or ErrNoPtrace.
+func (f *Fake) OwnsListener(_ context.Context, pid int32, port uint16) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.procs[pid]
+	switch {
+	case !ok:
+		return false, ErrNotFound
+	case p.NoPtrace:
+		return false, ErrNoPtrace
+	}
+	return slices.Contains(p.Listens, port), nil
 }
 
 // GoMain implements Interface.

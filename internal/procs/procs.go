@@ -191,6 +191,10 @@ type Interface interface {
 	// SelfNetKey is this daemon's network namespace in the form of
 	// Process.NetKey (read the same way, without ptrace), 0 when unknown.
 	SelfNetKey() uint64
+	// OwnsListener reports whether pid holds a socket listening on TCP
+	// port in its network namespace (a second opinion on whose endpoint
+	// is silent): ErrNoPtrace when its descriptors cannot be read.
+	OwnsListener(ctx context.Context, pid int32, port uint16) (bool, error)
 	// GoMain returns the main package path recorded in the Go build
 	// information of the executable pid runs (not its argv), or an error
 	// when it is not a Go program or cannot be read (identity.go).

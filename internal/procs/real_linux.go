@@ -863,3 +863,60 @@ func (r *Real) Signal(ctx context.Context, pid int32, createTimeMs int64, sig sy
 	}
 	return nil
 }
+
+// OwnsListener implements Interface: the sockets listening on port in
+// pid's network namespace (/proc/<pid>/net/tcp and tcp6, readable without
+// ptrace) must include one pid holds a descriptor on (its fd links,
+// which need CAP_SYS_PTRACE over it: ErrNoPtrace when refused). false
+// with a nil error: nothing listens there, or only sockets of others.
+func (r *Real) OwnsListener(ctx context.Context, pid int32, port uint16) (bool, error) {
+	ps := strconv.Itoa(int(pid))
+	want := map[uint64]bool{}
+	for _, name := range []string{"tcp", "tcp6"} {
+		f, err := boundedfile.OpenBounded(r.path(ps, "net", name), 64<<20)
+		if errors.Is(err, fs.ErrNotExist) && name == "tcp6" {
+			continue // no IPv6
+		}
+		if err != nil {
+			return false, fmt.Errorf("reading pid %d's net/%s: %w", pid, name, err)
+		}
+		inos, err := ParseTCPListeners(f, port)
+		f.Close()
+		if err != nil {
+			return false, fmt.Errorf("pid %d's net/%s: %w", pid, name, err)
+		}
+		for _, i := range inos {
+			want[i] = true
+		}
+	}
+	if len(want) == 0 {
+		return false, nil
+	}
+	fds, err := os.ReadDir(r.path(ps, "fd"))
+	if err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return false, ErrNoPtrace
+		}
+		return false, fmt.Errorf("listing pid %d's descriptors: %w", pid, err)
+	}
+	for _, fd := range fds {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		l, err := os.Readlink(r.path(ps, "fd", fd.Name()))
+		if err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				return false, ErrNoPtrace
+			}
+			continue // closed meanwhile
+		}
+		s, ok := strings.CutPrefix(l, "socket:[")
+		if !ok {
+			continue
+		}
+		if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil && want[ino] {
+			return true, nil
+		}
+	}
+	return false, nil
+}
