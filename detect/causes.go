@@ -283,7 +283,14 @@ func lockWindow(ctx context.Context, n *node.Node, kp *procs.Process, span time.
 	}
 	out := &causes.LockWindow{Waiters: len(l.Waiters)}
 	for _, h := range l.Holders {
-		isKP := h.Name() == "kube-proxy" || h.ParentName == "kube-proxy" || (kp != nil && h.PPid == kp.Pid)
+		// kube-proxy's own or its child (its iptables-restore), by what
+		// the holder cannot choose when kube-proxy's process is known: its
+		// parent, or kube-proxy's pod's cgroup; by name otherwise.
+		isKP := h.Name() == "kube-proxy" || h.ParentName == "kube-proxy"
+		if kp != nil {
+			isKP = h.Pid == kp.Pid || h.PPid == kp.Pid ||
+				kp.Cgroup.Place == procs.CgroupPod && h.Cgroup.Place == procs.CgroupPod && h.Cgroup.PodUID == kp.Cgroup.PodUID
+		}
 		out.Holders = append(out.Holders, causes.LockHolder{Program: h.Name(), PID: h.Pid, KubeProxy: isKP, Holds: 1})
 	}
 	return out, nil

@@ -196,6 +196,14 @@ func (o onlyPID) SelfNetNS() string {
 	return o.Interface.SelfNetNS()
 }
 
+// SelfNetKey is the key of SelfNetNS's namespace (the test's kube-proxy's).
+func (o onlyPID) SelfNetKey() uint64 {
+	if p, err := o.Interface.Get(context.Background(), o.pid); err == nil && p.NetKey != 0 {
+		return p.NetKey
+	}
+	return o.Interface.SelfNetKey()
+}
+
 func (o onlyPID) Find(ctx context.Context, names []string) ([]procs.Process, error) {
 	ps, err := o.Interface.Find(ctx, names)
 	var out []procs.Process

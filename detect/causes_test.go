@@ -52,7 +52,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 	kp := kubeproxy.NewFake(clk, 10*time.Second)
 	kp.SetConfigz(&kubeproxy.Configz{SyncPeriod: 10 * time.Second, MinSyncPeriod: 30 * time.Second, ClusterCIDR: "10.0.0.0/16"}, nil)
 	ps := procs.NewFake(1)
-	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 42, Comm: "kube-proxy", Cmdline: []string{"/usr/local/bin/kube-proxy"}}})
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 42, Comm: "kube-proxy", Cmdline: []string{"/usr/local/bin/kube-proxy"}, CapEff: procs.CapNetAdmin}})
 	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 77, Comm: "python3", Cmdline: []string{"python3"}}})
 	ps.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Holders: []procs.Process{ps.MustGet(77)}, Waiters: []procs.Process{ps.MustGet(42)}})
 	cpu := cpustat.NewFake()
@@ -137,7 +137,7 @@ func TestSlowSyncCarriesRankedCauses(t *testing.T) {
 	// one found when causes are needed again.
 	ps.Remove(42)
 	cpu.RemoveCgroup(42)
-	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 43, Comm: "kube-proxy", Cmdline: []string{"kube-proxy"}}})
+	ps.Add(procs.FakeProcess{Process: procs.Process{Pid: 43, Comm: "kube-proxy", Cmdline: []string{"kube-proxy"}, CapEff: procs.CapNetAdmin}})
 	cpu.SetCgroup(43, cpustat.CgroupCPU{Version: 2, Path: "/kp", Periods: 10, Quota: true})
 	clk.Step(20 * time.Second)
 	kp.SetMetrics(slowMetrics(130, 30, 40))

@@ -7,8 +7,10 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -23,14 +25,17 @@ type HungIPTablesRestoreParams struct {
 	// Names are the argv[0] basenames to watch (never comm: a blocked
 	// iptables-legacy-restore has comm "iptables-legacy").
 	Names []string `yaml:"names"`
-	// MinAge is how long a restore must have run to be reported.
-	// kube-proxy's restores wait at most 5s for the lock and normally
-	// finish in well under a second.
+	// MinAge is how long a restore must have run to be reported, and
+	// only when it made no progress (no CPU time used over the window,
+	// not running). kube-proxy's restores wait at most 5s for the lock and
+	// normally finish in well under a second.
 	MinAge policy.Duration `yaml:"minAge"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// restore must really run, with CAP_NET_ADMIN, to be a target; a
-	// process that only names itself iptables-restore is reported at info
-	// level and never acted on.
+	// restore must really run, where readable (CAP_SYS_PTRACE: a second
+	// opinion), to be a target; it must also be kube-proxy's or a CNI
+	// agent's (its cgroup per the API) or a host process, with
+	// CAP_NET_ADMIN. Anything else is reported at info level and never
+	// acted on.
 	Programs []string `yaml:"programs"`
 }
 
@@ -66,7 +71,7 @@ func validateNames(field string, names []string) []policy.FieldError {
 
 func init() {
 	Define("HungIPTablesRestore",
-		"iptables-restore processes running longer than minAge (stuck, often waiting on the xtables lock)",
+		"iptables-restore processes running longer than minAge and making no progress (no CPU time over the window: stuck, often waiting on the xtables lock)",
 		newHungIPTablesRestore, Targets(finding.KindProcess))
 }
 
@@ -74,6 +79,7 @@ type hungRestore struct {
 	p HungIPTablesRestoreParams
 	n *node.Node
 	judgement
+	watch progressWatch
 }
 
 func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detector, error) {
@@ -97,8 +103,34 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 	}
 	d.set("%d iptables-restore running, none for %s or longer", len(found), d.p.MinAge.Duration)
 	if len(old) == 0 {
+		d.watch.forget()
 		return nil, nil
 	}
+	// Old is not hung: only those that made no progress over the window.
+	judged, err := d.watch.judge(ctx, d.n, old)
+	if err != nil {
+		return nil, err
+	}
+	old = old[:0]
+	var busy []string
+	for _, pr := range judged {
+		if pr.advancing() {
+			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
+			continue
+		}
+		old = append(old, pr.cur)
+	}
+	if len(busy) > 0 {
+		d.set("%d iptables-restore running for %s or longer, %d of them making progress, not hung (%s)", len(judged), d.p.MinAge.Duration, len(busy), strings.Join(busy, "; "))
+	}
+	if len(old) == 0 {
+		return nil, nil
+	}
+	byRef := map[procs.Ref]progress{}
+	for _, pr := range judged {
+		byRef[pr.cur.Ref()] = pr
+	}
+	pods := procident.PodsOf(d.n.Pods, now)
 	// Only now (something is old) look at the lock.
 	var (
 		locks   procs.FileLocks
@@ -112,7 +144,9 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 		age := p.Age(now)
 		ev := processEvidence(p, now)
 		sp := &finding.Process{}
-		msg := fmt.Sprintf("%s (pid %d) has been running for %s", p.Name(), p.Pid, age.Round(time.Second))
+		pr := byRef[p.Ref()]
+		pr.evidence(ev, sp)
+		msg := fmt.Sprintf("%s (pid %d) has been running for %s, making no progress (%s)", p.Name(), p.Pid, age.Round(time.Second), pr)
 		sev := finding.Warning
 		if p.Blocked() {
 			sev = finding.Critical
@@ -150,7 +184,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 				msg += ", waiting on the xtables lock" + heldBy(locks)
 			}
 		}
-		if why := outOfReach(p, d.p.Programs, d.n.Procs.SelfNetNS(), ev); why != "" {
+		if why := outOfReach(p, d.p.Programs, d.n, pods, ev); why != "" {
 			sev = finding.Info
 			msg += "; not a target: " + why
 		}
@@ -167,28 +201,39 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 }
 
 // outOfReach returns why a process matching by name is not a target ("" when
-// it is), after recording its identity in ev: it must run a real
-// iptables/nft executable with CAP_NET_ADMIN, and a process in another
-// network namespace is a target only when it holds or waits on the node's
-// xtables lock (ev["holdsXtablesLock"], ev["waitsOnXtablesLock"]).
-func outOfReach(p procs.Process, programs []string, nodeNetNS string, ev map[string]any) string {
+// it is), after recording its identity in ev (procident.Target): a
+// process of kube-proxy's or an allowlisted CNI agent's pod on this node
+// (its cgroup's pod UID, per the API: "identity: cgroup+api") or a host
+// process ("host-cgroup": in no pod's cgroup, which only root on the host
+// can arrange; with CAP_NET_ADMIN it is root on the host already), with
+// CAP_NET_ADMIN, in the node's network namespace unless it holds or waits
+// on the node's xtables lock (ev["holdsXtablesLock"],
+// ev["waitsOnXtablesLock"]); where its executable is readable
+// (CAP_SYS_PTRACE) a real iptables/nft program too (",exe"). A process in
+// any other pod's cgroup never is; one in a pod's cgroup while the pod
+// view is absent or stale cannot be told, and is not.
+func outOfReach(p procs.Process, programs []string, n *node.Node, pods procident.Pods, ev map[string]any) string {
+	self := n.Procs.SelfNetKey()
 	ev["exe"] = clip.String(p.Exe, 512)
 	ev["capNetAdmin"] = p.CapEff&procs.CapNetAdmin != 0
-	ev["netns"] = p.NetNS
-	ev["nodeNetns"] = nodeNetNS
-	if err := procs.Eligible(p, programs); err != nil {
-		ev["notATarget"] = err.Error()
-		return err.Error()
+	if p.NetNS != "" {
+		ev["netns"] = p.NetNS
 	}
-	if p.NetNS == nodeNetNS && p.NetNS != "" {
-		return ""
+	ev["netKey"], ev["nodeNetKey"] = p.NetKey, self
+	onLock := ev["holdsXtablesLock"] == true || ev["waitsOnXtablesLock"] == true
+	id := procident.Target(p, pods, procident.Agents(cluster.DefaultCNIAgents()), programs, self, onLock)
+	id.Evidence(ev)
+	if !id.OK() {
+		ev["notATarget"] = id.Refused
+		return id.Refused
 	}
-	if ev["holdsXtablesLock"] == true || ev["waitsOnXtablesLock"] == true {
-		return ""
+	if p.Exe != "" {
+		ev["identity"] = string(id.Method) + ",exe"
 	}
-	why := fmt.Sprintf("it runs in network namespace %s, not the node's (%s), and neither holds nor waits on the node's xtables lock", orUnknown(p.NetNS), orUnknown(nodeNetNS))
-	ev["notATarget"] = why
-	return why
+	if id.Method == procident.HostCgroup {
+		ev["identityNote"] = "a host process (in no pod's cgroup) with CAP_NET_ADMIN: root on the host already"
+	}
+	return ""
 }
 
 func orUnknown(s string) string {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -22,13 +23,17 @@ type HungNFTParams struct {
 	// watched (default ["kube-proxy"]): an administrator's interactive nft
 	// is none of our business.
 	Parents []string `yaml:"parents"`
-	// MinAge is how long an nft child must have run to be reported (a
-	// kube-proxy transaction normally takes well under a second, seconds
-	// for tens of thousands of services).
+	// MinAge is how long an nft child must have run to be reported, and
+	// only when it made no progress (no CPU time used over the window,
+	// not running: a busy nft at tens of thousands of Services runs for
+	// minutes; a kube-proxy transaction normally takes well under a
+	// second).
 	MinAge policy.Duration `yaml:"minAge"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// reported process must run, with CAP_NET_ADMIN; anything else named
-	// nft is at most an info finding (argv[0] is chosen by the process).
+	// reported process must run where readable (CAP_SYS_PTRACE: a second
+	// opinion); it must also be kube-proxy's (its cgroup per the API) or
+	// a host process, with CAP_NET_ADMIN; anything else named nft is at
+	// most an info finding (argv[0] is chosen by the process).
 	Programs []string `yaml:"programs"`
 }
 
@@ -58,7 +63,7 @@ func (p *HungNFTParams) SetDefaults() {
 
 func init() {
 	Define("HungNFT",
-		"an nft child of kube-proxy running longer than minAge (kube-proxy's nftables sync is stuck on it)",
+		"an nft child of kube-proxy running longer than minAge and making no progress (no CPU time over the window: kube-proxy's nftables sync is stuck on it)",
 		newHungNFT, Targets(finding.KindProcess))
 }
 
@@ -67,6 +72,8 @@ func newHungNFT(p *HungNFTParams, n *node.Node) (Detector, error) { return &hung
 type hungNFT struct {
 	p HungNFTParams
 	n *node.Node
+	judgement
+	watch progressWatch
 }
 
 func (d *hungNFT) Detect(ctx context.Context) ([]finding.Finding, error) {
@@ -77,33 +84,63 @@ func (d *hungNFT) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scanning processes: %w", err)
 	}
-	return hungNFTFindings(found, d.p, d.n.Procs.SelfNetNS(), d.n.Clock.Now()), nil
+	now := d.n.Clock.Now()
+	var old []procs.Process
+	for _, pr := range found {
+		if pr.Age(now) >= d.p.MinAge.Duration && slices.Contains(d.p.Parents, pr.ParentName) {
+			old = append(old, pr)
+		}
+	}
+	d.set("%d nft running, none a child of %s for %s or longer", len(found), strings.Join(d.p.Parents, ", "), d.p.MinAge.Duration)
+	if len(old) == 0 {
+		d.watch.forget()
+		return nil, nil
+	}
+	// Old is not hung: kube-proxy's nft at tens of thousands of Services
+	// runs for minutes, busy.
+	judged, err := d.watch.judge(ctx, d.n, old)
+	if err != nil {
+		return nil, err
+	}
+	var busy []string
+	for _, pr := range judged {
+		if pr.advancing() {
+			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
+		}
+	}
+	if len(busy) > 0 {
+		d.set("%d nft children of %s running for %s or longer, %d of them making progress, not hung (%s)", len(judged), strings.Join(d.p.Parents, ", "), d.p.MinAge.Duration, len(busy), strings.Join(busy, "; "))
+	}
+	return hungNFTFindings(judged, d.p, d.n, procident.PodsOf(d.n.Pods, now), now), nil
 }
 
 // hungNFTFindings is the decision: the watched children of the watched
-// parents older than MinAge.
-func hungNFTFindings(found []procs.Process, p HungNFTParams, nodeNetNS string, now time.Time) []finding.Finding {
+// parents older than MinAge that made no progress over the window.
+func hungNFTFindings(judged []progress, p HungNFTParams, n *node.Node, pods procident.Pods, now time.Time) []finding.Finding {
 	var out []finding.Finding
-	for _, pr := range found {
+	for _, prog := range judged {
+		pr := prog.cur
 		age := pr.Age(now)
-		if age < p.MinAge.Duration || !slices.Contains(p.Parents, pr.ParentName) {
+		if prog.advancing() || age < p.MinAge.Duration || !slices.Contains(p.Parents, pr.ParentName) {
 			continue
 		}
 		sev := finding.Warning
-		msg := fmt.Sprintf("%s (pid %d), a child of %s (pid %d), has been running for %s: kube-proxy's sync waits for it, so Service changes are not programmed",
-			pr.Name(), pr.Pid, pr.ParentName, pr.PPid, age.Round(time.Second))
+		msg := fmt.Sprintf("%s (pid %d), a child of %s (pid %d), has been running for %s, making no progress (%s): kube-proxy's sync waits for it, so Service changes are not programmed",
+			pr.Name(), pr.Pid, pr.ParentName, pr.PPid, age.Round(time.Second), prog)
 		if pr.Blocked() {
 			sev = finding.Critical
 			msg += "; it is in uninterruptible sleep (D)"
 		}
 		ev := processEvidence(pr, now)
 		ev["minAgeSeconds"] = p.MinAge.Seconds()
-		if why := outOfReach(pr, p.Programs, nodeNetNS, ev); why != "" {
+		sp := &finding.Process{}
+		prog.evidence(ev, sp)
+		if why := outOfReach(pr, p.Programs, n, pods, ev); why != "" {
 			sev = finding.Info
 			msg += "; not a target: " + why
 		}
 		out = append(out, finding.Finding{Detector: "HungNFT", Target: pr.Target(), Severity: sev, Message: msg, Evidence: ev,
-			Subject: finding.Subject{AgeSeconds: durSeconds(age), Process: &finding.Process{}}})
+			Subject: finding.Subject{AgeSeconds: durSeconds(age), Process: sp}})
 	}
 	return out
 }

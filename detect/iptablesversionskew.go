@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -165,7 +166,7 @@ func readIPTablesParties(ctx context.Context, n *node.Node, r *iptables.InstallR
 		seen[name] = true
 		cni = append(cni, readPartyIPTables(r, "cni/"+name, p.Pid, processRoot(n, p.Pid)))
 	}
-	if p, err := pickKubeProxy(kps, n.Procs.SelfNetNS()); err != nil {
+	if p, _, err := pickKubeProxy(kps, procident.PodsOf(n.Pods, n.Clock.Now()), n.Procs.SelfNetKey()); err != nil {
 		notes = append(notes, err.Error())
 	} else {
 		party := readPartyIPTables(r, "kube-proxy", p.Pid, processRoot(n, p.Pid))

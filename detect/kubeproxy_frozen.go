@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -67,6 +69,9 @@ type kubeProxyFrozen struct {
 	// when the last probe got an answer).
 	silent procs.Ref
 	since  time.Time
+	// ticks is the silent process's CPU time at since: a process that
+	// used CPU since is working, not frozen.
+	ticks uint64
 }
 
 func newKubeProxyFrozen(p *KubeProxyFrozenParams, n *node.Node) (Detector, error) {
@@ -128,7 +133,7 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 		d.set("kube-proxy's endpoints fail without timing out (/metrics: %s; /healthz: %s): not frozen", errText(merr), errText(herr))
 		return nil, nil
 	}
-	p, err := findKubeProxy(ctx, d.n)
+	p, id, err := findKubeProxyIdentity(ctx, d.n)
 	if err != nil {
 		d.silent, d.since = procs.Ref{}, time.Time{}
 		return nil, finding.Skip("kube-proxy answers nothing, but its process cannot be told (KubeProxyUnreachable reports the silence): %v", err)
@@ -143,14 +148,44 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 	}
 	ref := p.Ref()
 	if d.since.IsZero() || d.silent != ref {
-		d.silent, d.since = ref, now
+		d.silent, d.since, d.ticks = ref, now, p.CPUTicks
+	}
+	if p.CPUTicks > d.ticks || p.State == "R" {
+		// Progress, not age: a kube-proxy using CPU is working, whoever
+		// answers nothing on its ports (a process that bound
+		// 127.0.0.1:10249/10256 first keeps kube-proxy's endpoints and
+		// stays silent).
+		used := float64(p.CPUTicks-min(d.ticks, p.CPUTicks)) / procs.TicksPerSecond
+		since := now.Sub(d.since).Round(time.Second)
+		d.since, d.ticks = now, p.CPUTicks
+		return nil, finding.Skip("kube-proxy's endpoints answer nothing, but kube-proxy (pid %d, state %s) is making progress: %.2f s of CPU in %s: not frozen (KubeProxyUnreachable reports the silence)", p.Pid, p.State, used, since)
 	}
 	silentFor := now.Sub(d.since)
 	if silentFor < d.p.MinSilence.Duration {
-		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s): judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
+		return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing since %s (%s), using no CPU: judged frozen after %s of silence (the daemon remembers; --once cannot tell)",
 			p.Pid, p.State, rfc3339(d.since), silentFor.Round(time.Second), d.p.MinSilence.Duration)
 	}
-	return []finding.Finding{d.finding(ctx, p, merr, herr, now, silentFor)}, nil
+	how := "stopped (state T)"
+	if p.State != "T" {
+		// Not stopped: the silence may be another process's listener on
+		// kube-proxy's ports. Only where kube-proxy's descriptors are
+		// readable (CAP_SYS_PTRACE) can the silent listeners be tied to
+		// it; else only a stopped kube-proxy is known to be the silent one.
+		why := d.listenersOwned(ctx, p, merr, herr)
+		if why != "" {
+			return nil, finding.Skip("kube-proxy (pid %d, state %s) has answered nothing for %s and used no CPU, but it is not stopped (state T) and %s: not judged frozen (KubeProxyUnreachable reports the silence)",
+				p.Pid, p.State, silentFor.Round(time.Second), why)
+		}
+		how = fmt.Sprintf("state %s, its silent listeners its own (its descriptors)", p.State)
+	}
+	f := d.finding(ctx, p, merr, herr, now, silentFor)
+	id.Evidence(f.Evidence)
+	f.Evidence["cpuSeconds"] = float64(p.CPUTicks) / procs.TicksPerSecond
+	f.Evidence["cpuSecondsWhileSilent"] = 0.0
+	f.Evidence["progressWindowSeconds"] = silentFor.Round(time.Second).Seconds()
+	f.Evidence["silentListener"] = how
+	f.Message += fmt.Sprintf("; %s, no CPU used in %s; identity: %s", how, silentFor.Round(time.Second), id)
+	return []finding.Finding{f}, nil
 }
 
 func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, herr error, now time.Time, silentFor time.Duration) finding.Finding {
@@ -210,6 +245,34 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 		msg += "; no Service port drifted yet"
 	}
 	return finding.Finding{Detector: "KubeProxyFrozen", Target: kubeProxyFrozenTarget, Severity: finding.Critical, Message: msg, Evidence: ev}
+}
+
+// listenersOwned says why the silent endpoints cannot be tied to
+// kube-proxy's process p ("" when each endpoint's port has a listening
+// socket p holds): its descriptors are unreadable (no CAP_SYS_PTRACE), or
+// another process holds a port (an impostor bound it first).
+func (d *kubeProxyFrozen) listenersOwned(ctx context.Context, p procs.Process, errs ...error) string {
+	for _, err := range errs {
+		e, ok := kubeproxy.AsError(err)
+		if !ok {
+			return "whose listener is silent cannot be told"
+		}
+		u, perr := url.Parse(e.URL)
+		port, cerr := strconv.ParseUint(u.Port(), 10, 16)
+		if perr != nil || cerr != nil {
+			return fmt.Sprintf("the port of %s is unknown", e.URL)
+		}
+		owns, err := d.n.Procs.OwnsListener(ctx, p.Pid, uint16(port))
+		switch {
+		case errors.Is(err, procs.ErrNoPtrace):
+			return "without CAP_SYS_PTRACE the listener's socket cannot be tied to kube-proxy's process (another process may hold its port)"
+		case err != nil:
+			return fmt.Sprintf("whose listener is silent cannot be told: %v", err)
+		case !owns:
+			return fmt.Sprintf("the socket listening on port %d is not kube-proxy's: another process holds it (kube-proxy answers there for nobody)", port)
+		}
+	}
+	return ""
 }
 
 func errText(err error) string {

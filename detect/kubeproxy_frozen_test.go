@@ -168,7 +168,7 @@ func newFrozenDetector(t *testing.T, w *driftWorld, minSilence time.Duration) De
 
 func kubeProxyProc(pid int32, created time.Time, state string) procs.FakeProcess {
 	return procs.FakeProcess{Process: procs.Process{Pid: pid, PPid: 1, Comm: "kube-proxy", Cmdline: []string{"/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf"},
-		CreateTimeMs: created.UnixMilli(), State: state}}
+		CreateTimeMs: created.UnixMilli(), State: state, CapEff: procs.CapNetAdmin}}
 }
 
 // KubeProxyFrozen: silence is counted per process; reported after
@@ -362,4 +362,81 @@ func TestDataplaneDriftRealClientFrozen(t *testing.T) {
 		t.Fatalf("asked %v, want /proxyMode once", got)
 	}
 	t.Logf("DataplaneDrift with a hanging kube-proxy: %v (one /proxyMode request, client timeout 500ms)", took.Round(time.Millisecond))
+}
+
+// Issue 41: a process that binds kube-proxy's ports first (an impostor
+// listening on 127.0.0.1:10249/10256 and answering nothing) leaves the real
+// kube-proxy running, sleeping and using CPU: not frozen, however long the
+// silence (on main it was judged frozen after minSilence and its pod
+// deleted). A kube-proxy using no CPU but not stopped cannot be tied to the
+// silent listener without ptrace: not judged either. Stopped (T) with no
+// CPU: frozen, with the CPU seconds and the identity in the evidence.
+func TestKubeProxyFrozenNeedsNoProgressAndStopped(t *testing.T) {
+	w := newDriftWorld(t)
+	fp := procs.NewFake(1)
+	w.n.Procs = fp
+	kp := kubeProxyProc(4242, w.clock.Now().Add(-time.Hour), "S")
+	kp.CPUPerRead = 20 // syncing rules, answering nobody (its ports are taken)
+	fp.Add(kp)
+	d := newFrozenDetector(t, w, 2*time.Minute)
+	w.freeze(t)
+	detect := func() ([]finding.Finding, string) {
+		t.Helper()
+		sharedObservation.Lock()
+		sharedObservation.m = map[observationKey]*observationSlot{}
+		sharedObservation.Unlock()
+		fs, err := d.Detect(context.Background())
+		if r, ok := finding.IsSkip(err); ok {
+			return nil, r
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fs, ""
+	}
+	for i := 0; i < 5; i++ {
+		fs, skip := detect()
+		if len(fs) != 0 {
+			t.Fatalf("a kube-proxy at work judged frozen after %d min: %+v", i, fs[0].Message)
+		}
+		if i > 0 && !strings.Contains(skip, "is making progress: 0.20 s of CPU in 1m0s: not frozen") {
+			t.Fatalf("cycle %d: %q", i, skip)
+		}
+		w.clock.Step(time.Minute)
+	}
+	// Idle and sleeping: no CPU, but whose listener is silent is unknown.
+	kp.CPUPerRead, kp.CPUTicks = 0, fp.MustGet(4242).CPUTicks+100
+	fp.Add(kp)
+	for i := 0; i < 4; i++ {
+		fs, skip := detect()
+		if len(fs) != 0 {
+			t.Fatalf("a sleeping kube-proxy judged frozen: %+v", fs[0].Message)
+		}
+		if i == 3 && !strings.Contains(skip, "it is not stopped (state T) and the socket listening on port 10249 is not kube-proxy's: another process holds it") {
+			t.Fatalf("sleeping, no CPU for 3m, an impostor's listener: %q", skip)
+		}
+		w.clock.Step(time.Minute)
+	}
+	// Without CAP_SYS_PTRACE its descriptors cannot be read: not judged.
+	kp.CPUTicks, kp.NoPtrace = fp.MustGet(4242).CPUTicks, true
+	fp.Add(kp)
+	if fs, skip := detect(); len(fs) != 0 || !strings.Contains(skip, "without CAP_SYS_PTRACE the listener's socket cannot be tied to kube-proxy's process") {
+		t.Fatalf("no ptrace: %+v %q", fs, skip)
+	}
+	// With it (second opinion), both silent listeners are kube-proxy's
+	// own: a deadlocked kube-proxy, frozen though sleeping.
+	kp.NoPtrace, kp.Listens = false, []uint16{10249, 10256}
+	fp.Add(kp)
+	if fs, skip := detect(); len(fs) != 1 || !strings.Contains(fs[0].Message, "state S, its silent listeners its own (its descriptors), no CPU used in 4m0s") {
+		t.Fatalf("its own silent listeners: %+v %q", fs, skip)
+	}
+	kp.Listens = nil
+	// SIGSTOPped: frozen.
+	kp.State = "T"
+	fp.Add(kp)
+	fs, skip := detect()
+	if len(fs) != 1 || !strings.Contains(fs[0].Message, "stopped (state T), no CPU used in 4m0s; identity: host-cgroup") ||
+		fs[0].Evidence["cpuSecondsWhileSilent"] != 0.0 || fs[0].Evidence["identity"] != "host-cgroup" {
+		t.Fatalf("stopped: %+v %q", fs, skip)
+	}
 }

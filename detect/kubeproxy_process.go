@@ -8,9 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -42,60 +42,76 @@ var errNoNodeKubeProxy = errors.New("no kube-proxy of this node")
 // kube-proxy's process uses. An error wrapping errNoNodeKubeProxy says
 // there is none and why the processes named kube-proxy were not taken.
 func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, error) {
+	p, _, err := findKubeProxyIdentity(ctx, n)
+	return p, err
+}
+
+// findKubeProxyIdentity is findKubeProxy with how the process's identity
+// was established (for evidence).
+func findKubeProxyIdentity(ctx context.Context, n *node.Node) (procs.Process, procident.Identity, error) {
 	if n.Procs == nil {
-		return procs.Process{}, errors.New(n.Why("procs"))
+		return procs.Process{}, procident.Identity{}, errors.New(n.Why("procs"))
 	}
 	ps, err := n.Procs.Find(ctx, []string{"kube-proxy"})
 	if err != nil {
-		return procs.Process{}, fmt.Errorf("looking for kube-proxy's process: %w", err)
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("looking for kube-proxy's process: %w", err)
 	}
-	return pickKubeProxy(ps, n.Procs.SelfNetNS())
+	return pickKubeProxy(ps, procident.PodsOf(n.Pods, n.Clock.Now()), n.Procs.SelfNetKey())
 }
 
-// notThisNodesKubeProxy says why p, named kube-proxy, is known not to be
-// this node's kube-proxy ("" when it may be): kube-proxy runs with
-// hostNetwork, in the node's network namespace, which is this daemon's
-// (selfNetNS; a nested cluster's kube-proxy, kind's, or one in a pod
-// network runs in another), and its executable is a kube-proxy (a process
-// can call itself kube-proxy, not choose /proc/<pid>/exe). What cannot be
-// read (no SYS_PTRACE) is not held against it.
-func notThisNodesKubeProxy(p procs.Process, selfNetNS string) string {
-	if p.NetNS != "" && selfNetNS != "" && p.NetNS != selfNetNS {
-		return fmt.Sprintf("pid %d runs in another network namespace (%s, this node's is %s)", p.Pid, p.NetNS, selfNetNS)
-	}
-	if p.Exe != "" && filepath.Base(p.Exe) != "kube-proxy" {
-		return fmt.Sprintf("pid %d's executable is %s, not a kube-proxy", p.Pid, clip.String(p.Exe, 256))
-	}
-	return ""
+// notThisNodesKubeProxy says why p, named kube-proxy, is not known to be
+// this node's kube-proxy ("" when it is), with its identity: a process of
+// this node's kube-proxy pod by its cgroup and the API (a DaemonSet's pod
+// labelled as kube-proxy's, or its static pod), or a host process with
+// CAP_NET_ADMIN; in the node's network namespace (kube-proxy runs with
+// hostNetwork; a nested cluster's kube-proxy, kind's, runs in another);
+// with CAP_SYS_PTRACE also a kube-proxy executable (a second opinion). A
+// process in any other pod's cgroup is not, whatever it calls itself; one
+// in a pod's cgroup while the pod view is absent or stale cannot be told.
+func notThisNodesKubeProxy(p procs.Process, pods procident.Pods, selfNetKey uint64) (string, procident.Identity) {
+	id := procident.KubeProxy(p, pods, selfNetKey)
+	return id.Refused, id
 }
 
 // pickKubeProxy chooses this node's kube-proxy among the processes named
-// kube-proxy: those known to be another's (notThisNodesKubeProxy) are left
-// out; of the rest, the only one. None is errNoNodeKubeProxy (with why each
-// was left out); several is an error: comparing the wrong kube-proxy would
-// be worse than saying so.
-func pickKubeProxy(ps []procs.Process, selfNetNS string) (procs.Process, error) {
-	var mine []procs.Process
+// kube-proxy: those known not to be (notThisNodesKubeProxy) are left out;
+// of the rest, the only one of kube-proxy's pod (cgroup+api) if any, else
+// the only one. None is errNoNodeKubeProxy (with why each was left out);
+// several is an error: comparing the wrong kube-proxy would be worse than
+// saying so.
+func pickKubeProxy(ps []procs.Process, pods procident.Pods, selfNetKey uint64) (procs.Process, procident.Identity, error) {
+	var mine, ofPod []procs.Process
+	var ids, podIDs []procident.Identity
 	var others []string
 	for _, p := range ps {
-		if why := notThisNodesKubeProxy(p, selfNetNS); why != "" {
+		why, id := notThisNodesKubeProxy(p, pods, selfNetKey)
+		if why != "" {
 			others = append(others, why)
 			continue
 		}
-		mine = append(mine, p)
+		mine, ids = append(mine, p), append(ids, id)
+		if id.Method == procident.CgroupAPI {
+			ofPod, podIDs = append(ofPod, p), append(podIDs, id)
+		}
 	}
 	switch {
-	case len(mine) == 1:
-		return mine[0], nil
+	case len(ofPod) == 1:
+		// The API's kube-proxy: host processes named kube-proxy (another
+		// test's, an administrator's) are not this node's.
+		return ofPod[0], podIDs[0], nil
+	case len(ofPod) == 0 && len(mine) == 1:
+		return mine[0], ids[0], nil
 	case len(ps) == 0:
-		return procs.Process{}, fmt.Errorf("%w: no process named kube-proxy visible through the proc root", errNoNodeKubeProxy)
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("%w: no process named kube-proxy visible through the proc root", errNoNodeKubeProxy)
 	case len(mine) == 0:
 		if len(others) > 3 {
 			others = append(others[:3], fmt.Sprintf("and %d more", len(others)-3))
 		}
-		return procs.Process{}, fmt.Errorf("%w: %d processes named kube-proxy, none this node's: %s", errNoNodeKubeProxy, len(ps), strings.Join(others, "; "))
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("%w: %d processes named kube-proxy, none this node's: %s", errNoNodeKubeProxy, len(ps), strings.Join(others, "; "))
+	case len(ofPod) > 1:
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("%d processes named kube-proxy, %d in this node's kube-proxy pod's cgroup: cannot tell which is this node's", len(ps), len(ofPod))
 	default:
-		return procs.Process{}, fmt.Errorf("%d processes named kube-proxy, %d may be this node's (in this network namespace, a kube-proxy executable): cannot tell which is this node's", len(ps), len(mine))
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("%d processes named kube-proxy, %d may be this node's (host processes with CAP_NET_ADMIN in this network namespace; none in a kube-proxy pod's cgroup): cannot tell which is this node's", len(ps), len(mine))
 	}
 }
 

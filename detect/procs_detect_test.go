@@ -277,7 +277,7 @@ func TestHungIPTablesRestoreImpostors(t *testing.T) {
 	}{
 		300: {finding.Info, `executable "/usr/bin/sleep" is not an iptables/nft program`},
 		301: {finding.Info, "without CAP_NET_ADMIN"},
-		302: {finding.Info, "runs in network namespace net:[4026532999], not the node's (net:[4026531840]), and neither holds nor waits"},
+		302: {finding.Info, "runs in network namespace net/dev inode 4026532999, not the node's (net/dev inode 4026531840), and neither holds nor waits"},
 		303: {finding.Critical, ""},
 		304: {finding.Critical, ""},
 	}
@@ -325,3 +325,7 @@ func TestMissingXtablesLockFile(t *testing.T) {
 		t.Errorf("evidence = %v", got[0].Evidence)
 	}
 }
+
+// The second read of a process first seen old (progress.go) waits
+// progressProbe: short in tests.
+func init() { progressProbe = 20 * time.Millisecond }

@@ -14,6 +14,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -93,6 +94,7 @@ type xtablesLock struct {
 	kp    []kpFailures         // kube-proxy's restore failures at recent cycles (repeated holds)
 	judgement
 	causes causeWatch
+	watch  progressWatch
 }
 
 func newXtablesLockContention(p *XtablesLockContentionParams, n *node.Node) (Detector, error) {
@@ -223,12 +225,32 @@ func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 	d.set("xtables lock %s held ≥ %s, %d waiting (max hold %s, max %d waiting, restores may wait %s)%s", d.n.XtablesLock,
 		lockHeld.Round(time.Second), len(l.Waiters), d.p.MaxHold.Duration, d.p.MaxWaiters, d.p.MaxRestoreWait.Duration, repeated)
 
-	for i, k := range keys {
-		hold := held[i]
+	reported := func(i int) bool {
+		k, hold := keys[i], held[i]
 		// A restore holding the lock (watched) as long as kube-proxy's
 		// restores would wait for it is reported like a waiting one.
 		restoreHolds := k != unknownHolder && isRestore(l.Holders[i]) && hold >= d.p.MaxRestoreWait.Duration
-		if hold < d.p.MaxHold.Duration && !tooMany && !restoreWaits && !restoreHolds {
+		return hold >= d.p.MaxHold.Duration || tooMany || restoreWaits || restoreHolds
+	}
+	// The holders to report: were they at work (CPU time) over the window?
+	var toJudge []procs.Process
+	for i, k := range keys {
+		if k != unknownHolder && reported(i) {
+			toJudge = append(toJudge, l.Holders[i])
+		}
+	}
+	judged, err := d.watch.judge(ctx, d.n, toJudge)
+	if err != nil {
+		return nil, err
+	}
+	progressOf := map[procs.Ref]progress{}
+	for _, pr := range judged {
+		progressOf[pr.cur.Ref()] = pr
+	}
+	pods := procident.PodsOf(d.n.Pods, now)
+	for i, k := range keys {
+		hold := held[i]
+		if !reported(i) {
 			continue
 		}
 		why := fmt.Sprintf("for ≥ %s (%s; max %s); held ≥ %s", hold.Round(time.Second), measured, d.p.MaxHold.Duration, lockHeld.Round(time.Second))
@@ -272,8 +294,23 @@ func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 			}
 			msg = fmt.Sprintf("xtables lock %s held by %s (pid %d) %s", d.n.XtablesLock, name, h.Pid, why)
 			ev["holdsXtablesLock"] = true
+			ev["holdersFrom"] = l.HoldersFrom
 			sub.Process = &finding.Process{HoldsXtablesLock: true, HoldMeasured: true, HoldSeconds: durSeconds(hold)}
-			if notTarget := outOfReach(h, procs.NetfilterPrograms, d.n.Procs.SelfNetNS(), ev); notTarget != "" {
+			pr, ok := progressOf[h.Ref()]
+			switch {
+			case !ok:
+				// Gone since the lock was read: the next cycle sees.
+				continue
+			case pr.advancing():
+				sub.Process.MakingProgress = true
+				pr.evidence(ev, nil)
+				msg += fmt.Sprintf("; the holder is at work, making progress (%s): not a target", pr)
+				sev = finding.Warning
+			default:
+				pr.evidence(ev, sub.Process)
+				msg += fmt.Sprintf("; the holder makes no progress (%s)", pr)
+			}
+			if notTarget := outOfReach(h, procs.NetfilterPrograms, d.n, pods, ev); notTarget != "" {
 				sev = finding.Info
 				msg += "; this holder is not a target: " + notTarget
 			}

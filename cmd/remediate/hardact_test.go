@@ -49,8 +49,11 @@ func (d pidFileDetector) Detect(ctx context.Context) ([]finding.Finding, error) 
 	if err != nil {
 		return nil, nil // gone
 	}
+	// A sleeping process: judged making no progress (KillProcess
+	// re-reads its CPU time before each signal).
 	return []finding.Finding{{Target: p.Target(), Severity: finding.Critical, Message: fmt.Sprintf("pid %d is stuck", pid),
-		Evidence: map[string]any{"pid": p.Pid, "createTimeMs": p.CreateTimeMs}}}, nil
+		Evidence: map[string]any{"pid": p.Pid, "createTimeMs": p.CreateTimeMs},
+		Subject:  finding.Subject{Process: &finding.Process{ProgressChecked: true, CPUTicks: p.CPUTicks}}}}, nil
 }
 
 func init() {

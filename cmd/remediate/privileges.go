@@ -26,7 +26,7 @@ type privileges struct {
 	uid       int
 	known     bool // CapEff was readable
 	netAdmin  bool // netlink (conntrack, IPVS), iptables-*-save
-	sysPtrace bool // other processes' fds and fdinfo (lock holders)
+	sysPtrace bool // other processes' root filesystems (hostroot); exe, fds as a second opinion
 }
 
 func readPrivileges() privileges {
@@ -67,13 +67,16 @@ func (p privileges) missing() map[string]string {
 	}
 	if !p.sysPtrace {
 		// Without CAP_SYS_PTRACE the kernel refuses /proc/<pid>/exe, fd,
-		// fdinfo and root of every process with more capabilities than
-		// this one (ptrace_may_access): the lock holders, the executable a
-		// process really runs, and the host's and kube-proxy's files. The
-		// checks needing them are skipped, never judged on half the facts
-		// (deploy/README.md lists them).
+		// fdinfo, ns/net and root of every process with more capabilities
+		// than this one (ptrace_may_access). The process checks and kills
+		// do not need them (issue 41): identity comes from the cgroup
+		// checked against the API, the network namespace from
+		// /proc/<pid>/net/dev's inode, progress from /proc/<pid>/stat, the
+		// lock holders from /proc/locks (internal/procs, procident); the
+		// executable and fds are only a second opinion where readable.
+		// What stays off is reading the host's and kube-proxy's files
+		// through /proc/<pid>/root (deploy/README.md lists the checks).
 		hint := " (" + who + " without it; the chart's sysPtrace: true or deploy/components/sys-ptrace grants it)"
-		out["procs"] = "needs CAP_SYS_PTRACE to read other processes' exe, locks and fds" + hint
 		out[node.SubsystemHostRoot] = "needs CAP_SYS_PTRACE to read the host's and kube-proxy's files through /proc/<pid>/root" + hint
 	}
 	return out
@@ -106,7 +109,8 @@ func applyPrivileges(n *node.Node, missing map[string]string) {
 }
 
 // logPrivileges says once, at start, which checks are off for lack of
-// privileges.
+// privileges (without CAP_SYS_PTRACE: only those reading other
+// processes' root filesystems; the process checks run).
 func logPrivileges(log *zap.Logger, missing map[string]string) {
 	if len(missing) == 0 {
 		return

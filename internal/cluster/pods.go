@@ -22,8 +22,13 @@ type Pod struct {
 	ControllerKind string `json:"controllerKind,omitempty"`
 	// ControllerName is the controller owner reference's name (the
 	// DaemonSet's); empty for a bare or static pod.
-	ControllerName string    `json:"controllerName,omitempty"`
-	Created        time.Time `json:"created"`
+	ControllerName string `json:"controllerName,omitempty"`
+	// MirrorOf is, for a static pod's mirror, the static pod's UID (its
+	// kubernetes.io/config.mirror annotation): the UID the kubelet runs it
+	// under and names its cgroup with, not the mirror's UID. Empty for
+	// any other pod.
+	MirrorOf string    `json:"mirrorOf,omitempty"`
+	Created  time.Time `json:"created"`
 	// Terminating is set once the pod has a deletionTimestamp.
 	Terminating bool   `json:"terminating,omitempty"`
 	HostNetwork bool   `json:"hostNetwork,omitempty"`

@@ -40,6 +40,17 @@ type Process struct {
 	HoldMeasured bool
 	// HoldSeconds is how long the process has held the xtables lock.
 	HoldSeconds float64
+	// ProgressChecked says the detector judged the process making no
+	// progress: no CPU time used over ProgressWindowSeconds and not
+	// running. CPUTicks is its CPU time (utime+stime, USER_HZ ticks) at
+	// the detector's last read: KillProcess re-reads it before every
+	// signal and refuses a process that used CPU since.
+	ProgressChecked       bool
+	CPUTicks              uint64
+	ProgressWindowSeconds float64
+	// MakingProgress says the detector saw the process use CPU over the
+	// window (a lock holder at work): reported, never killed.
+	MakingProgress bool
 }
 
 // Conntrack is what FlushConntrack reads of a dead backend's entries.
@@ -54,4 +65,12 @@ type Agent struct {
 	// PodUID is the UID of the agent's pod the detector judged ("" when
 	// not known): another pod now means the agent was replaced since.
 	PodUID string
+}
+
+// CPUTicksOr0 is p.CPUTicks, 0 for a nil p.
+func (p *Process) CPUTicksOr0() uint64 {
+	if p == nil {
+		return 0
+	}
+	return p.CPUTicks
 }

@@ -58,4 +58,17 @@ func TestToPod(t *testing.T) {
 	if !ToPod(p).Terminating {
 		t.Error("deletionTimestamp not seen")
 	}
+	if c.MirrorOf != "" {
+		t.Errorf("a DaemonSet's pod taken for a mirror: %q", c.MirrorOf)
+	}
+	// A static pod's mirror: the kubelet runs it (and names its cgroup)
+	// with the UID its annotation carries, not the mirror's.
+	p.Annotations = map[string]string{"kubernetes.io/config.mirror": "0123456789abcdef0123456789abcdef", "kubernetes.io/config.hash": "0123456789abcdef0123456789abcdef"}
+	if got := ToPod(p).MirrorOf; got != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("mirror of %q", got)
+	}
+	p.Annotations["kubernetes.io/config.mirror"] = strings.Repeat("f", 65)
+	if got := ToPod(p).MirrorOf; got != "" {
+		t.Errorf("an oversized annotation kept: %q", got)
+	}
 }

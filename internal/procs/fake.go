@@ -3,7 +3,11 @@ package procs
 import (
 	"context"
 	"errors"
+	"hash/fnv"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 )
@@ -25,6 +29,9 @@ type Fake struct {
 	PIDNamespaceErr error
 	// NetNS is the daemon's network namespace (SelfNetNS).
 	NetNS string
+	// NetKey is the daemon's network namespace key (SelfNetKey); 0: the
+	// key FakeNetKey derives from NetNS.
+	NetKey uint64
 	// AfterSignal, when set, runs (without the fake's lock held) after a
 	// signal was delivered, e.g. to make the process exec another program.
 	AfterSignal func(f *Fake, pid int32, sig syscall.Signal)
@@ -41,6 +48,14 @@ type FakeProcess struct {
 	// GoMain is the main package path of its executable's Go build
 	// information ("": not a Go program).
 	GoMain string
+	// Listens are the TCP ports the process holds listening sockets on
+	// (OwnsListener); NoPtrace makes OwnsListener fail with ErrNoPtrace.
+	Listens  []uint16
+	NoPtrace bool
+	// CPUPerRead is the CPU time (ticks) the process uses between two
+	// reads: every Find, Get or FileLocks that returns it first adds this
+	// to its CPUTicks (a busy process; 0: one that makes no progress).
+	CPUPerRead uint64
 }
 
 // FakeSignal is one delivered signal.
@@ -107,6 +122,29 @@ func (f *Fake) CheckPIDNamespace() error {
 // SelfNetNS implements Interface: NetNS.
 func (f *Fake) SelfNetNS() string { return f.NetNS }
 
+// SelfNetKey implements Interface: NetKey, or FakeNetKey(NetNS).
+func (f *Fake) SelfNetKey() uint64 {
+	if f.NetKey != 0 {
+		return f.NetKey
+	}
+	return FakeNetKey(f.NetNS)
+}
+
+// FakeNetKey is the NetKey the fake gives a process whose NetKey is not
+// set: the inode number of its NetNS ("net:[4026531840]"), 0 for "".
+func FakeNetKey(netNS string) uint64 {
+	if netNS == "" {
+		return 0
+	}
+	s := strings.TrimSuffix(strings.TrimPrefix(netNS, "net:["), "]")
+	if n, err := strconv.ParseUint(s, 10, 64); err == nil {
+		return n
+	}
+	h := fnv.New64a()
+	h.Write([]byte(netNS))
+	return h.Sum64() | 1
+}
+
 // Find implements Interface.
 func (f *Fake) Find(_ context.Context, names []string) ([]Process, error) {
 	f.mu.Lock()
@@ -123,10 +161,18 @@ func (f *Fake) Find(_ context.Context, names []string) ([]Process, error) {
 		if p.Name() == "" || (len(want) > 0 && !want[p.Name()]) {
 			continue
 		}
-		out = append(out, f.withParent(p.Process))
+		out = append(out, f.read(p))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
 	return out, nil
+}
+
+// read returns the process as a read shows it: its CPU time advanced by
+// CPUPerRead (recorded), its parent's name, its network namespace's key
+// from NetNS when not set, and a host cgroup when none was set.
+func (f *Fake) read(fp *FakeProcess) Process {
+	fp.CPUTicks += fp.CPUPerRead
+	return f.withParent(fp.Process)
 }
 
 func (f *Fake) withParent(p Process) Process {
@@ -134,6 +180,12 @@ func (f *Fake) withParent(p Process) Process {
 		p.ParentName = pp.Comm
 	}
 	p.Cmdline = append([]string(nil), p.Cmdline...)
+	if p.NetKey == 0 {
+		p.NetKey = FakeNetKey(p.NetNS)
+	}
+	if p.Cgroup.Place == CgroupUnknown {
+		p.Cgroup.Place = CgroupHost
+	}
 	return p
 }
 
@@ -148,7 +200,21 @@ func (f *Fake) Get(_ context.Context, pid int32) (Process, error) {
 	if !ok {
 		return Process{}, ErrNotFound
 	}
-	return f.withParent(p.Process), nil
+	return f.read(p), nil
+}
+
+// OwnsListener implements Interface: Listens, or ErrNoPtrace.
+func (f *Fake) OwnsListener(_ context.Context, pid int32, port uint16) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.procs[pid]
+	switch {
+	case !ok:
+		return false, ErrNotFound
+	case p.NoPtrace:
+		return false, ErrNoPtrace
+	}
+	return slices.Contains(p.Listens, port), nil
 }
 
 // GoMain implements Interface.
@@ -180,15 +246,15 @@ func (f *Fake) FileLocks(_ context.Context, path string) (FileLocks, error) {
 	if !ok {
 		return FileLocks{Path: path}, nil
 	}
-	out := FileLocks{Path: path, Dev: l.Dev, LockPIDs: append([]int32(nil), l.LockPIDs...)}
+	out := FileLocks{Path: path, Dev: l.Dev, LockPIDs: append([]int32(nil), l.LockPIDs...), HoldersFrom: l.HoldersFrom}
 	for _, h := range l.Holders {
 		if p, ok := f.procs[h.Pid]; ok && p.CreateTimeMs == h.CreateTimeMs {
-			out.Holders = append(out.Holders, f.withParent(p.Process))
+			out.Holders = append(out.Holders, f.read(p))
 		}
 	}
 	for _, w := range l.Waiters {
 		if p, ok := f.procs[w.Pid]; ok && p.CreateTimeMs == w.CreateTimeMs {
-			out.Waiters = append(out.Waiters, f.withParent(p.Process))
+			out.Waiters = append(out.Waiters, f.read(p))
 		}
 	}
 	// The lock is held while a holder lives (or, like an invisible holder,

@@ -16,16 +16,25 @@ var GoMainPackages = map[string]string{
 }
 
 // CheckProgram reports why p is not a real instance of the program name
-// (nil when it is), by what the process cannot choose: its executable's
-// basename must be name and, for a program in GoMainPackages, the Go build
-// information of that executable (goMain, as Interface.GoMain reads it;
-// goMainErr when it could not be read) must name the program's main
-// package; it must run with CAP_NET_ADMIN in the network namespace netNS
-// (the node's). argv[0] and comm are chosen by the process and are not
-// evidence.
-func CheckProgram(p Process, name, netNS, goMain string, goMainErr error) error {
+// by its own facts (nil when it may be): it must run with CAP_NET_ADMIN in
+// the network namespace whose key is selfNetKey (the node's: Process.NetKey,
+// readable without ptrace). Where its executable is readable
+// (CAP_SYS_PTRACE), a second opinion: the executable's basename must be
+// name and, for a program in GoMainPackages, the Go build information of
+// that executable (goMain, as Interface.GoMain reads it; goMainErr when it
+// could not be read) must name the program's main package. argv[0] and
+// comm are chosen by the process and are not evidence; nor is build
+// information alone (whoever builds chooses it): whose process it is (its
+// cgroup against the API, procident) is the caller's to establish.
+func CheckProgram(p Process, name string, selfNetKey uint64, goMain string, goMainErr error) error {
+	if p.CapEff&CapNetAdmin == 0 {
+		return fmt.Errorf("it runs without CAP_NET_ADMIN (CapEff %016x)", p.CapEff)
+	}
+	if selfNetKey == 0 || p.NetKey != selfNetKey {
+		return fmt.Errorf("it runs in another network namespace than the node's (net/dev inode %d, the node's %d)", p.NetKey, selfNetKey)
+	}
 	if p.Exe == "" {
-		return fmt.Errorf("its executable is not readable through the proc root")
+		return nil
 	}
 	if base := filepath.Base(p.Exe); base != name {
 		return fmt.Errorf("its executable %q is not %s", p.Exe, name)
@@ -37,12 +46,6 @@ func CheckProgram(p Process, name, netNS, goMain string, goMainErr error) error 
 		if goMain != want {
 			return fmt.Errorf("its executable %q is the Go program %q, not %s", p.Exe, goMain, want)
 		}
-	}
-	if p.CapEff&CapNetAdmin == 0 {
-		return fmt.Errorf("it runs without CAP_NET_ADMIN (CapEff %016x)", p.CapEff)
-	}
-	if netNS == "" || p.NetNS != netNS {
-		return fmt.Errorf("it runs in network namespace %q, not the node's (%q)", p.NetNS, netNS)
 	}
 	return nil
 }

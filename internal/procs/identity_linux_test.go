@@ -30,11 +30,20 @@ func TestRealGoMain(t *testing.T) {
 	if _, err := r.GoMain(ctx, 1<<22+7); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("no such pid: %v", err)
 	}
-	p := Process{Exe: "/usr/local/bin/kube-proxy", CapEff: CapNetAdmin, NetNS: "net:[1]"}
-	if err := CheckProgram(p, "kube-proxy", "net:[1]", "k8s.io/kubernetes/cmd/kube-proxy", nil); err != nil {
+	p := Process{Exe: "/usr/local/bin/kube-proxy", CapEff: CapNetAdmin, NetKey: 1}
+	if err := CheckProgram(p, "kube-proxy", 1, "k8s.io/kubernetes/cmd/kube-proxy", nil); err != nil {
 		t.Errorf("real kube-proxy refused: %v", err)
 	}
-	if err := CheckProgram(p, "kube-proxy", "net:[1]", self, nil); err == nil {
+	if err := CheckProgram(p, "kube-proxy", 1, self, nil); err == nil {
 		t.Error("another Go program accepted as kube-proxy")
+	}
+	if err := CheckProgram(p, "kube-proxy", 2, "k8s.io/kubernetes/cmd/kube-proxy", nil); err == nil {
+		t.Error("a kube-proxy of another network namespace accepted")
+	}
+	// Without ptrace (no executable read) the process's own facts pass;
+	// its cgroup decides (procident).
+	p.Exe = ""
+	if err := CheckProgram(p, "kube-proxy", 1, "", errors.New("unreadable")); err != nil {
+		t.Errorf("unreadable executable held against it: %v", err)
 	}
 }

@@ -56,7 +56,27 @@ type Process struct {
 	// NetNS is the network namespace as /proc/<pid>/ns/net names it
 	// ("net:[4026531840]"), "" when it cannot be read here.
 	NetNS string `json:"netns,omitempty"`
+	// Cgroup is the pod (UID, container) whose cgroup the process is in,
+	// from /proc/<pid>/cgroup: readable without ptrace, and not chosen by
+	// the process (the identity of kube-proxy and the node agents,
+	// checked against the API).
+	Cgroup Cgroup `json:"cgroup"`
+	// NetKey names the network namespace without ptrace: the inode of
+	// /proc/<pid>/net/dev, which the kernel gives per network namespace
+	// (the same for every process in one); 0 when unreadable. Compare it
+	// with Interface.SelfNetKey, never with NetNS.
+	NetKey uint64 `json:"netKey,omitempty"`
+	// CPUTicks is the CPU time the process has used (utime+stime of
+	// /proc/<pid>/stat, in USER_HZ ticks): progress, readable without
+	// ptrace.
+	CPUTicks uint64 `json:"cpuTicks"`
 }
+
+// TicksPerSecond is the unit of CPUTicks (USER_HZ).
+const TicksPerSecond = userHZ
+
+// CPUSeconds is the CPU time the process has used.
+func (p Process) CPUSeconds() float64 { return float64(p.CPUTicks) / TicksPerSecond }
 
 // CapNetAdmin is the bit of CAP_NET_ADMIN in a capability set.
 const CapNetAdmin = 1 << 12
@@ -67,28 +87,26 @@ const CapNetAdmin = 1 << 12
 var NetfilterPrograms = []string{"xtables-legacy-multi", "xtables-nft-multi", "xtables-multi", "nft"}
 
 // Eligible reports why p may not be treated as a real iptables/nft process
-// (nil when it may): its executable must be one of programs (basenames)
-// and it must run with CAP_NET_ADMIN. A process that only calls itself
-// iptables-restore (argv[0]) fails here.
+// by its own facts (nil when it may): it must run with CAP_NET_ADMIN
+// (/proc/<pid>/status, readable without ptrace) and, when its executable
+// is readable (CAP_SYS_PTRACE: a second opinion), that executable must be
+// one of programs (basenames). Whose process it is (its cgroup, checked
+// against the API: procident) is the caller's to establish: without
+// ptrace a process that only calls itself iptables-restore passes here.
 func Eligible(p Process, programs []string) error {
-	if p.Exe == "" {
-		return fmt.Errorf("its executable is not readable through the proc root")
-	}
-	base := filepath.Base(p.Exe)
-	ok := false
-	for _, n := range programs {
-		if n == base {
-			ok = true
-			break
-		}
-	}
-	if !ok {
-		return fmt.Errorf("its executable %q is not an iptables/nft program (%s)", clip.String(p.Exe, 256), strings.Join(programs, ", "))
-	}
 	if p.CapEff&CapNetAdmin == 0 {
 		return fmt.Errorf("it runs without CAP_NET_ADMIN (CapEff %016x)", p.CapEff)
 	}
-	return nil
+	if p.Exe == "" {
+		return nil
+	}
+	base := filepath.Base(p.Exe)
+	for _, n := range programs {
+		if n == base {
+			return nil
+		}
+	}
+	return fmt.Errorf("its executable %q is not an iptables/nft program (%s)", clip.String(p.Exe, 256), strings.Join(programs, ", "))
 }
 
 // Name returns the basename of argv[0], the name policies match on ("" for
@@ -124,13 +142,22 @@ type FileLocks struct {
 	Dev  string `json:"dev"`
 	// Held is true when /proc/locks shows a granted lock on the file.
 	Held bool `json:"held"`
+	// HoldersFrom says how Holders were found: HoldersFromFDInfo (every
+	// descriptor on the file whose fdinfo lists a granted lock, as lsof:
+	// needs CAP_SYS_PTRACE over the holder) or HoldersFromProcLocks (the
+	// live processes /proc/locks names as the lock's callers: no ptrace,
+	// but a child holding an inherited descriptor after its caller exited
+	// is not found); "" when the lock is free.
+	HoldersFrom string `json:"holdersFrom,omitempty"`
 	// LockPIDs are the PIDs /proc/locks shows for the granted locks: the
 	// process that called flock, which may have exited (a child holding the
 	// inherited descriptor keeps the lock) or be 0/-1 (invisible, OFD lock).
 	LockPIDs []int32 `json:"lockPIDs"`
-	// Holders are the live processes with an open descriptor on the file
-	// whose /proc/<pid>/fdinfo/<fd> lists a granted lock ("lock:" line):
-	// the real holders, as lsof reports them.
+	// Holders are the processes holding the lock (HoldersFrom says how
+	// they were found): with fd access, the live processes with an open
+	// descriptor on the file whose /proc/<pid>/fdinfo/<fd> lists a granted
+	// lock, as lsof reports them; without it, the live processes of
+	// LockPIDs created before the lock was seen held.
 	Holders []Process `json:"holders"`
 	// Waiters are the processes blocked waiting for a lock on the file
 	// ("->" lines). A waiter that exited between reads is left out.
@@ -161,6 +188,13 @@ type Interface interface {
 	// SelfNetNS is this daemon's network namespace (the node's, with
 	// hostNetwork) in the form of Process.NetNS, "" when unknown.
 	SelfNetNS() string
+	// SelfNetKey is this daemon's network namespace in the form of
+	// Process.NetKey (read the same way, without ptrace), 0 when unknown.
+	SelfNetKey() uint64
+	// OwnsListener reports whether pid holds a socket listening on TCP
+	// port in its network namespace (a second opinion on whose endpoint
+	// is silent): ErrNoPtrace when its descriptors cannot be read.
+	OwnsListener(ctx context.Context, pid int32, port uint16) (bool, error)
 	// GoMain returns the main package path recorded in the Go build
 	// information of the executable pid runs (not its argv), or an error
 	// when it is not a Go program or cannot be read (identity.go).

@@ -113,6 +113,7 @@ type statFields struct {
 	state     string
 	ppid      int32
 	startTick uint64
+	cpuTicks  uint64 // utime+stime
 }
 
 func parseStat(b []byte) (statFields, error) {
@@ -125,7 +126,8 @@ func parseStat(b []byte) (statFields, error) {
 	}
 	s.comm = string(b[open+1 : end])
 	f := strings.Fields(string(b[end+1:]))
-	// f[0]=state(3) f[1]=ppid(4) ... f[19]=starttime(22)
+	// f[0]=state(3) f[1]=ppid(4) ... f[11]=utime(14) f[12]=stime(15)
+	// ... f[19]=starttime(22)
 	if len(f) < 20 {
 		return s, fmt.Errorf("short stat %q", b)
 	}
@@ -139,6 +141,12 @@ func parseStat(b []byte) (statFields, error) {
 	if err != nil {
 		return s, fmt.Errorf("bad starttime in stat: %w", err)
 	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err1 != nil || err2 != nil || ut > math.MaxUint64/2 || st > math.MaxUint64/2 {
+		return s, fmt.Errorf("bad utime/stime %q %q in stat", f[11], f[12])
+	}
+	s.cpuTicks = ut + st
 	return s, nil
 }
 
@@ -183,7 +191,7 @@ func (r *Real) get(ctx context.Context, pid int32, argv []string) (Process, erro
 			return Process{}, fmt.Errorf("pid %d cmdline: %w", pid, err)
 		}
 	}
-	p := Process{Pid: pid, PPid: s.ppid, Comm: s.comm, Cmdline: argv, CreateTimeMs: ct, State: s.state}
+	p := Process{Pid: pid, PPid: s.ppid, Comm: s.comm, Cmdline: argv, CreateTimeMs: ct, State: s.state, CPUTicks: s.cpuTicks}
 	r.identity(&p)
 	if s.ppid > 0 {
 		if ps, err := r.stat(s.ppid); err == nil {
@@ -193,11 +201,17 @@ func (r *Real) get(ctx context.Context, pid int32, argv []string) (Process, erro
 	return p, nil
 }
 
-// identity fills what the process cannot choose: its executable, its
-// effective capabilities and its network namespace. Each is left empty
-// when unreadable (no CAP_SYS_PTRACE, or the process exited).
+// identity fills what the process cannot choose: its cgroup, its
+// effective capabilities and its network namespace's key (readable
+// without ptrace), its executable and network namespace (readable with
+// CAP_SYS_PTRACE over it). Each is left empty when unreadable (or the
+// process exited).
 func (r *Real) identity(p *Process) {
 	ps := strconv.Itoa(int(p.Pid))
+	if c, err := readCgroup(r.root, p.Pid); err == nil {
+		p.Cgroup = c
+	}
+	p.NetKey = netKey(r.path(ps, "net", "dev"))
 	if exe, err := os.Readlink(r.path(ps, "exe")); err == nil {
 		p.Exe = strings.TrimSuffix(exe, " (deleted)")
 	}
@@ -245,6 +259,25 @@ func (r *Real) CheckPIDNamespace() error {
 		return fmt.Errorf("proc root %s shows this process as pid %s, but it is pid %d in its own PID namespace: signals would reach other processes (run with hostPID: true, or point --proc-root at this PID namespace's procfs)", r.root, l, os.Getpid())
 	}
 	return nil
+}
+
+// netKey is the inode of a /proc/<pid>/net/dev: the kernel shows one
+// proc_net directory per network namespace, and stat (unlike readlink of
+// ns/net) needs no ptrace access to the process. 0 when unreadable.
+func netKey(path string) uint64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// SelfNetKey implements Interface.
+func (r *Real) SelfNetKey() uint64 {
+	if k := netKey(r.path("self", "net", "dev")); k != 0 {
+		return k
+	}
+	return netKey("/proc/self/net/dev")
 }
 
 // SelfNetNS implements Interface.
@@ -647,8 +680,12 @@ func (r *Real) Locks() ([]Lock, error) {
 }
 
 // FileLocks implements Interface: /proc/locks says whether the file is
-// locked and who waits; the holders are found like lsof does, by every
-// descriptor on the file (stat dev:inode) whose fdinfo lists a lock.
+// locked, by which callers and who waits. The holders are found like lsof
+// does, by every descriptor on the file (stat dev:inode) whose fdinfo
+// lists a lock (HoldersFromFDInfo); where the kernel refuses that (no
+// CAP_SYS_PTRACE over the process: the default install), they are the
+// live processes /proc/locks names as the lock's callers
+// (HoldersFromProcLocks), which needs no ptrace.
 func (r *Real) FileLocks(ctx context.Context, path string) (FileLocks, error) {
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
@@ -680,34 +717,79 @@ func (r *Real) FileLocks(ctx context.Context, path string) (FileLocks, error) {
 	if !fl.Held {
 		return fl, nil
 	}
-	holders, err := r.holders(ctx, st.Dev, st.Ino, key)
+	holders, denied, err := r.holders(ctx, st.Dev, st.Ino, key)
 	if err != nil {
 		return fl, err
 	}
-	fl.Holders = holders
+	if len(holders) > 0 || !denied {
+		// Readable: the descriptors are the truth (a /proc/locks PID
+		// without a descriptor on the file exited, and may be reused).
+		fl.Holders, fl.HoldersFrom = holders, HoldersFromFDInfo
+		return fl, nil
+	}
+	fl.Holders, fl.HoldersFrom = r.lockCallers(ctx, fl.LockPIDs, waiterPIDs), HoldersFromProcLocks
 	return fl, nil
 }
 
-func (r *Real) holders(ctx context.Context, dev, ino uint64, key string) ([]Process, error) {
+// How FileLocks.Holders were found.
+const (
+	HoldersFromFDInfo    = "fdinfo"
+	HoldersFromProcLocks = "proc-locks"
+)
+
+// lockCallers are the live processes of the granted locks' PIDs (the flock
+// callers), leaving out those that wait on the same file (a PID both
+// holding and waiting is a reused one's or a re-lock's, not a holder we
+// can name) and PIDs not visible here (0, -1).
+func (r *Real) lockCallers(ctx context.Context, pids, waiters []int32) []Process {
+	var out []Process
+	seen := map[int32]bool{}
+	for _, pid := range pids {
+		if pid <= 0 || seen[pid] || slices.Contains(waiters, pid) {
+			continue
+		}
+		seen[pid] = true
+		if p, err := r.Get(ctx, pid); err == nil {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
+	return out
+}
+
+// holders finds the lock's holders by their descriptors; denied reports
+// that the kernel refused some process's descriptors (EACCES, EPERM: no
+// ptrace access), so that the answer may miss holders.
+func (r *Real) holders(ctx context.Context, dev, ino uint64, key string) (holders []Process, denied bool, err error) {
 	cctx := r.ctx(ctx)
 	pids, err := process.PidsWithContext(cctx)
 	if err != nil {
-		return nil, fmt.Errorf("listing processes in %s: %w", r.root, err)
+		return nil, false, fmt.Errorf("listing processes in %s: %w", r.root, err)
 	}
 	var out []Process
 	for _, pid := range pids {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		ps := strconv.Itoa(int(pid))
 		fds, err := os.ReadDir(r.path(ps, "fd"))
 		if err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				denied = true
+			}
 			continue // exited or not readable
 		}
 		holds := false
 		for _, fd := range fds {
 			var st unix.Stat_t
-			if unix.Stat(r.path(ps, "fd", fd.Name()), &st) != nil || st.Dev != dev || st.Ino != ino {
+			if err := unix.Stat(r.path(ps, "fd", fd.Name()), &st); err != nil {
+				if errors.Is(err, unix.EACCES) || errors.Is(err, unix.EPERM) {
+					denied = true
+					break // every descriptor of this process is refused alike
+				}
+				continue
+			}
+			if st.Dev != dev || st.Ino != ino {
 				continue
 			}
 			if fdinfoHoldsLock(r.path(ps, "fdinfo", fd.Name()), key) {
@@ -723,7 +805,7 @@ func (r *Real) holders(ctx context.Context, dev, ino uint64, key string) ([]Proc
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Pid < out[j].Pid })
-	return out, nil
+	return out, denied, nil
 }
 
 // fdinfoHoldsLock reports whether a fdinfo file has a granted "lock:" line
@@ -780,4 +862,61 @@ func (r *Real) Signal(ctx context.Context, pid int32, createTimeMs int64, sig sy
 		return fmt.Errorf("signal %v to pid %d: %w", sig, pid, err)
 	}
 	return nil
+}
+
+// OwnsListener implements Interface: the sockets listening on port in
+// pid's network namespace (/proc/<pid>/net/tcp and tcp6, readable without
+// ptrace) must include one pid holds a descriptor on (its fd links,
+// which need CAP_SYS_PTRACE over it: ErrNoPtrace when refused). false
+// with a nil error: nothing listens there, or only sockets of others.
+func (r *Real) OwnsListener(ctx context.Context, pid int32, port uint16) (bool, error) {
+	ps := strconv.Itoa(int(pid))
+	want := map[uint64]bool{}
+	for _, name := range []string{"tcp", "tcp6"} {
+		f, err := boundedfile.OpenBounded(r.path(ps, "net", name), 64<<20)
+		if errors.Is(err, fs.ErrNotExist) && name == "tcp6" {
+			continue // no IPv6
+		}
+		if err != nil {
+			return false, fmt.Errorf("reading pid %d's net/%s: %w", pid, name, err)
+		}
+		inos, err := ParseTCPListeners(f, port)
+		f.Close()
+		if err != nil {
+			return false, fmt.Errorf("pid %d's net/%s: %w", pid, name, err)
+		}
+		for _, i := range inos {
+			want[i] = true
+		}
+	}
+	if len(want) == 0 {
+		return false, nil
+	}
+	fds, err := os.ReadDir(r.path(ps, "fd"))
+	if err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return false, ErrNoPtrace
+		}
+		return false, fmt.Errorf("listing pid %d's descriptors: %w", pid, err)
+	}
+	for _, fd := range fds {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		l, err := os.Readlink(r.path(ps, "fd", fd.Name()))
+		if err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				return false, ErrNoPtrace
+			}
+			continue // closed meanwhile
+		}
+		s, ok := strings.CutPrefix(l, "socket:[")
+		if !ok {
+			continue
+		}
+		if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil && want[ino] {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -12,8 +12,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -34,15 +36,21 @@ type KillProcessParams struct {
 	// only when it has held the lock at least this long.
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
-	// target must run, with CAP_NET_ADMIN, immediately before every
-	// signal: argv[0] is chosen by the process, its executable is not.
+	// target must run where its executable is readable (CAP_SYS_PTRACE: a
+	// second opinion), checked immediately before every signal with its
+	// identity (its cgroup: kube-proxy's or a CNI agent's pod on this node
+	// per the API, or a host process), CAP_NET_ADMIN and its progress: a
+	// target whose CPU time advanced since the detector judged it is
+	// refused.
 	Programs []string `yaml:"programs"`
 	// Parents restricts programs by their parent: a process whose argv[0]
 	// basename is a key may be killed only while its parent's command
 	// name (comm) is one of the listed names and the parent passes the
-	// identity checks of that program (procs.CheckProgram: its
-	// executable, for kube-proxy its Go build information, CAP_NET_ADMIN,
-	// the node's network namespace), re-checked before every signal.
+	// identity checks of that program (for kube-proxy: this node's
+	// kube-proxy by its pod's cgroup and the API, or a host process;
+	// CAP_NET_ADMIN, the node's network namespace; where readable its
+	// executable and Go build information), re-checked before every
+	// signal.
 	// Default {nft: [kube-proxy]}: a stuck nft of kube-proxy's sync may be
 	// killed, an administrator's nft (or one under an impostor named
 	// kube-proxy) never.
@@ -128,8 +136,11 @@ func (a *killProcess) target(f finding.Finding) (procs.Ref, error) {
 
 // check resolves the process reference to the live process and applies
 // every refusal rule. It returns a finding.Skip error when the action must
-// not (or need not) act.
-func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Finding) (procs.Process, error) {
+// not (or need not) act. baseline is the CPU time (ticks) the process had
+// at the last read judged (the finding's, then the one before the last
+// signal): a process that used CPU since is making progress and is
+// refused.
+func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Finding, baseline uint64) (procs.Process, error) {
 	if a.n.Procs == nil {
 		return procs.Process{}, finding.Skip("%s", a.n.Why("procs"))
 	}
@@ -146,6 +157,13 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	if err := a.holdCheck(f); err != nil {
 		return procs.Process{}, err
 	}
+	sp := f.Subject.Process
+	switch {
+	case sp == nil || !sp.ProgressChecked && !sp.MakingProgress:
+		return procs.Process{}, finding.Skip("the finding did not judge pid %d's progress (CPU time over a window): not killed on age alone", pid)
+	case sp.MakingProgress:
+		return procs.Process{}, finding.Skip("pid %d was making progress (CPU time advancing) when the detector looked: at work, not hung", pid)
+	}
 	cur, err := a.n.Procs.Get(ctx, pid)
 	if errors.Is(err, procs.ErrNotFound) {
 		return procs.Process{}, finding.Skip("pid %d is gone", pid)
@@ -156,20 +174,24 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 	if cur.CreateTimeMs != ct {
 		return procs.Process{}, finding.Skip("pid %d is now another process (created %d, finding was about %d)", pid, cur.CreateTimeMs, ct)
 	}
+	if cur.CPUTicks > baseline || cur.State == "R" {
+		return procs.Process{}, finding.Skip("pid %d is making progress: %.2f s of CPU since the last read (state %s; the detector saw none in %.0f s): not hung",
+			pid, float64(cur.CPUTicks-min(baseline, cur.CPUTicks))/procs.TicksPerSecond, cur.State, sp.ProgressWindowSeconds)
+	}
 	if !slices.Contains(a.p.Names, cur.Name()) {
 		return procs.Process{}, finding.Skip("pid %d runs %q, which is not in the allowlist %v", pid, cur.Name(), a.p.Names)
 	}
-	if err := procs.Eligible(cur, a.p.Programs); err != nil {
-		return procs.Process{}, finding.Skip("pid %d is not a real iptables/nft process: %v", pid, err)
-	}
-	if err := a.reach(cur, f); err != nil {
-		return procs.Process{}, err
+	pods := procident.PodsOf(a.n.Pods, a.n.Clock.Now())
+	onLock := sp.HoldsXtablesLock || sp.WaitsOnXtablesLock
+	id := procident.Target(cur, pods, procident.Agents(cluster.DefaultCNIAgents()), a.p.Programs, a.n.Procs.SelfNetKey(), onLock)
+	if !id.OK() {
+		return procs.Process{}, finding.Skip("pid %d (%s) is not a target: %s", pid, cur.Name(), id.Refused)
 	}
 	if parents, ok := a.p.Parents[cur.Name()]; ok {
 		if !slices.Contains(parents, cur.ParentName) {
 			return procs.Process{}, finding.Skip("pid %d (%s) has parent %q (pid %d), not one of %v", pid, cur.Name(), cur.ParentName, cur.PPid, parents)
 		}
-		if err := a.checkParent(ctx, cur); err != nil {
+		if err := a.checkParent(ctx, cur, id, pods); err != nil {
 			return procs.Process{}, err
 		}
 	}
@@ -179,12 +201,15 @@ func (a *killProcess) check(ctx context.Context, ref procs.Ref, f finding.Findin
 // checkParent applies to a required parent the identity checks of a
 // target: its name is only what it calls itself (a copy of bash named
 // kube-proxy has it). The parent must be the process that started cur
-// (created before it), run the real program of that name
-// (procs.CheckProgram: its executable, and for kube-proxy the Go build
-// information of kube-proxy's main package), with CAP_NET_ADMIN, in the
-// node's network namespace. Re-checked before every signal, with the rest
-// of check.
-func (a *killProcess) checkParent(ctx context.Context, cur procs.Process) error {
+// (created before it); a kube-proxy parent must be this node's kube-proxy
+// (procident.KubeProxy: its pod's cgroup per the API, or a host process
+// with CAP_NET_ADMIN), any other an agent's or a host process; a child in
+// a pod's cgroup must be in its parent's pod; and the parent must pass
+// procs.CheckProgram (CAP_NET_ADMIN, the node's network namespace; with
+// CAP_SYS_PTRACE its executable and, for kube-proxy, the Go build
+// information of kube-proxy's main package, as a second opinion).
+// Re-checked before every signal, with the rest of check.
+func (a *killProcess) checkParent(ctx context.Context, cur procs.Process, childID procident.Identity, pods procident.Pods) error {
 	refuse := func(format string, args ...any) error {
 		return finding.Skip("pid %d (%s): its parent %q (pid %d) is not a real %s: %s", cur.Pid, cur.Name(), cur.ParentName, cur.PPid, cur.ParentName, fmt.Sprintf(format, args...))
 	}
@@ -201,28 +226,26 @@ func (a *killProcess) checkParent(ctx context.Context, cur procs.Process) error 
 	if pp.Comm != cur.ParentName || pp.CreateTimeMs > cur.CreateTimeMs {
 		return refuse("pid %d is now another process (%q, created %d; the child was created %d)", pp.Pid, pp.Comm, pp.CreateTimeMs, cur.CreateTimeMs)
 	}
+	var parentID procident.Identity
+	if cur.ParentName == cluster.KubeProxyAgent().Name {
+		parentID = procident.KubeProxy(pp, pods, a.n.Procs.SelfNetKey())
+	} else {
+		parentID = procident.Of(pp, pods, procident.Agents(cluster.DefaultCNIAgents()))
+	}
+	if !parentID.OK() {
+		return refuse("%s", parentID.Refused)
+	}
+	if childID.Method == procident.CgroupAPI && childID.PodUID != parentID.PodUID {
+		return refuse("the child runs in pod %s's cgroup, its parent in %s", childID.PodUID, orUnknown(parentID.PodUID))
+	}
 	goMain, goErr := "", error(nil)
-	if _, ok := procs.GoMainPackages[cur.ParentName]; ok {
+	if _, ok := procs.GoMainPackages[cur.ParentName]; ok && pp.Exe != "" {
 		goMain, goErr = a.n.Procs.GoMain(ctx, pp.Pid)
 	}
-	if err := procs.CheckProgram(pp, cur.ParentName, a.n.Procs.SelfNetNS(), goMain, goErr); err != nil {
+	if err := procs.CheckProgram(pp, cur.ParentName, a.n.Procs.SelfNetKey(), goMain, goErr); err != nil {
 		return refuse("%v", err)
 	}
 	return nil
-}
-
-// reach refuses a process in another network namespace than the daemon's
-// (the node's) unless the finding says it holds or waits on the node's
-// xtables lock: such a restore is not stalling this node's rules.
-func (a *killProcess) reach(p procs.Process, f finding.Finding) error {
-	node := a.n.Procs.SelfNetNS()
-	if p.NetNS != "" && p.NetNS == node {
-		return nil
-	}
-	if sp := f.Subject.Process; sp != nil && (sp.HoldsXtablesLock || sp.WaitsOnXtablesLock) {
-		return nil
-	}
-	return finding.Skip("pid %d runs in network namespace %s, not the node's (%s), and does not hold or wait on the node's xtables lock", p.Pid, orUnknown(p.NetNS), orUnknown(node))
 }
 
 // holdsLock says the finding is about a holder of the xtables lock.
@@ -259,7 +282,7 @@ func (a *killProcess) Plan(ctx context.Context, f finding.Finding) (Plan, error)
 	if err != nil {
 		return Plan{}, err
 	}
-	p, err := a.check(ctx, ref, f)
+	p, err := a.check(ctx, ref, f, f.Subject.Process.CPUTicksOr0())
 	if err != nil {
 		return Plan{}, err
 	}
@@ -305,12 +328,13 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 		return err == nil && !alive
 	}
 	var sent []string
+	baseline := f.Subject.Process.CPUTicksOr0()
 	for _, step := range []struct {
 		sig  syscall.Signal
 		wait time.Duration
 	}{{syscall.SIGTERM, a.p.GracePeriod.Duration}, {syscall.SIGKILL, a.p.KillWait.Duration}} {
 		// Re-check identity and allowlist immediately before each signal.
-		p, err := a.check(ctx, ref, f)
+		p, err := a.check(ctx, ref, f, baseline)
 		if err != nil {
 			if len(sent) == 0 {
 				return Result{}, err
@@ -332,6 +356,7 @@ func (a *killProcess) Execute(ctx context.Context, f finding.Finding) (Result, e
 			return Result{}, fmt.Errorf("sending %s to pid %d: %w", signalName(step.sig), p.Pid, err)
 		}
 		sent = append(sent, signalName(step.sig))
+		baseline = p.CPUTicks
 		if a.n.Log != nil {
 			a.n.Log.Info("signalled process", zap.String("signal", signalName(step.sig)), zap.Int32("pid", p.Pid),
 				zap.Int64("createTimeMs", p.CreateTimeMs), zap.String("cmdline", clip.Join(p.Cmdline, " ", clip.Max)))

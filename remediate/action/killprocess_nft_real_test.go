@@ -100,7 +100,8 @@ func TestRealStuckNFTChildOfKubeProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Execute(ctx, finding.Finding{Detector: "HungNFT", Target: procs.Target(adminNFT, adminProc.CreateTimeMs)}); err == nil {
+	if _, err := a.Execute(ctx, finding.Finding{Detector: "HungNFT", Target: procs.Target(adminNFT, adminProc.CreateTimeMs),
+		Subject: finding.Subject{Kind: finding.KindProcess, Process: &finding.Process{ProgressChecked: true, CPUTicks: adminProc.CPUTicks}}}); err == nil {
 		t.Fatal("KillProcess signalled an nft whose parent is not kube-proxy")
 	} else if r, ok := finding.IsSkip(err); !ok || !strings.Contains(r, "has parent") {
 		t.Fatalf("refusal: %v", err)

@@ -216,7 +216,7 @@ func TestRealKillLockHolder(t *testing.T) {
 		if f.Severity != finding.Info || !strings.Contains(f.Message, "not an iptables/nft program") {
 			t.Errorf("finding %s: %s %s", f.Target, f.Severity, f.Message)
 		}
-		if _, err := kill.Plan(ctx, f); err == nil || !strings.Contains(err.Error(), "not a real iptables/nft process") {
+		if _, err := kill.Plan(ctx, f); err == nil || !strings.Contains(err.Error(), "is not an iptables/nft program") {
 			t.Errorf("plan for %s = %v, want a refusal", f.Target, err)
 		}
 	}

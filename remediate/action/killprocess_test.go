@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	clocktesting "k8s.io/utils/clock/testing"
 
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -39,6 +41,12 @@ func restoreProc(pid int32) procs.FakeProcess {
 
 func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	t.Helper()
+	return newKillOn(t, f, set, nil)
+}
+
+// newKillOn is newKill on a node whose pod view is pv (nil: none).
+func newKillOn(t *testing.T, f *procs.Fake, set func(*KillProcessParams), pv cluster.PodView) Action {
+	t.Helper()
 	ty, ok := Lookup("KillProcess")
 	if !ok {
 		t.Fatal("KillProcess not registered")
@@ -53,6 +61,9 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 		t.Fatalf("params: %v", errs)
 	}
 	n := &node.Node{Clock: clocktesting.NewFakeClock(t0), Log: zap.NewNop(), Procs: f}
+	if pv != nil {
+		n.Pods = pv
+	}
 	a, err := ty.New(p, n)
 	if err != nil {
 		t.Fatal(err)
@@ -60,9 +71,36 @@ func newKill(t *testing.T, f *procs.Fake, set func(*KillProcessParams)) Action {
 	return a
 }
 
+// procFinding is a process finding whose detector judged the process
+// making no progress (its CPU time 0 ticks, as the fake's processes).
 func procFinding(pid int32, ct int64, sp *finding.Process) finding.Finding {
+	if sp == nil {
+		sp = &finding.Process{}
+	}
+	if !sp.MakingProgress {
+		sp.ProgressChecked = true
+	}
 	return finding.Finding{Detector: "HungIPTablesRestore", Target: procs.Target(pid, ct),
 		Subject: finding.Subject{Kind: finding.KindProcess, Process: sp}}
+}
+
+// Pods of the view the identity tests check cgroups against.
+var (
+	kubeProxyPod = cluster.Pod{Namespace: "kube-system", Name: "kube-proxy-abc", UID: "11111111-1111-1111-1111-111111111111",
+		Labels: map[string]string{"k8s-app": "kube-proxy"}, ControllerKind: "DaemonSet", ControllerName: "kube-proxy"}
+	userPod = cluster.Pod{Namespace: "default", Name: "app-1", UID: "22222222-2222-2222-2222-222222222222",
+		Labels: map[string]string{"k8s-app": "kube-proxy"}, ControllerKind: "DaemonSet", ControllerName: "kube-proxy"}
+)
+
+func podView(pods ...cluster.Pod) cluster.PodView {
+	v := clustertest.NewPods(t0)
+	v.Set(pods...)
+	return v
+}
+
+func inPod(p procs.FakeProcess, uid string) procs.FakeProcess {
+	p.Cgroup = procs.Cgroup{Place: procs.CgroupPod, PodUID: uid, ContainerID: strings.Repeat("c", 64)}
+	return p
 }
 
 func sigs(f *procs.Fake) []syscall.Signal {
@@ -103,6 +141,7 @@ func TestKillProcessExecute(t *testing.T) {
 		wantSkip  string // substring of the skip reason
 		wantErr   string // substring of a non-skip error
 		wantAlive bool
+		pods      cluster.PodView
 	}{
 		{name: "exits on SIGTERM", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
 			f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}},
@@ -133,11 +172,62 @@ func TestKillProcessExecute(t *testing.T) {
 			p.Exe = "/usr/bin/sleep"
 			f.Add(p)
 		}, f: procFinding(200, ct, nil), wantSkip: `executable "/usr/bin/sleep" is not an iptables/nft program`, wantAlive: true},
-		{name: "impostor: executable not readable", setup: func(f *procs.Fake) {
+		// Issue 41: without CAP_SYS_PTRACE (no executable) the cgroup
+		// and the API decide.
+		{name: "no ptrace: a host process with CAP_NET_ADMIN in the node's namespace", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.Exe = ""
 			f.Add(p)
-		}, f: procFinding(200, ct, nil), wantSkip: "not readable", wantAlive: true},
+		}, f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+		{name: "no ptrace: kube-proxy's restore (its pod's cgroup, per the API)", setup: func(f *procs.Fake) {
+			p := inPod(restoreProc(200), kubeProxyPod.UID)
+			p.Exe = ""
+			f.Add(p)
+		}, pods: podView(kubeProxyPod, userPod), f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}},
+		{name: "a restore in a user pod, its executable real", setup: func(f *procs.Fake) {
+			f.Add(inPod(restoreProc(200), userPod.UID))
+		}, pods: podView(kubeProxyPod, userPod), f: procFinding(200, ct, nil), wantSkip: "runs in the cgroup of pod default/app-1 (DaemonSet kube-proxy), which is not a pod of kube-proxy", wantAlive: true},
+		{name: "in a pod's cgroup, no pod view", setup: func(f *procs.Fake) {
+			f.Add(inPod(restoreProc(200), kubeProxyPod.UID))
+		}, f: procFinding(200, ct, nil), wantSkip: "whose pod that is cannot be told", wantAlive: true},
+		{name: "in a pod's cgroup, the pod view disconnected", setup: func(f *procs.Fake) {
+			f.Add(inPod(restoreProc(200), kubeProxyPod.UID))
+		}, pods: func() cluster.PodView {
+			v := clustertest.NewPods(t0)
+			v.Set(kubeProxyPod)
+			v.SetFreshness(cluster.Freshness{Synced: true, Connected: false, CurrentAt: t0.Add(-time.Second), MaxAge: time.Minute, LastError: errors.New("connection refused")})
+			return v
+		}(), f: procFinding(200, ct, nil), wantSkip: "is disconnected: connection refused", wantAlive: true},
+		{name: "ambiguous cgroup", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.Cgroup = procs.Cgroup{Place: procs.CgroupAmbiguous, Why: "its cgroups name two pods"}
+			f.Add(p)
+		}, f: procFinding(200, ct, nil), wantSkip: "cannot be told: its cgroups name two pods", wantAlive: true},
+		// Issue 41 part 2: progress, not age.
+		{name: "the finding judged no progress", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
+			f: finding.Finding{Target: procs.Target(200, ct), Subject: finding.Subject{Kind: finding.KindProcess, Process: &finding.Process{}}}, wantSkip: "not killed on age alone", wantAlive: true},
+		{name: "the detector saw it at work", setup: func(f *procs.Fake) { f.Add(restoreProc(200)) },
+			f: procFinding(200, ct, &finding.Process{MakingProgress: true, HoldsXtablesLock: true}), wantSkip: "was making progress", wantAlive: true},
+		{name: "using CPU since the detector's read", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.CPUPerRead = 150
+			f.Add(p)
+		}, f: procFinding(200, ct, &finding.Process{CPUTicks: 0, ProgressWindowSeconds: 30}), wantSkip: "is making progress: 1.50 s of CPU since the last read", wantAlive: true},
+		{name: "running (state R)", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.State = "R"
+			f.Add(p)
+		}, f: procFinding(200, ct, nil), wantSkip: "is making progress", wantAlive: true},
+		{name: "started using CPU after SIGTERM: no SIGKILL", setup: func(f *procs.Fake) {
+			p := restoreProc(200)
+			p.IgnoreTERM = true
+			f.Add(p)
+			f.AfterSignal = func(f *procs.Fake, pid int32, sig syscall.Signal) {
+				q := restoreProc(200)
+				q.IgnoreTERM, q.CPUPerRead = true, 10
+				f.Add(q)
+			}
+		}, f: procFinding(200, ct, nil), wantSigs: []syscall.Signal{syscall.SIGTERM}, wantErr: "not sending SIGKILL after SIGTERM: skipped: pid 200 is making progress", wantAlive: true},
 		{name: "impostor: real iptables without CAP_NET_ADMIN", setup: func(f *procs.Fake) {
 			p := restoreProc(200)
 			p.CapEff = 0x3fffffffff &^ procs.CapNetAdmin
@@ -182,7 +272,7 @@ func TestKillProcessExecute(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFake()
 			c.setup(f)
-			a := newKill(t, f, c.params)
+			a := newKillOn(t, f, c.params, c.pods)
 			res, err := a.Execute(context.Background(), c.f)
 			reason, skip := finding.IsSkip(err)
 			switch {
@@ -301,10 +391,16 @@ func TestKillProcessNFTParentIdentity(t *testing.T) {
 		{"real kube-proxy", func(*procs.FakeProcess) {}, ""},
 		{"bash copied as kube-proxy", func(p *procs.FakeProcess) { p.Exe, p.GoMain = "/tmp/x/kube-proxy", "" }, "not the Go program k8s.io/kubernetes/cmd/kube-proxy"},
 		{"another Go program named kube-proxy", func(p *procs.FakeProcess) { p.GoMain = "example.com/evil" }, `is the Go program "example.com/evil"`},
-		{"executable of another name", func(p *procs.FakeProcess) { p.Exe = "/usr/bin/bash" }, `executable "/usr/bin/bash" is not kube-proxy`},
-		{"executable unreadable", func(p *procs.FakeProcess) { p.Exe = "" }, "executable is not readable"},
+		{"executable of another name", func(p *procs.FakeProcess) { p.Exe = "/usr/bin/bash" }, "executable is /usr/bin/bash, not a kube-proxy"},
+		// Without CAP_SYS_PTRACE: a host kube-proxy with CAP_NET_ADMIN
+		// in the node's namespace (issue 41); a kube-proxy in a user
+		// pod, whatever its executable and build, is not.
+		{"executable unreadable (no ptrace), a host process", func(p *procs.FakeProcess) { p.Exe = "" }, ""},
+		{"a real kube-proxy build in a user pod", func(p *procs.FakeProcess) {
+			p.Cgroup = procs.Cgroup{Place: procs.CgroupPod, PodUID: "22222222-2222-2222-2222-222222222222"}
+		}, "whose pod that is cannot be told"},
 		{"no CAP_NET_ADMIN", func(p *procs.FakeProcess) { p.CapEff = 0 }, "without CAP_NET_ADMIN"},
-		{"another network namespace", func(p *procs.FakeProcess) { p.NetNS = "net:[1]" }, "not the node's"},
+		{"another network namespace", func(p *procs.FakeProcess) { p.NetNS = "net:[1]" }, "another network namespace"},
 		{"younger than its child (PID reused)", func(p *procs.FakeProcess) { p.CreateTimeMs = ct + 1 }, "is now another process"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

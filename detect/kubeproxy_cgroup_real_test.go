@@ -1,0 +1,142 @@
+//go:build linux
+
+package detect
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/utils/clock"
+
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
+	"github.com/remediate-dev/remediate/internal/netnstest"
+	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
+	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/internal/testing/setpriv"
+)
+
+// TestRealKubeProxyByCgroupWithoutPtrace (issue 41): three real processes
+// named kube-proxy (copies of sleep) on this machine, in this node's
+// network namespace: one in a cgroup named as the kubelet names the
+// kube-proxy DaemonSet pod's container, one in a user pod's cgroup (an
+// impostor, whatever its executable), one a host process (another test's
+// cluster). With exactly the default capabilities (no SYS_PTRACE: no
+// executable is readable) findKubeProxy takes the one in kube-proxy's
+// pod's cgroup, by cgroup+api, instead of refusing as ambiguous; with the
+// kube-proxy pod gone from the API it refuses the impostor and, the host
+// one being the only candidate left, takes it (host-cgroup). On main
+// findKubeProxy without SYS_PTRACE refused ("needs CAP_SYS_PTRACE").
+func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
+	kpUID, userUID := "7a1b2c3d-0000-4000-8000-0000000000a1", "7a1b2c3d-0000-4000-8000-0000000000b2"
+	kpPod := cluster.Pod{Namespace: "kube-system", Name: "kube-proxy-x", UID: kpUID, Labels: map[string]string{"k8s-app": "kube-proxy"},
+		ControllerKind: "DaemonSet", ControllerName: "kube-proxy"}
+	userPod := cluster.Pod{Namespace: "default", Name: "impostor", UID: userUID, ControllerKind: "ReplicaSet", ControllerName: "impostor-1"}
+	if setpriv.Child() {
+		ctx := context.Background()
+		pv := clustertest.NewPods(time.Now())
+		pv.Set(kpPod, userPod)
+		n := &node.Node{ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zap.NewNop(), Procs: procs.New("/proc"), Pods: pv}
+		want := func(name string) int32 {
+			v, _ := strconv.Atoi(os.Getenv(name))
+			return int32(v)
+		}
+		p, id, err := findKubeProxyIdentity(ctx, n)
+		if err != nil || p.Pid != want("T_KP") || id.Method != procident.CgroupAPI || id.Pod != "kube-system/kube-proxy-x" || p.Exe != "" {
+			t.Fatalf("with the API's kube-proxy pod: %+v %s %v; want pid %s by cgroup+api, no executable read", p, id, err, os.Getenv("T_KP"))
+		}
+		t.Logf("kube-proxy: pid %d, identity %s", p.Pid, id)
+		pv.Delete("kube-system", "kube-proxy-x")
+		p, id, err = findKubeProxyIdentity(ctx, n)
+		if err != nil || p.Pid != want("T_HOST") || id.Method != procident.HostCgroup {
+			t.Fatalf("without a kube-proxy pod: %+v %s %v; want the host one (pid %s)", p, id, err, os.Getenv("T_HOST"))
+		}
+		return
+	}
+	setpriv.Available(t)
+	base := "/sys/fs/cgroup/unified"
+	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
+		base = "/sys/fs/cgroup"
+	}
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("needs sleep")
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpBin := filepath.Join(t.TempDir(), "kube-proxy")
+	if err := os.WriteFile(kpBin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	top := filepath.Join(base, fmt.Sprintf("kubepods.slice-remediate-test-%d", os.Getpid()))
+	t.Cleanup(func() { removeCgroups(top) })
+	into := func(uid string, pid int) {
+		t.Helper()
+		dir := filepath.Join(top, "kubepods-besteffort-pod"+strings.ReplaceAll(uid, "-", "_")+".slice", "cri-containerd-"+strings.Repeat(uid[len(uid)-2:], 32)+".scope")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Skipf("cannot make a cgroup: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+			t.Fatalf("moving %d into %s: %v", pid, dir, err)
+		}
+	}
+	start := func() *exec.Cmd {
+		c := exec.Command(kpBin, "600")
+		netnstest.StartGroup(t, c)
+		return c
+	}
+	kp, impostor, host := start(), start(), start()
+	into(kpUID, kp.Process.Pid)
+	into(userUID, impostor.Process.Pid)
+	pr := procs.New("/proc")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		procs.ExpireCommScans()
+		ps, _ := pr.Find(context.Background(), []string{"kube-proxy"})
+		seen := 0
+		for _, p := range ps {
+			if p.Pid == int32(kp.Process.Pid) || p.Pid == int32(impostor.Process.Pid) || p.Pid == int32(host.Process.Pid) {
+				seen++
+			}
+		}
+		if seen == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the three kube-proxies never showed")
+		}
+	}
+	out := setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_KP=%d", kp.Process.Pid), fmt.Sprintf("T_HOST=%d", host.Process.Pid))
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, "kube-proxy: pid") {
+			t.Log(strings.TrimSpace(l))
+		}
+	}
+}
+
+// removeCgroups removes a test's cgroup tree, deepest first, retrying
+// while the killed processes leave.
+func removeCgroups(top string) {
+	var dirs []string
+	_ = filepath.Walk(top, func(p string, info os.FileInfo, err error) error {
+		if err == nil && info.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		for j := 0; j < 100 && os.Remove(dirs[i]) != nil; j++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
