@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -74,4 +76,64 @@ func ProcState(pid int) (string, error) {
 		return "", fmt.Errorf("/proc/%d/stat: no state", pid)
 	}
 	return s[i+2 : i+3], nil
+}
+
+// ExecInContainer starts argv in the pod's running container named name,
+// as kubectl exec does (containerd's `ctr tasks exec`: the process joins
+// that container's cgroup and namespaces, its parent is the runtime's
+// shim, not the container's main process). execID names the exec in
+// containerd. The returned command is ctr's own: it ends when the process
+// ends; the caller stops the process by its host PID (ProcessInPod) and
+// then waits for the command.
+func (n *Node) ExecInContainer(ctx context.Context, pod *corev1.Pod, name, execID string, argv ...string) (*exec.Cmd, error) {
+	id := ""
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == name && cs.State.Running != nil {
+			id = strings.TrimPrefix(cs.ContainerID, "containerd://")
+		}
+	}
+	if id == "" {
+		return nil, fmt.Errorf("pod %s/%s: container %s not running", pod.Namespace, pod.Name, name)
+	}
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", n.ContainerdSock, "-n", "k8s.io", "tasks", "exec", "--exec-id", execID, id}, argv...)...)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("ctr tasks exec in %s/%s %s: %w", pod.Namespace, pod.Name, name, err)
+	}
+	return cmd, nil
+}
+
+// ProcessInPod returns the host PIDs of the processes whose argv[0]
+// basename is argv0 and whose cgroup is the pod's (its UID in
+// /proc/<pid>/cgroup, with '-' or '_' as the kubelet's cgroup driver
+// writes it): how the test finds what it started in a pod, never by name
+// alone (other tests run processes of the same names on this machine).
+func ProcessInPod(podUID, argv0 string) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	uids := []string{podUID, strings.ReplaceAll(podUID, "-", "_")}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(cl) == 0 {
+			continue
+		}
+		a0, _, _ := strings.Cut(string(cl), "\x00")
+		if filepath.Base(a0) != argv0 {
+			continue
+		}
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cg), "pod"+uids[0]) || strings.Contains(string(cg), "pod"+uids[1]) {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
 }

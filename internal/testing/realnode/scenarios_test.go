@@ -32,8 +32,8 @@ import (
 	"github.com/remediate-dev/remediate/remediate"
 )
 
-// The enforce scenarios of the lane, (f), (e), (c), (d) of issue #25, in
-// that order on one release: the chart installed with its defaults
+// The enforce scenarios of the lane, (f), (g), (e), (c), (d) (issues #25
+// and #41), in that order on one release: the chart installed with its defaults
 // (audit), then `helm upgrade --set enforce=true` with the lane's policy
 // (below), then each scenario's real failure. They are subtests of one
 // test because each leans on the one before: (e) checks that the
@@ -46,6 +46,8 @@ import (
 // as policy.custom through helm values (what a user tuning the chart
 // does): interval 15s; restart-frozen-kube-proxy judges 20s of silence
 // (shipped: 2m) with no `for` (shipped 1m) and verifies after 30s;
+// kill-hung-iptables-restore judges a restore of 20s (shipped 2m) with no
+// `for` (shipped 2m) and verifies after 30s;
 // restart-unready-cni-agent and cni-config act with no `for`;
 // pods-network-not-ready counts pods stuck 30s (shipped 5m). Every
 // guardrail (rate limits, cooldowns, the cluster budget, the storm guard,
@@ -53,15 +55,16 @@ import (
 func TestNodeEnforce(t *testing.T) {
 	n := needNode(t)
 	ctx := context.Background()
-	// sysPtrace: true (the chart's opt-in) so that the daemon can read the
-	// network namespace of every process named kube-proxy: this machine is
-	// shared, and other tests' kube-proxies (in their own namespaces) are
-	// then told apart from the node's; without it, several candidates are
-	// "cannot tell" and KubeProxyFrozen skips (on a real node there is one).
+	// The chart's default capabilities (no sysPtrace): the process checks
+	// and kills of (f) and (g) run as users install the chart. This
+	// machine is shared, and other tests' kube-proxies (processes named
+	// kube-proxy in their own namespaces) are told apart from the node's
+	// by their cgroup and the API (the node's kube-proxy pod), not by
+	// reading their network namespace, which needs CAP_SYS_PTRACE.
 	// kubelet.insecureTLS (the chart's opt-in): the lane's kubelet serves a
 	// self-signed certificate, as most do; KubeletPodStartup reads its
 	// /metrics in (d).
-	values := append(chartValues(n), "--set", "sysPtrace=true", "--set", "kubelet.insecureTLS=true")
+	values := append(chartValues(n), "--set", "kubelet.insecureTLS=true")
 	// Installed in audit (enforce=false) with the lane's policy: the
 	// negative run of (f) below needs its timings.
 	helm(t, n, append([]string{"install", "remediate", deploy.ChartDir(), "-n", releaseNS, "--create-namespace", "-f", lanePolicyValues(t, nil)}, values...)...)
@@ -75,6 +78,9 @@ func TestNodeEnforce(t *testing.T) {
 	// (f) in audit first: reported, journaled as dry-run, kube-proxy's pod
 	// left alone. Its own subtest so that a failure says which half broke.
 	t.Run("f-audit-frozen-kube-proxy", func(t *testing.T) { frozenKubeProxyAudit(t, n, pod0) })
+	// (g) in audit: a restore stuck behind a held xtables lock reported
+	// with its holder, an impostor and a busy restore beside it.
+	t.Run("g-audit-hung-restore", func(t *testing.T) { hungRestoreAudit(t, n) })
 
 	// helm upgrade --set enforce=true: the policy ConfigMap's name carries
 	// the mode (remediate-policy-enforce), so the DaemonSet rolls its pod;
@@ -95,6 +101,7 @@ func TestNodeEnforce(t *testing.T) {
 	}
 
 	t.Run("f-frozen-kube-proxy", func(t *testing.T) { frozenKubeProxy(t, n) })
+	t.Run("g-hung-restore", func(t *testing.T) { hungRestore(t, n) })
 	t.Run("e-hot-reload", func(t *testing.T) { hotReload(t, n, pod, values) })
 	t.Run("c-cni-agent-oom", func(t *testing.T) { cniAgentOOM(t, n) })
 	t.Run("d-broken-cni", func(t *testing.T) { brokenCNI(t, n) })
@@ -119,6 +126,9 @@ func lanePolicyValues(t *testing.T, edit func(pol map[string]any)) string {
 	pol["interval"] = "15s"
 	pol["detectorTimeout"] = "15s"
 	setRule(t, pol, "restart-frozen-kube-proxy", map[string]any{"for": "0s", "verifyAfter": "30s"}, map[string]any{"minSilence": "20s"})
+	// (g): a restore stuck 20s (shipped 2m) is killed with no `for`
+	// (shipped 2m), verified 30s later.
+	setRule(t, pol, "kill-hung-iptables-restore", map[string]any{"for": "0s", "verifyAfter": "30s"}, map[string]any{"minAge": "20s"})
 	setRule(t, pol, "restart-unready-cni-agent", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "cni-config", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "pods-network-not-ready", map[string]any{"for": "0s"}, map[string]any{"minAge": "30s"})
