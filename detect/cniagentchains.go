@@ -117,9 +117,10 @@ type runningAgent struct {
 
 // running finds each agent's process in the daemon's network namespace
 // (an agent of the node runs with hostNetwork; a process of that name in a
-// pod's namespace writes no rule of the node's). The oldest wins.
+// pod's namespace writes no rule of the node's; the namespace is told by
+// /proc/<pid>/net/dev's inode, which needs no ptrace). The oldest wins.
 func (d *cniAgentChains) running(ctx context.Context) ([]runningAgent, []string, error) {
-	self := d.n.Procs.SelfNetNS()
+	self := d.n.Procs.SelfNetKey()
 	var out []runningAgent
 	var elsewhere []string
 	for _, a := range d.agents {
@@ -130,8 +131,8 @@ func (d *cniAgentChains) running(ctx context.Context) ([]runningAgent, []string,
 		var best *procs.Process
 		for i := range ps {
 			p := ps[i]
-			if self != "" && p.NetNS != "" && p.NetNS != self {
-				elsewhere = append(elsewhere, fmt.Sprintf("%s pid %d (netns %s)", p.Name(), p.Pid, p.NetNS))
+			if self != 0 && p.NetKey != 0 && p.NetKey != self {
+				elsewhere = append(elsewhere, fmt.Sprintf("%s pid %d (netns net/dev inode %d)", p.Name(), p.Pid, p.NetKey))
 				continue
 			}
 			if best == nil || p.CreateTimeMs < best.CreateTimeMs || (p.CreateTimeMs == best.CreateTimeMs && p.Pid < best.Pid) {

@@ -111,7 +111,12 @@ func (w *progressWatch) judge(ctx context.Context, n *node.Node, ps []procs.Proc
 	}
 	if len(probe) > 0 {
 		start := time.Now()
-		t := time.NewTimer(progressProbe)
+		wait := progressProbe
+		if dl, ok := ctx.Deadline(); ok {
+			// Within the detector's deadline: half of what is left.
+			wait = min(wait, time.Until(dl)/2)
+		}
+		t := time.NewTimer(max(wait, 0))
 		select {
 		case <-ctx.Done():
 			t.Stop()

@@ -174,6 +174,7 @@ func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 	if watch != nil {
 		holds = watch.Holds(now.Add(-d.p.MaxHold.Duration - d.p.RepeatWindow.Duration))
 	}
+	reused := dropReusedCallers(&l, holds)
 	keys := make([]string, 0, len(l.Holders))
 	for _, h := range l.Holders {
 		keys = append(keys, h.Target())
@@ -283,6 +284,10 @@ func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 		sub := finding.Subject{AgeSeconds: durSeconds(hold)}
 		if k == unknownHolder {
 			msg = fmt.Sprintf("xtables lock %s held by a process not visible here (/proc/locks pid %v) %s", d.n.XtablesLock, l.LockPIDs, why)
+			if len(reused) > 0 {
+				ev["lockPIDsReused"] = reused
+				msg += fmt.Sprintf("; /proc/locks pid %v now names a process created after the hold began (the caller exited, a child holds its descriptor): not the holder", reused)
+			}
 		} else {
 			h := l.Holders[i]
 			for kk, v := range processEvidence(h, now) {
@@ -325,6 +330,34 @@ func (d *xtablesLock) detect(ctx context.Context) ([]finding.Finding, error) {
 		})
 	}
 	return out, nil
+}
+
+// dropReusedCallers removes from l's holders found from /proc/locks'
+// callers (HoldersFromProcLocks: no fd access) those created after the
+// watched hold began: the caller exited (a child holds the inherited
+// descriptor) and its PID now names another process. It returns their
+// PIDs. Only an exactly watched hold going on now has a start to judge by.
+func dropReusedCallers(l *procs.FileLocks, holds []lockwatch.Hold) []int32 {
+	if l.HoldersFrom != procs.HoldersFromProcLocks || len(holds) == 0 {
+		return nil
+	}
+	cur := holds[len(holds)-1]
+	if !cur.End.IsZero() || !cur.Exact || cur.Start.IsZero() {
+		return nil
+	}
+	// Create times count in 10 ms ticks.
+	latest := cur.Start.Add(20 * time.Millisecond).UnixMilli()
+	var reused []int32
+	kept := make([]procs.Process, 0, len(l.Holders))
+	for _, h := range l.Holders {
+		if h.CreateTimeMs > latest {
+			reused = append(reused, h.Pid)
+			continue
+		}
+		kept = append(kept, h)
+	}
+	l.Holders = kept
+	return reused
 }
 
 // isRestore reports whether p is an iptables restore (argv[0]).
@@ -399,6 +432,11 @@ func heldSince(p procs.Process, holds []lockwatch.Hold, now time.Time) time.Dura
 		if h.Pid == p.Pid && h.CreateTimeMs == p.CreateTimeMs {
 			return cur.Duration(now)
 		}
+	}
+	// Without fd access (no CAP_SYS_PTRACE) the watcher names no holder:
+	// /proc/locks' caller, created before the hold began, is the one.
+	if len(cur.Holders) == 0 && slices.Contains(cur.LockPIDs, p.Pid) && p.CreateTimeMs <= cur.Start.Add(20*time.Millisecond).UnixMilli() {
+		return cur.Duration(now)
 	}
 	return 0
 }

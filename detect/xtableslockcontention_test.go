@@ -210,3 +210,32 @@ func TestXtablesLockRestoreHolderNamedWithAge(t *testing.T) {
 		t.Fatalf("held 6s: %+v", got)
 	}
 }
+
+// Without fd access the holders are /proc/locks' callers: one created
+// after the watched hold began is a reused PID (the caller exited, its
+// child holds the lock), never named the holder (nor a target).
+func TestXtablesLockReusedCallerPID(t *testing.T) {
+	f := procs.NewFake(999)
+	f.Add(fakeProc(100, 1, "iptables-legacy", procT0.Add(-10*time.Second), "S", "iptables-legacy-restore", "-w"))
+	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Dev: "00:1a:5", LockPIDs: []int32{100}, HoldersFrom: procs.HoldersFromProcLocks,
+		Holders: []procs.Process{f.MustGet(100)}})
+	n, _ := newIssue3Node(f)
+	w := &lockwatch.Fake{}
+	w.SetHolds(lockwatch.Hold{Start: procT0.Add(-time.Minute), Exact: true, LockPIDs: []int32{100}})
+	n.XtablesLockWatch = w
+	d := newIssue3Detector(t, "XtablesLockContention", n, nil)
+	got, err := d.Detect(context.Background())
+	if err != nil || len(got) != 1 || got[0].Target != unknownHolder || !strings.Contains(got[0].Message, "/proc/locks pid [100] now names a process created after the hold began") {
+		t.Fatalf("findings %+v %v (judged %q)", got, err, d.(Judged).Judged())
+	}
+	// Created before the hold began: the holder.
+	w.SetHolds(lockwatch.Hold{Start: procT0.Add(-5 * time.Second), Exact: true, LockPIDs: []int32{100}})
+	f.SetLocks("/run/xtables.lock", procs.FileLocks{Held: true, Dev: "00:1a:5", LockPIDs: []int32{100}, HoldersFrom: procs.HoldersFromProcLocks,
+		Holders: []procs.Process{f.MustGet(100)}})
+	got, err = newIssue3Detector(t, "XtablesLockContention", n, func(p any) {
+		p.(*XtablesLockContentionParams).MaxHold = policy.D(time.Second)
+	}).Detect(context.Background())
+	if err != nil || len(got) != 1 || got[0].Target != procs.Target(100, procT0.Add(-10*time.Second).UnixMilli()) {
+		t.Fatalf("findings %+v %v", got, err)
+	}
+}

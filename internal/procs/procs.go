@@ -157,7 +157,9 @@ type FileLocks struct {
 	// they were found): with fd access, the live processes with an open
 	// descriptor on the file whose /proc/<pid>/fdinfo/<fd> lists a granted
 	// lock, as lsof reports them; without it, the live processes of
-	// LockPIDs created before the lock was seen held.
+	// LockPIDs (a caller that exited leaves its PID, which may be reused:
+	// XtablesLockContention drops a caller created after the watched hold
+	// began).
 	Holders []Process `json:"holders"`
 	// Waiters are the processes blocked waiting for a lock on the file
 	// ("->" lines). A waiter that exited between reads is left out.
