@@ -369,24 +369,27 @@ func newJournalCmd(stdout, stderr io.Writer) *cobra.Command {
 				fmt.Fprintf(stderr, "remediate journal: --state-dir %s: %v (the daemon's default is /var/lib/remediate; --once runs use theirs)\n", dir, err)
 				return exitStatus(exitError)
 			}
-			recs, err := journal.ReadAll(dir)
+			// Streamed: one record in memory at a time, whatever the
+			// journal's size.
+			n := 0
+			err := journal.Walk(dir, func(r journal.Record) error {
+				n++
+				if out == "json" {
+					b, _ := jsonLine(r)
+					_, err := fmt.Fprintln(stdout, b)
+					return err
+				}
+				_, err := fmt.Fprintln(stdout, journal.Format(r))
+				return err
+			})
 			if err != nil {
 				fmt.Fprintf(stderr, "remediate journal: %v\n", err)
-				if len(recs) == 0 {
+				if n == 0 {
 					return exitStatus(exitError)
 				}
 			}
-			if len(recs) == 0 {
+			if n == 0 {
 				fmt.Fprintf(stdout, "journal in %s is empty\n", dir)
-				return nil
-			}
-			for _, r := range recs {
-				if out == "json" {
-					b, _ := jsonLine(r)
-					fmt.Fprintln(stdout, b)
-				} else {
-					fmt.Fprintln(stdout, journal.Format(r))
-				}
 			}
 			return nil
 		},
