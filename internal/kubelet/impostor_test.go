@@ -190,6 +190,38 @@ func TestParseProcNetTCP(t *testing.T) {
 	}
 }
 
+// TestAcceptorUIDDualStackListener: the kubelet listens on 0.0.0.0, which
+// Go makes a dual-stack IPv6 socket: a connection to 127.0.0.1 is found in
+// /proc/net/tcp6 as ::ffff:127.0.0.1, and its owner (root, this test) is
+// the listener's.
+func TestAcceptorUIDDualStackListener(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the listener must be root's")
+	}
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		conn, err := ownerCheckedDial(procNetTCP, &net.Dialer{})(context.Background(), "tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+		if err != nil {
+			t.Fatalf("%s: a root-owned dual-stack listener refused: %v", host, err)
+		}
+		conn.Close()
+	}
+}
+
 // TestAcceptorUIDOfRealConnection: the owner check on a real loopback
 // connection finds the accepting socket, and its owner (this test's).
 func TestAcceptorUIDOfRealConnection(t *testing.T) {
