@@ -154,13 +154,22 @@ func (d *hostLocalIPAM) storeDir(c hostlocal.Config) (string, error) {
 }
 
 // sandboxes is the set of the runtime's sandbox IDs, or why the leak
-// check is skipped.
+// check is skipped. The runtime is asked with half of the detector's time
+// left: a hung CRI socket (it accepts and never answers) costs the leak
+// check only, and the store is still read and judged (exhaustion is
+// critical whatever the runtime says).
 func (d *hostLocalIPAM) sandboxes(ctx context.Context) (map[string]bool, string) {
 	if d.n.CRI == nil {
 		return nil, d.n.Why("cri")
 	}
-	sbs, err := d.n.CRI.ListPodSandboxes(ctx)
+	cctx, cancel := halfOfDeadline(ctx)
+	defer cancel()
+	start := time.Now()
+	sbs, err := d.n.CRI.ListPodSandboxes(cctx)
 	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return nil, fmt.Sprintf("the runtime did not answer within %s, half of the detector's time (a hung CRI socket?): %v", time.Since(start).Round(time.Millisecond), err)
+		}
 		return nil, err.Error()
 	}
 	live := make(map[string]bool, len(sbs))

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"github.com/remediate-dev/remediate/internal/finding"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -182,5 +184,70 @@ func TestHostLocalIPAMStoreAsMounted(t *testing.T) {
 	why, skipped := finding.IsSkip(err)
 	if !skipped || len(fs) != 0 || !strings.Contains(why, "host-local data directory not found here") {
 		t.Fatalf("no store anywhere: %+v %v, want a skip", fs, err)
+	}
+}
+
+// TestHostLocalIPAMHungCRI: the runtime's socket accepts and never
+// answers (a real unix socket); the full range is still reported as
+// critical within the detector's deadline, and the leak check says it
+// could not run and why. Before, the CRI call had the detector's whole
+// deadline (cri.DefaultTimeout = detectorTimeout = 10s), so the detector
+// ran out of time with it and the exhaustion finding was lost.
+func TestHostLocalIPAMHungCRI(t *testing.T) {
+	confDir, data := t.TempDir(), t.TempDir()
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"tiny","plugins":[{"type":"bridge","bridge":"cni0","ipam":{"type":"host-local","ranges":[[{"subnet":"10.98.0.0/24","rangeStart":"10.98.0.2","rangeEnd":"10.98.0.3"}]],"dataDir":%q}}]}`, data)
+	if err := os.WriteFile(filepath.Join(confDir, "10-tiny.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	plugin := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"tiny","type":"bridge","ipam":{"type":"host-local","ranges":[[{"subnet":"10.98.0.0/24","rangeStart":"10.98.0.2","rangeEnd":"10.98.0.3"}]],"dataDir":%q}}`, data)
+	for _, id := range []string{strings.Repeat("1", 64), strings.Repeat("2", 64)} {
+		if err := hostLocalADD(t, plugin, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(t.TempDir(), "containerd.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // accepted, never read nor answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	n := &node.Node{Name: "node1", Clock: clocktesting.NewFakePassiveClock(time.Now()), CNIConfDir: confDir, CNIIPAMDir: "/nonexistent", CRI: cri.New(sock, 0)}
+	d := newIssue3Detector(t, "HostLocalIPAM", n, nil)
+	// As the engine runs a detector: its deadline (a short
+	// detectorTimeout), the CRI client's own timeout (10s) longer.
+	const timeout = 2 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	start := time.Now()
+	fs, err := d.Detect(ctx)
+	took := time.Since(start)
+	if ctx.Err() != nil {
+		t.Fatalf("Detect returned after the detector's deadline (%s, took %s): the engine drops its findings", timeout, took)
+	}
+	if err != nil || len(fs) != 1 || fs[0].Severity != finding.Critical || !strings.Contains(fs[0].Message, "exhausted") {
+		t.Fatalf("findings %+v, err %v: want the critical exhaustion finding", fs, err)
+	}
+	if lc := fmt.Sprint(fs[0].Evidence["leakCheck"]); !strings.Contains(lc, "leak check skipped: the runtime did not answer within") || !strings.Contains(lc, "hung CRI socket") {
+		t.Errorf("leakCheck %q: want why it could not run", lc)
 	}
 }

@@ -364,7 +364,9 @@ func resolveProxyMode(ctx context.Context, n *node.Node, configured string) prox
 	if n.KubeProxy == nil {
 		return proxyMode{check: true, note: "kube-proxy mode unknown: " + n.Why("kube-proxy")}
 	}
-	m, err := n.KubeProxy.ProxyMode(ctx)
+	qctx, cancel := kubeProxyQueryCtx(ctx) // a frozen kube-proxy must not eat the saves' time
+	defer cancel()
+	m, err := n.KubeProxy.ProxyMode(qctx)
 	if err != nil {
 		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
 	}

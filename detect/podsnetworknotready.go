@@ -263,7 +263,10 @@ func (d *podsNetwork) correlate(ctx context.Context, pods []cluster.Pod, ev map[
 		}
 	}
 	if d.n.KubeProxy != nil {
-		if h, err := d.n.KubeProxy.Healthz(ctx); err != nil {
+		qctx, cancel := kubeProxyQueryCtx(ctx) // a frozen kube-proxy costs this part only
+		h, err := d.n.KubeProxy.Healthz(qctx)
+		cancel()
+		if err != nil {
 			ev["kubeProxy"] = "not read: " + err.Error()
 		} else {
 			ev["kubeProxy"] = map[string]any{"healthy": h.Healthy, "statusCode": h.StatusCode, "lastUpdated": h.LastUpdated.UTC().Format(time.RFC3339)}

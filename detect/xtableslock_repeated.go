@@ -206,8 +206,12 @@ func (d *xtablesLock) kubeProxyWindow(ctx context.Context, now time.Time, win ti
 	var sc *kubeproxy.Scrape
 	if ls, ok := d.n.KubeProxy.(interface{ LastScrape() *kubeproxy.Scrape }); ok {
 		sc = ls.LastScrape()
-	} else if s, err := d.n.KubeProxy.Metrics(ctx); err == nil {
-		sc = s
+	} else {
+		qctx, cancel := kubeProxyQueryCtx(ctx)
+		if s, err := d.n.KubeProxy.Metrics(qctx); err == nil {
+			sc = s
+		}
+		cancel()
 	}
 	if sc == nil || sc.Metrics == nil {
 		return "", nil

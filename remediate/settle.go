@@ -154,7 +154,11 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time, x *Cycl
 	if len(pending) == 0 {
 		return
 	}
-	outcomes, jerr := e.journalOutcomes()
+	wanted := make(map[string]bool, len(pending))
+	for _, i := range pending {
+		wanted[recordID(st.History[i])] = true
+	}
+	outcomes, jerr := e.journalOutcomes(wanted)
 	if jerr != nil {
 		e.opts.Log.Warn("journal unreadable while settling unfinished actions; treating them as interrupted", zap.Error(jerr))
 	}
@@ -174,15 +178,16 @@ func (e *Engine) settleUnfinished(st *State, rep *Report, now time.Time, x *Cycl
 	}
 }
 
-// journalOutcomes reads the journal's outcome records by ID.
-func (e *Engine) journalOutcomes() (map[string]journal.Record, error) {
+// journalOutcomes reads the journal's outcome records of the IDs wanted,
+// streamed: only those are kept, whatever the journal's size.
+func (e *Engine) journalOutcomes(wanted map[string]bool) (map[string]journal.Record, error) {
 	outcomes := map[string]journal.Record{}
-	recs, err := journal.ReadAll(filepath.Dir(e.opts.Journal.Path()))
-	for _, r := range recs {
-		if r.ID != "" && r.Kind == journal.KindOutcome {
+	err := journal.Walk(filepath.Dir(e.opts.Journal.Path()), func(r journal.Record) error {
+		if r.Kind == journal.KindOutcome && wanted[r.ID] {
 			outcomes[r.ID] = r
 		}
-	}
+		return nil
+	})
 	return outcomes, err
 }
 

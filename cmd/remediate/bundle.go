@@ -332,16 +332,33 @@ func (c *collector) journal() {
 	if c.o.journalDir != "" {
 		dir = c.o.journalDir // a dry run on a private copy of an unwritable state dir
 	}
-	recs, err := journal.ReadAll(dir)
-	if len(recs) > journalTail {
-		recs = recs[len(recs)-journalTail:]
-	}
+	tail, err := journalTailLines(dir, journalTail)
 	var b strings.Builder
-	for _, r := range recs {
-		b.WriteString(journal.Format(r))
+	for _, l := range tail {
+		b.WriteString(l)
 		b.WriteByte('\n')
 	}
 	c.add("journal-tail.txt", fmt.Sprintf("the last %d records of %s", journalTail, filepath.Join(dir, "journal.jsonl")), []byte(b.String()), err)
+}
+
+// journalTailLines are the last n records of the journal in dir,
+// formatted, oldest first: streamed, only n lines are held (a ring).
+func journalTailLines(dir string, n int) ([]string, error) {
+	tail := make([]string, 0, n)
+	next := 0
+	err := journal.Walk(dir, func(r journal.Record) error {
+		if len(tail) < n {
+			tail = append(tail, journal.Format(r))
+		} else {
+			tail[next] = journal.Format(r)
+		}
+		next = (next + 1) % n
+		return nil
+	})
+	if len(tail) == n {
+		tail = append(tail[next:], tail[:next]...)
+	}
+	return tail, err
 }
 
 // readBounded reads at most max bytes of a file.

@@ -181,7 +181,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.criSocket, "cri-socket", "", "the container runtime's CRI socket as mounted here (ListPodSandbox only: HostLocalIPAM's leak check; empty: skipped)")
 	fs.StringVar(&o.kubeletURL, "kubelet-metrics-url", "", "this node's kubelet /metrics (KubeletPodStartup; empty: https://<the Node's InternalIP>:<its kubelet port>/metrics), read with the ServiceAccount's token (RBAC get nodes/metrics)")
 	fs.StringVar(&o.kubeletCA, "kubelet-ca", "", "CA file that signs the kubelet's serving certificate (empty: the cluster's CA, which signs it only with the kubelet's serverTLSBootstrap)")
-	fs.BoolVar(&o.kubeletInsecureTLS, "kubelet-insecure-tls", false, "do not verify the kubelet's serving certificate (self-signed, the kubeadm default); only ever used to an address of this host, so the token stays on the node")
+	fs.BoolVar(&o.kubeletInsecureTLS, "kubelet-insecure-tls", false, "do not verify the kubelet's serving certificate (self-signed, the kubeadm default); only ever used to an address of this host, and the token is sent only on a connection accepted by a root-owned socket (the kubelet's), so it stays on the node and never reaches a process that took the kubelet's port; a kubeconfig's insecure-skip-tls-verify is never used for the kubelet")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "cgroup filesystem root (kube-proxy's cpu.stat, v1 or v2, for the likely causes of its symptoms)")
 	fs.StringVar(&o.xtablesLock, "xtables-lock", "/run/xtables.lock", "the xtables lock file (it may not exist yet; its directory must)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", ":9808", "address for /metrics, /healthz and /readyz (daemon only; empty disables)")
@@ -375,24 +375,30 @@ func newJournalCmd(stdout, stderr io.Writer) *cobra.Command {
 				fmt.Fprintf(stderr, "remediate journal: --state-dir %s: %v (the daemon's default is /var/lib/remediate; --once runs use theirs)\n", dir, err)
 				return exitStatus(exitError)
 			}
-			recs, err := journal.ReadAll(dir)
+			// Streamed: one record in memory at a time, whatever the
+			// journal's size.
+			n := 0
+			err := journal.Walk(dir, func(r journal.Record) error {
+				n++
+				if out == "json" {
+					// JSON leaves DEL, C1 and bidi controls raw:
+					// escaped as \uXXXX, the same value decoded.
+					b, _ := jsonLine(r)
+					_, err := fmt.Fprintln(&termsafe.JSONWriter{W: stdout}, b)
+					return err
+				}
+				// journal.Format neutralises the record's outside text.
+				_, err := fmt.Fprintln(stdout, journal.Format(r))
+				return err
+			})
 			if err != nil {
 				fmt.Fprintf(stderr, "remediate journal: %v\n", err)
-				if len(recs) == 0 {
+				if n == 0 {
 					return exitStatus(exitError)
 				}
 			}
-			if len(recs) == 0 {
+			if n == 0 {
 				fmt.Fprintf(stdout, "journal in %s is empty\n", dir)
-				return nil
-			}
-			for _, r := range recs {
-				if out == "json" {
-					b, _ := jsonLine(r)
-					fmt.Fprintln(&termsafe.JSONWriter{W: stdout}, b)
-				} else {
-					fmt.Fprintln(stdout, journal.Format(r))
-				}
 			}
 			return nil
 		},

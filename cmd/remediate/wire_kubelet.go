@@ -22,7 +22,9 @@ type kubeletWiring struct {
 // at the address and port this node's Node object gives, with the
 // credentials of the API client (not its TLS settings: the kubelet's
 // serving certificate is checked against --kubelet-ca, else the cluster's
-// CA, unless --kubelet-insecure-tls).
+// CA, unless --kubelet-insecure-tls: then only this host's addresses, and
+// only a root-owned listener, get the token; the API configuration's own
+// insecure-skip-tls-verify is never used for the kubelet).
 func (w *wiring) wireKubelet(n *node.Node) {
 	kw := &w.kubelet
 	kw.once.Do(func() {

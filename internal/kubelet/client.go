@@ -67,6 +67,9 @@ const (
 	// KindBadResponse: another HTTP status, a body over MaxBody, or one
 	// that does not parse.
 	KindBadResponse ErrorKind = "bad-response"
+	// KindNotKubelet: with unverified TLS, the socket that accepted the
+	// connection is not root's (or not visible here): no token is sent.
+	KindNotKubelet ErrorKind = "not-kubelet"
 	// KindNoAddress: the kubelet's address is not known (the Node not
 	// seen yet, no address in its status) or refused (an unverified
 	// connection to an address that is not this host's).
@@ -85,6 +88,8 @@ func (e *Error) Error() string {
 	switch e.Kind {
 	case KindForbidden:
 		hint = " (the ServiceAccount needs get on nodes/metrics: the chart's and deploy/'s ClusterRole grant it)"
+	case KindNotKubelet:
+		hint = " (with --kubelet-insecure-tls the token goes only to a listener owned by root, as the kubelet's is: an unprivileged process may have taken the kubelet's port while it restarted; verified TLS with --kubelet-ca needs no such check)"
 	case KindTLS:
 		hint = " (the kubelet's serving certificate is not signed by the CA given: pass --kubelet-ca, enable the kubelet's serverTLSBootstrap, or --kubelet-insecure-tls, which only ever connects to an address of this host)"
 	}
@@ -122,8 +127,13 @@ type Options struct {
 	CAFile string
 	// InsecureTLS skips verifying the serving certificate (self-signed
 	// kubelet certificates, the kubeadm default). It is allowed only to an
-	// address of this host (the daemon runs with hostNetwork): the token
-	// never leaves the node.
+	// address of this host (the daemon runs with hostNetwork), and the
+	// token is sent only on a connection accepted by a socket owned by
+	// root (the kubelet's; see listener.go): the token never leaves the
+	// node, nor reaches an unprivileged process that took the kubelet's
+	// port. The API configuration's own insecure-skip-tls-verify is never
+	// used: without InsecureTLS the certificate is verified, against
+	// CAFile or the API configuration's CA (New refuses when neither).
 	InsecureTLS bool
 	// Timeout bounds a scrape (DefaultTimeout when 0).
 	Timeout time.Duration
@@ -174,11 +184,21 @@ func New(o Options) (*Client, error) {
 	cfg.Username, cfg.Password = o.Auth.Username, o.Auth.Password
 	cfg.Host = "https://kubelet.invalid" // not used: each request carries its URL
 	cfg.TLSClientConfig.ServerName = ""
-	if o.InsecureTLS {
-		cfg.TLSClientConfig.Insecure = true
+	// The API configuration's insecure-skip-tls-verify is never inherited:
+	// the kubelet's certificate is verified against a CA given for it (or
+	// the cluster's), or, only with InsecureTLS, not verified and the
+	// token sent only to a root-owned listener of this host.
+	cfg.TLSClientConfig.Insecure = o.InsecureTLS
+	switch {
+	case o.InsecureTLS:
 		cfg.TLSClientConfig.CAFile, cfg.TLSClientConfig.CAData = "", nil
-	} else if o.CAFile != "" {
+		cfg.Dial = ownerCheckedDial(procNetTCP, &net.Dialer{Timeout: o.Timeout})
+	case o.CAFile != "":
 		cfg.TLSClientConfig.CAFile, cfg.TLSClientConfig.CAData = o.CAFile, nil
+	case len(cfg.TLSClientConfig.CAData) == 0 && cfg.TLSClientConfig.CAFile == "":
+		// Not the system's roots: a publicly trusted certificate of
+		// another host is not this node's kubelet.
+		return nil, errors.New("kubelet: no CA to verify the kubelet's serving certificate (the API configuration has none, as with insecure-skip-tls-verify, which is never used for the kubelet): pass --kubelet-ca, or --kubelet-insecure-tls to scrape this host's kubelet unverified")
 	}
 	// Never through an HTTP proxy: the kubelet is on this node.
 	cfg.Proxy = func(*http.Request) (*url.URL, error) { return nil, nil }
@@ -273,6 +293,9 @@ func classify(err error) ErrorKind {
 	var invalid x509.CertificateInvalidError
 	if errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &hostname) || errors.As(err, &invalid) {
 		return KindTLS
+	}
+	if errors.Is(err, ErrNotKubelet) {
+		return KindNotKubelet
 	}
 	return KindUnreachable
 }

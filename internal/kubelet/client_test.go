@@ -2,7 +2,13 @@ package kubelet
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -52,6 +58,27 @@ func kubeletServer(t *testing.T, body func(w http.ResponseWriter, r *http.Reques
 	return srv, &hits, ca
 }
 
+// otherCA writes a self-signed CA certificate that signed no server's
+// (httptest's servers all share one certificate).
+func otherCA(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "cluster-ca"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := filepath.Join(t.TempDir(), "cluster-ca.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
 func newClient(t *testing.T, o Options) *Client {
 	t.Helper()
 	c, err := New(o)
@@ -75,12 +102,14 @@ func TestScrapeVerifiedWithKubeletCA(t *testing.T) {
 	}
 }
 
-// TestScrapeSelfSignedIsTLSSkipReason: without a CA that signs it, the
-// self-signed certificate is refused before the token is sent (no
-// request reaches the handler), and the error says what to configure.
+// TestScrapeSelfSignedIsTLSSkipReason: with a CA that does not sign it
+// (the cluster's), the self-signed certificate is refused before the
+// token is sent (no request reaches the handler), and the error says
+// what to configure.
 func TestScrapeSelfSignedIsTLSSkipReason(t *testing.T) {
 	srv, hits, _ := kubeletServer(t, nil)
-	c := newClient(t, Options{URL: srv.URL + "/metrics", Auth: &rest.Config{BearerToken: "good"}})
+	clusterCA := otherCA(t)
+	c := newClient(t, Options{URL: srv.URL + "/metrics", Auth: &rest.Config{BearerToken: "good", TLSClientConfig: rest.TLSClientConfig{CAFile: clusterCA}}})
 	_, err := c.Metrics(context.Background())
 	e, ok := AsError(err)
 	if !ok || e.Kind != KindTLS || !strings.Contains(err.Error(), "--kubelet-insecure-tls") {
@@ -158,7 +187,7 @@ func TestScrapeHungKubeletBounded(t *testing.T) {
 
 // TestScrapeNoAddressYet: the Node not seen yet is a no-address error.
 func TestScrapeNoAddressYet(t *testing.T) {
-	c := newClient(t, Options{Address: func() (string, int, error) { return NodeAddress(nil) }, Auth: &rest.Config{BearerToken: "good"}})
+	c := newClient(t, Options{Address: func() (string, int, error) { return NodeAddress(nil) }, Auth: &rest.Config{BearerToken: "good"}, InsecureTLS: true})
 	_, err := c.Metrics(context.Background())
 	if e, ok := AsError(err); !ok || e.Kind != KindNoAddress {
 		t.Fatalf("err = %v", err)

@@ -239,10 +239,14 @@ func (j *Journal) rotate() error {
 // at 10 MiB by default).
 const maxReadBytes = 256 << 20
 
-// ReadAll returns the records in dir, oldest first, across rotated files.
-// Lines that do not parse (a torn last line after a crash) are returned as
-// KindNote records saying so rather than failing the whole read.
-func ReadAll(dir string) ([]Record, error) {
+// Walk calls fn with each record in dir, oldest first, across rotated
+// files, holding one record at a time: memory stays bounded by one line
+// (MaxReadLine) whatever the journal's size (6 x 10 MiB at the writer's
+// defaults, which read whole took 231-333 MB of heap, over the pod's
+// limit). Lines that do not parse (a torn last line after a crash) are
+// passed as KindNote records saying so rather than failing the whole
+// read. An error of fn stops the walk and is returned.
+func Walk(dir string, fn func(Record) error) error {
 	base := filepath.Join(dir, FileName)
 	var files []string
 	for i := 50; i >= 1; i-- {
@@ -251,48 +255,79 @@ func ReadAll(dir string) ([]Record, error) {
 		}
 	}
 	files = append(files, base)
-	var out []Record
 	for _, name := range files {
 		f, err := boundedfile.OpenBoundedNoFollow(name, maxReadBytes)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return out, fmt.Errorf("opening journal: %w", err)
+			return fmt.Errorf("opening journal: %w", err)
 		}
-		recs, err := Decode(f)
+		err = DecodeEach(f, fn)
 		f.Close()
-		out = append(out, recs...)
+		if s, ok := err.(stopped); ok {
+			return s.err
+		}
 		if err != nil {
-			return out, fmt.Errorf("reading %s: %w", name, err)
+			return fmt.Errorf("reading %s: %w", name, err)
 		}
 	}
-	return out, nil
+	return nil
 }
 
-// Decode reads JSON-lines records from r. Any line length is read: a line
-// over MaxReadLine bytes is skipped (without holding it in memory) and
-// returned as a KindNote record saying so.
+// ReadAll returns the records in dir, oldest first, across rotated files
+// (see Walk), and those read before an error. It holds the whole journal
+// in memory: for tests and small journals; the daemon, the CLI and the
+// bundle use Walk.
+func ReadAll(dir string) ([]Record, error) {
+	var out []Record
+	err := Walk(dir, func(r Record) error { out = append(out, r); return nil })
+	return out, err
+}
+
+// stopped is an error of DecodeEach's fn (errors.Is finds it through).
+type stopped struct{ err error }
+
+func (s stopped) Error() string { return s.err.Error() }
+func (s stopped) Unwrap() error { return s.err }
+
+// Decode reads JSON-lines records from r (see DecodeEach).
 func Decode(r io.Reader) ([]Record, error) {
 	var out []Record
+	err := DecodeEach(r, func(rec Record) error { out = append(out, rec); return nil })
+	return out, err
+}
+
+// DecodeEach calls fn with each JSON-lines record of r, holding one line
+// at a time. Any line length is read: a line over MaxReadLine bytes is
+// skipped (without holding it in memory) and passed as a KindNote record
+// saying so. An error of fn stops the read and is returned (wrapped:
+// errors.Is and errors.As find it).
+func DecodeEach(r io.Reader, fn func(Record) error) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for n := 1; ; n++ {
 		line, size, err := readLine(br, MaxReadLine)
+		var rec Record
+		emit := true
 		if size > MaxReadLine {
-			out = append(out, Record{Kind: KindNote, Summary: fmt.Sprintf("journal line %d is %d bytes, over %d: skipped", n, size, MaxReadLine)})
+			rec = Record{Kind: KindNote, Summary: fmt.Sprintf("journal line %d is %d bytes, over %d: skipped", n, size, MaxReadLine)}
 		} else if t := bytes.TrimSpace(line); len(t) > 0 {
-			var rec Record
 			if uerr := json.Unmarshal(t, &rec); uerr != nil {
-				out = append(out, Record{Kind: KindNote, Summary: fmt.Sprintf("unreadable journal line %d: %v", n, uerr)})
-			} else {
-				out = append(out, rec)
+				rec = Record{Kind: KindNote, Summary: fmt.Sprintf("unreadable journal line %d: %v", n, uerr)}
+			}
+		} else {
+			emit = false
+		}
+		if emit {
+			if ferr := fn(rec); ferr != nil {
+				return stopped{ferr}
 			}
 		}
 		if errors.Is(err, io.EOF) {
-			return out, nil
+			return nil
 		}
 		if err != nil {
-			return out, err
+			return err
 		}
 	}
 }
