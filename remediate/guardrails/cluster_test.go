@@ -103,9 +103,19 @@ func TestBudgetFakeClient(t *testing.T) {
 	if err := c.Check(ctx, req("r", "t", "X", true, false, now)); err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	// b crashes (never renews); c renews. After TTL b's slot is free.
+	// b crashes (never renews); c renews. b's slot is free TTL after a
+	// (the taker) first saw b's last renewal, not by b's renewTime: a, which
+	// never looked at it before, waits a full TTL from its first look.
 	clk.Step(40 * time.Second)
 	c.Renew(ctx)
+	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err == nil {
+		t.Fatal("a took a slot it had never seen renewed")
+	}
+	clk.Step(30 * time.Second)
+	c.Renew(ctx)
+	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err == nil {
+		t.Fatal("a took b's slot 30s after first seeing it (TTL 1m)")
+	}
 	clk.Step(30 * time.Second)
 	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err != nil {
 		t.Fatalf("crashed holder's slot did not expire: %v", err)
@@ -157,7 +167,9 @@ func TestStormFakeClient(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 	guards := map[string]*Storm{}
 	for _, n := range []string{"n1", "n2", "n3", "n4", "n5"} {
-		guards[n] = NewStorm(cs, StormOptions{Namespace: "remediate", Node: n, TTL: time.Minute, Clock: clk})
+		// ListTTL -1: each Check lists (the fake clock does not move
+		// between a Publish and the Check that must see it).
+		guards[n] = NewStorm(cs, StormOptions{Namespace: "remediate", Node: n, TTL: time.Minute, ListTTL: -1, Clock: clk})
 		if err := guards[n].Publish(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -230,10 +242,16 @@ func TestBudgetSlotNoLongerOursIsNotTrusted(t *testing.T) {
 	if err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now())); err != nil {
 		t.Fatal(err)
 	}
-	// a keeps renewing until maxHold, then lets the slot expire; d takes it.
-	for range 6 {
+	// a keeps renewing until maxHold, then lets the slot expire; d, asking
+	// every 30s meanwhile, takes it a TTL after it saw the last renewal.
+	for i := range 6 {
 		clk.Step(30 * time.Second)
 		a.Renew(ctx)
+		if i < 4 { // renewed at 30s .. 2m (maxHold)
+			if err := d.Check(ctx, req("r2", "t2", "X", true, false, clk.Now())); err == nil {
+				t.Fatal("d took a renewed slot")
+			}
+		}
 	}
 	clk.Step(2 * time.Minute)
 	if err := d.Check(ctx, req("r2", "t2", "X", true, false, clk.Now())); err != nil {
