@@ -172,10 +172,16 @@ var outcomes = map[string]string{
 }
 
 // IsActionEvent says whether ev is a remediation Event of controller about
-// a Node (the ones Build shows as LastAction).
+// a Node (the ones Build shows as LastAction), reported by that node's own
+// daemon: its reportingInstance is kubeexporter.ReportingInstance, as
+// kubeexporter writes it and as deploy/'s admission policy makes the
+// daemon on each node write it. An Event about one node that another
+// writer reported (another node's token, or anyone else allowed to create
+// Events) is not that node's action.
 func IsActionEvent(ev *eventsv1.Event, controller string) bool {
 	_, ok := outcomes[ev.Reason]
-	return ok && ev.ReportingController == controller && ev.Regarding.Kind == "Node" && ev.Regarding.Name != ""
+	return ok && ev.ReportingController == controller && ev.Regarding.Kind == "Node" && ev.Regarding.Name != "" &&
+		ev.ReportingInstance == kubeexporter.ReportingInstance(controller, ev.Regarding.Name)
 }
 
 // EventTime is when ev last happened: its series' last observation, else
@@ -226,8 +232,10 @@ func Build(in Inputs, now time.Time, o Options) Fleet {
 		l := &in.Leases[i]
 		switch l.Labels[guardrails.LabelLease] {
 		case guardrails.LeaseNodeStatus:
-			if l.Spec.HolderIdentity != nil {
-				status[*l.Spec.HolderIdentity] = l
+			// Only the holder's own Lease speaks for it (the admission
+			// policy lets each node write only remediate-node-<itself>).
+			if h := l.Spec.HolderIdentity; h != nil && l.Name == guardrails.StatusLeaseName(*h) {
+				status[*h] = l
 			}
 		case guardrails.LeaseBudget:
 			s := Slot{Lease: l.Name}
