@@ -316,3 +316,50 @@ func TestStormPublishUpdatesWithoutReading(t *testing.T) {
 		t.Fatalf("lease %+v %v", l, err)
 	}
 }
+
+// TestStormKeepsItsList: the node-status Leases listed for one Check serve
+// the checks of the next ListTTL (an empty list too), then are listed
+// again; ListTTL < 0 lists on every Check.
+func TestStormKeepsItsList(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		publish bool
+		ttl     time.Duration
+		want    []int // LISTs after each step
+	}{
+		{"no Leases yet", false, 0, []int{1, 1, 1, 2}},
+		{"Leases", true, 0, []int{1, 1, 1, 2}},
+		{"ListTTL -1", true, -1, []int{1, 2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fake.NewClientset()
+			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC))
+			g := NewStorm(cs, StormOptions{Namespace: "remediate", Node: "n1", ListTTL: tc.ttl, Clock: clk})
+			if tc.publish {
+				if err := g.Publish(ctx, []string{"r"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lists := func() int {
+				n := 0
+				for _, a := range cs.Actions() {
+					if a.GetVerb() == "list" {
+						n++
+					}
+				}
+				return n
+			}
+			r := req("r", "t", "RestartKubeProxy", true, false, clk.Now())
+			for i, step := range []time.Duration{0, time.Second, DefaultStormListTTL - time.Second - time.Nanosecond, time.Nanosecond} {
+				clk.Step(step)
+				if err := g.Check(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+				if got := lists(); got != tc.want[i] {
+					t.Fatalf("after check %d (+%v): %d LISTs, want %d", i, step, got, tc.want[i])
+				}
+			}
+		})
+	}
+}

@@ -81,8 +81,8 @@ type Storm struct {
 	// obs judges the other nodes' Leases by when this node saw them
 	// renewed (besides their own times: see CountFiring).
 	obs *Observed
-	// listMu serialises the LIST; kept (listed at keptAt) serves the
-	// checks of the next ListTTL.
+	// listMu serialises the LIST; kept (listed at keptAt; zero: none, an
+	// empty list is kept too) serves the checks of the next ListTTL.
 	listMu sync.Mutex
 	kept   []coordv1.Lease
 	keptAt time.Time
@@ -219,13 +219,13 @@ func (s *Storm) statusLeases(ctx context.Context) ([]coordv1.Lease, error) {
 	s.listMu.Lock()
 	defer s.listMu.Unlock()
 	now := s.opts.Clock.Now()
-	if s.kept != nil && s.opts.ListTTL > 0 && now.Sub(s.keptAt) < s.opts.ListTTL {
+	if !s.keptAt.IsZero() && s.opts.ListTTL > 0 && now.Sub(s.keptAt) < s.opts.ListTTL {
 		return s.kept, nil
 	}
 	list, err := s.cs.CoordinationV1().Leases(s.opts.Namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: labels.Set{LabelLease: LeaseNodeStatus}.String()})
 	if err != nil {
-		s.kept = nil
+		s.kept, s.keptAt = nil, time.Time{}
 		return nil, fmt.Errorf("listing node status leases: %w", err)
 	}
 	s.obs.retain(list.Items)
