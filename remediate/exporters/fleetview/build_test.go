@@ -77,6 +77,8 @@ func TestBuild(t *testing.T) {
 			lease("remediate-budget-0", guardrails.LeaseBudget, "a-stale", t0.Add(-time.Minute), map[string]string{guardrails.AnnotationRule: "r1"}),
 			// Not b-fresh's own node-status Lease: it does not speak for it.
 			lease("remediate-node-a-stale-2", guardrails.LeaseNodeStatus, "b-fresh", t0, map[string]string{guardrails.AnnotationFiring: `["forged"]`}),
+			// Renewed in 2099 (a clock ahead, or forged): a warning.
+			lease("remediate-node-d-none", guardrails.LeaseNodeStatus, "d-none", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), nil),
 		},
 	}
 	f := Build(in, t0, Options{})
@@ -114,6 +116,9 @@ func TestBuild(t *testing.T) {
 	}
 	if f.Pause.Paused {
 		t.Error("paused without a ConfigMap")
+	}
+	if len(f.Warnings) != 1 || !strings.Contains(f.Warnings[0], "Lease remediate-node-d-none (holder d-none) renewed 2099-01-01T00:00:00Z") {
+		t.Errorf("warnings %q, want one on the Lease renewed in 2099", f.Warnings)
 	}
 }
 
