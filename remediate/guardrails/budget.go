@@ -51,6 +51,9 @@ type Budget struct {
 	cs   kubernetes.Interface
 	opts BudgetOptions
 
+	// obs judges the slot Leases by when this daemon saw them renewed.
+	obs *Observed
+
 	mu   sync.Mutex
 	held map[string]heldSlot // by Request.Key()
 }
@@ -86,7 +89,7 @@ func NewBudget(cs kubernetes.Interface, opts BudgetOptions) *Budget {
 	if opts.Log == nil {
 		opts.Log = zap.NewNop()
 	}
-	return &Budget{cs: cs, opts: opts, held: map[string]heldSlot{}}
+	return &Budget{cs: cs, opts: opts, held: map[string]heldSlot{}, obs: NewObserved(opts.Clock)}
 }
 
 // Name implements Guardrail.
@@ -95,8 +98,12 @@ func (b *Budget) Name() string { return GuardBudget }
 // SlotName returns the Lease name of slot i.
 func (b *Budget) SlotName(i int) string { return fmt.Sprintf("%s-%d", b.opts.Prefix, i) }
 
-// SlotFree reports whether a slot Lease is free at now: no holder, or its
-// last renewal older than its duration.
+// SlotFree reports whether a Lease is free at now by its own times: no
+// holder, or its last renewal older than its duration. Only for a reader
+// that sees the Lease once (the fleet view): it trusts the writer's clock
+// and the local one. The guardrails judge by what they observed
+// (Observed): a clock that runs ahead, or a renewTime in the future, does
+// not move their judgment.
 func SlotFree(l *coordv1.Lease, now time.Time) bool {
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return true
@@ -128,7 +135,7 @@ func (b *Budget) Check(ctx context.Context, r *Request) error {
 		if err != nil && !apierrors.IsNotFound(err) {
 			return fmt.Errorf("reading budget lease %s/%s: %w", b.opts.Namespace, h.name, err)
 		}
-		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == b.opts.Node && !SlotFree(l, now) {
+		if err == nil && l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == b.opts.Node && !b.obs.Free(l) {
 			return nil
 		}
 		b.mu.Lock()
@@ -146,7 +153,8 @@ func (b *Budget) Check(ctx context.Context, r *Request) error {
 			if r.DryRun {
 				return nil
 			}
-			_, err = b.cs.CoordinationV1().Leases(b.opts.Namespace).Create(ctx, b.lease(name, r, now, nil), metav1.CreateOptions{})
+			before := b.opts.Clock.Now()
+			written, err := b.cs.CoordinationV1().Leases(b.opts.Namespace).Create(ctx, b.lease(name, r, now, nil), metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
 				holders = append(holders, name+": taken concurrently")
 				continue
@@ -154,12 +162,13 @@ func (b *Budget) Check(ctx context.Context, r *Request) error {
 			if err != nil {
 				return fmt.Errorf("creating budget lease %s/%s: %w", b.opts.Namespace, name, err)
 			}
+			b.obs.Wrote(written, before)
 			b.remember(key, name, now)
 			return nil
 		case err != nil:
 			return fmt.Errorf("reading budget lease %s/%s: %w", b.opts.Namespace, name, err)
 		}
-		if !SlotFree(l, now) {
+		if !b.obs.Free(l) {
 			holders = append(holders, fmt.Sprintf("%s: %s (%s on %s)", name, *l.Spec.HolderIdentity,
 				l.Annotations[AnnotationRule], l.Annotations[AnnotationTarget]))
 			continue
@@ -167,7 +176,8 @@ func (b *Budget) Check(ctx context.Context, r *Request) error {
 		if r.DryRun {
 			return nil
 		}
-		_, err = b.cs.CoordinationV1().Leases(b.opts.Namespace).Update(ctx, b.lease(name, r, now, l), metav1.UpdateOptions{})
+		before := b.opts.Clock.Now()
+		written, err := b.cs.CoordinationV1().Leases(b.opts.Namespace).Update(ctx, b.lease(name, r, now, l), metav1.UpdateOptions{})
 		if apierrors.IsConflict(err) {
 			holders = append(holders, name+": taken concurrently")
 			continue
@@ -175,6 +185,7 @@ func (b *Budget) Check(ctx context.Context, r *Request) error {
 		if err != nil {
 			return fmt.Errorf("taking budget lease %s/%s: %w", b.opts.Namespace, name, err)
 		}
+		b.obs.Wrote(written, before)
 		b.remember(key, name, now)
 		return nil
 	}
@@ -322,7 +333,11 @@ func (b *Budget) Renew(ctx context.Context) {
 		if err == nil {
 			mt := metav1.NewMicroTime(now)
 			l.Spec.RenewTime = &mt
-			_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+			before := b.opts.Clock.Now()
+			var written *coordv1.Lease
+			if written, err = leases.Update(ctx, l, metav1.UpdateOptions{}); err == nil {
+				b.obs.Wrote(written, before)
+			}
 		}
 		if err != nil {
 			b.opts.Log.Warn("renewing budget slot failed", zap.String("lease", h.name), zap.Error(err))

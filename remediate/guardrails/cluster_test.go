@@ -103,9 +103,19 @@ func TestBudgetFakeClient(t *testing.T) {
 	if err := c.Check(ctx, req("r", "t", "X", true, false, now)); err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	// b crashes (never renews); c renews. After TTL b's slot is free.
+	// b crashes (never renews); c renews. b's slot is free TTL after a
+	// (the taker) first saw b's last renewal, not by b's renewTime: a, which
+	// never looked at it before, waits a full TTL from its first look.
 	clk.Step(40 * time.Second)
 	c.Renew(ctx)
+	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err == nil {
+		t.Fatal("a took a slot it had never seen renewed")
+	}
+	clk.Step(30 * time.Second)
+	c.Renew(ctx)
+	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err == nil {
+		t.Fatal("a took b's slot 30s after first seeing it (TTL 1m)")
+	}
 	clk.Step(30 * time.Second)
 	if err := a.Check(ctx, req("r", "t2", "X", true, false, clk.Now())); err != nil {
 		t.Fatalf("crashed holder's slot did not expire: %v", err)
@@ -157,7 +167,9 @@ func TestStormFakeClient(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC))
 	guards := map[string]*Storm{}
 	for _, n := range []string{"n1", "n2", "n3", "n4", "n5"} {
-		guards[n] = NewStorm(cs, StormOptions{Namespace: "remediate", Node: n, TTL: time.Minute, Clock: clk})
+		// ListTTL -1: each Check lists (the fake clock does not move
+		// between a Publish and the Check that must see it).
+		guards[n] = NewStorm(cs, StormOptions{Namespace: "remediate", Node: n, TTL: time.Minute, ListTTL: -1, Clock: clk})
 		if err := guards[n].Publish(ctx, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -230,10 +242,16 @@ func TestBudgetSlotNoLongerOursIsNotTrusted(t *testing.T) {
 	if err := a.Check(ctx, req("r", "t", "X", true, false, clk.Now())); err != nil {
 		t.Fatal(err)
 	}
-	// a keeps renewing until maxHold, then lets the slot expire; d takes it.
-	for range 6 {
+	// a keeps renewing until maxHold, then lets the slot expire; d, asking
+	// every 30s meanwhile, takes it a TTL after it saw the last renewal.
+	for i := range 6 {
 		clk.Step(30 * time.Second)
 		a.Renew(ctx)
+		if i < 4 { // renewed at 30s .. 2m (maxHold)
+			if err := d.Check(ctx, req("r2", "t2", "X", true, false, clk.Now())); err == nil {
+				t.Fatal("d took a renewed slot")
+			}
+		}
 	}
 	clk.Step(2 * time.Minute)
 	if err := d.Check(ctx, req("r2", "t2", "X", true, false, clk.Now())); err != nil {
@@ -296,5 +314,52 @@ func TestStormPublishUpdatesWithoutReading(t *testing.T) {
 	l, err := cs.CoordinationV1().Leases("remediate").Get(ctx, StatusLeaseName("n1"), metav1.GetOptions{})
 	if err != nil || l.Annotations[AnnotationFiring] != `["x"]` || !l.Spec.RenewTime.Time.Equal(clk.Now()) || l.Labels[LabelLease] != LeaseNodeStatus {
 		t.Fatalf("lease %+v %v", l, err)
+	}
+}
+
+// TestStormKeepsItsList: the node-status Leases listed for one Check serve
+// the checks of the next ListTTL (an empty list too), then are listed
+// again; ListTTL < 0 lists on every Check.
+func TestStormKeepsItsList(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		publish bool
+		ttl     time.Duration
+		want    []int // LISTs after each step
+	}{
+		{"no Leases yet", false, 0, []int{1, 1, 1, 2}},
+		{"Leases", true, 0, []int{1, 1, 1, 2}},
+		{"ListTTL -1", true, -1, []int{1, 2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := fake.NewClientset()
+			clk := clocktesting.NewFakeClock(time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC))
+			g := NewStorm(cs, StormOptions{Namespace: "remediate", Node: "n1", ListTTL: tc.ttl, Clock: clk})
+			if tc.publish {
+				if err := g.Publish(ctx, []string{"r"}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lists := func() int {
+				n := 0
+				for _, a := range cs.Actions() {
+					if a.GetVerb() == "list" {
+						n++
+					}
+				}
+				return n
+			}
+			r := req("r", "t", "RestartKubeProxy", true, false, clk.Now())
+			for i, step := range []time.Duration{0, time.Second, DefaultStormListTTL - time.Second - time.Nanosecond, time.Nanosecond} {
+				clk.Step(step)
+				if err := g.Check(ctx, r); err != nil {
+					t.Fatal(err)
+				}
+				if got := lists(); got != tc.want[i] {
+					t.Fatalf("after check %d (+%v): %d LISTs, want %d", i, step, got, tc.want[i])
+				}
+			}
+		})
 	}
 }

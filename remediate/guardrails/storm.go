@@ -50,8 +50,18 @@ type StormOptions struct {
 	// AllActions applies the guard to every action; by default only
 	// disruptive ones are held back.
 	AllActions bool
-	Clock      clock.PassiveClock
+	// ListTTL: the node-status Leases listed for one Check serve the
+	// checks of the next ListTTL too (default DefaultStormListTTL; < 0:
+	// every Check lists). At 5,000 nodes the list is ~2.9 MB: the checks of
+	// one cycle (one per disruptive target) and a burst of retries cost one
+	// LIST. The view is at most ListTTL older than a fresh one; the daemons
+	// publish a change of their firing rules once a cycle (30 s by default).
+	ListTTL time.Duration
+	Clock   clock.PassiveClock
 }
+
+// DefaultStormListTTL is StormOptions.ListTTL's default.
+const DefaultStormListTTL = 5 * time.Second
 
 // Storm is the storm guard. Each daemon publishes the rules firing on its
 // node in its own node-status Lease (Publish, called every cycle by the
@@ -67,6 +77,15 @@ type Storm struct {
 	// lease is the Lease as last written (its resourceVersion): a renewal
 	// updates it without reading it first.
 	lease *coordv1.Lease
+
+	// obs judges the other nodes' Leases by when this node saw them
+	// renewed (besides their own times: see CountFiring).
+	obs *Observed
+	// listMu serialises the LIST; kept (listed at keptAt; zero: none, an
+	// empty list is kept too) serves the checks of the next ListTTL.
+	listMu sync.Mutex
+	kept   []coordv1.Lease
+	keptAt time.Time
 }
 
 var _ Guardrail = (*Storm)(nil)
@@ -87,7 +106,10 @@ func NewStorm(cs kubernetes.Interface, opts StormOptions) *Storm {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
 	}
-	return &Storm{cs: cs, opts: opts}
+	if opts.ListTTL == 0 {
+		opts.ListTTL = DefaultStormListTTL
+	}
+	return &Storm{cs: cs, opts: opts, obs: NewObserved(opts.Clock)}
 }
 
 // Name implements Guardrail.
@@ -180,36 +202,69 @@ func (s *Storm) Check(ctx context.Context, r *Request) error {
 	if s.cs == nil {
 		return nil
 	}
-	list, err := s.cs.CoordinationV1().Leases(s.opts.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: labels.Set{LabelLease: LeaseNodeStatus}.String()})
+	items, err := s.statusLeases(ctx)
 	if err != nil {
-		return fmt.Errorf("listing node status leases: %w", err)
+		return err
 	}
-	live, affected := CountFiring(list.Items, r.Rule.Name, s.opts.Node, s.opts.Clock.Now())
+	live, affected := CountFiring(items, r.Rule.Name, s.opts.Node, s.opts.Clock.Now(), s.obs)
 	if why := StormVerdict(live, affected, s.opts.MaxShare, s.opts.MinNodes); why != "" {
 		return Block(s.Name(), "rule %q: %s; suspecting a cluster-wide cause (control plane, network), holding back", r.Rule.Name, why)
 	}
 	return nil
 }
 
-// CountFiring counts the live node-status Leases (renewed within their
-// duration) and, among them, those listing rule. self always counts as live
-// and affected (it is asking because the rule fires here).
-func CountFiring(items []coordv1.Lease, rule, self string, now time.Time) (live, affected int) {
+// statusLeases returns the node-status Leases, listed at most every
+// ListTTL.
+func (s *Storm) statusLeases(ctx context.Context) ([]coordv1.Lease, error) {
+	s.listMu.Lock()
+	defer s.listMu.Unlock()
+	now := s.opts.Clock.Now()
+	if !s.keptAt.IsZero() && s.opts.ListTTL > 0 && now.Sub(s.keptAt) < s.opts.ListTTL {
+		return s.kept, nil
+	}
+	list, err := s.cs.CoordinationV1().Leases(s.opts.Namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.Set{LabelLease: LeaseNodeStatus}.String()})
+	if err != nil {
+		s.kept, s.keptAt = nil, time.Time{}
+		return nil, fmt.Errorf("listing node status leases: %w", err)
+	}
+	s.obs.retain(list.Items)
+	s.kept, s.keptAt = list.Items, now
+	return list.Items, nil
+}
+
+// CountFiring counts the live node-status Leases and, among them, those
+// listing rule. A Lease counts once per node: its holder's, under its
+// holder's name (StatusLeaseName), as the admission policy lets only that
+// node write it. It is live while renewed within its duration by its own
+// times at now and, when obs is not nil, by what this node observed
+// (Observed): a writer whose clock runs ahead, or a renewTime in the
+// future, keeps a Lease live for one duration after it was seen, no
+// longer. self always counts as live and affected (it is asking because
+// the rule fires here).
+func CountFiring(items []coordv1.Lease, rule, self string, now time.Time, obs *Observed) (live, affected int) {
 	selfSeen := false
+	counted := map[string]bool{}
 	for i := range items {
 		l := &items[i]
 		holder := ""
 		if l.Spec.HolderIdentity != nil {
 			holder = *l.Spec.HolderIdentity
 		}
+		if holder == "" || l.Name != StatusLeaseName(holder) || counted[holder] {
+			continue // not the holder's own Lease
+		}
+		counted[holder] = true
 		if holder == self {
 			selfSeen = true
 			live++
 			affected++
 			continue
 		}
-		if SlotFree(l, now) { // expired: a dead or removed node
+		// Expired (a dead or removed node) by either judgment; obs is
+		// asked every time, so that it records each renewal it sees.
+		observedFree := obs != nil && obs.Free(l)
+		if SlotFree(l, now) || observedFree {
 			continue
 		}
 		live++

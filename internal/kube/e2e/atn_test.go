@@ -484,6 +484,14 @@ func testBudgetAtN(t *testing.T, cp *controlplane.ControlPlane) {
 					t.Errorf("%s had %d turns in %d rounds", c.node, turns[c.node], tc.rounds)
 				}
 			}
+			// The storm guard's list is kept for DefaultStormListTTL and
+			// shared by a contender's checks: at most one LIST per
+			// contender per TTL (each contender checks every 100-200 ms
+			// while it waits; every check used to LIST).
+			if limit := int64(n) * (int64(elapsed/guardrails.DefaultStormListTTL) + 1); total.list.Load() > limit {
+				t.Errorf("%d storm-guard LISTs for %d checks in %v: more than one per contender per %v (%d)",
+					total.list.Load(), acq+blocked.Load(), elapsed.Round(time.Millisecond), guardrails.DefaultStormListTTL, limit)
+			}
 			if blocked.Load() == 0 || most < tc.slots {
 				t.Errorf("no contention: %d blocked checks, at most %d held at once", blocked.Load(), most)
 			}

@@ -542,7 +542,8 @@ func testReporting(t *testing.T, cp *controlplane.ControlPlane) {
 	}
 	// The storm guard sees n1 firing "stale" in its Lease; with n2 also
 	// firing it, 2 of 2 live nodes is a storm.
-	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n2", MinNodes: 2, MaxShare: 0.3})
+	// ListTTL -1: its second Check, 4 s later, must see n1's recovery.
+	storm2 := guardrails.NewStorm(daemonClient(t, cp, "n2").Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n2", MinNodes: 2, MaxShare: 0.3, ListTTL: -1})
 	if err := storm2.Publish(ctx, []string{"stale"}); err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ func node(name string, st corev1.ConditionStatus, hb time.Time, msg string) core
 
 func event(nodeName, reason, controller string, at time.Time, series *eventsv1.EventSeries) eventsv1.Event {
 	return eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: nodeName + reason}, Reason: reason, ReportingController: controller,
-		Action: "RestartKubeProxy", EventTime: metav1.NewMicroTime(at), Series: series,
+		ReportingInstance: kubeexporter.ReportingInstance(controller, nodeName), Action: "RestartKubeProxy", EventTime: metav1.NewMicroTime(at), Series: series,
 		Regarding: corev1.ObjectReference{Kind: "Node", Name: nodeName}}
 }
 
@@ -43,7 +43,9 @@ func lease(name, kind, holder string, renew time.Time, ann map[string]string) co
 // Build's rules, one case each: stale past StaleAfter (not at it), a
 // missing heartbeat is stale, the newest action Event wins by its series'
 // last observation, other controllers' and non-action Events do not
-// count, an expired node-status Lease's firing rules are not shown, an
+// count, nor an Event about a node reported by another node's daemon, nor
+// a node-status Lease under another name than its holder's, an expired
+// node-status Lease's firing rules are not shown, an
 // expired budget slot is held by nobody, the top finding is the first
 // problem of a False condition.
 func TestBuild(t *testing.T) {
@@ -60,12 +62,23 @@ func TestBuild(t *testing.T) {
 			event("a-stale", kubeexporter.ReasonFailed, ctl, t0.Add(-10*time.Minute), nil),
 			event("a-stale", kubeexporter.ReasonProblem, ctl, t0, nil),
 			event("b-fresh", kubeexporter.ReasonExecuted, "someone-else", t0, nil),
+			// Forged by a-stale's daemon (issue 38): about b-fresh, but
+			// reported by a-stale.
+			func() eventsv1.Event {
+				e := event("b-fresh", kubeexporter.ReasonExecuted, ctl, t0, nil)
+				e.Action, e.ReportingInstance = "CordonNode", kubeexporter.ReportingInstance(ctl, "a-stale")
+				return e
+			}(),
 		},
 		Leases: []coordv1.Lease{
 			lease("remediate-node-a-stale", guardrails.LeaseNodeStatus, "a-stale", t0.Add(-time.Minute), map[string]string{guardrails.AnnotationFiring: `["r1"]`}),
 			lease("remediate-node-b-fresh", guardrails.LeaseNodeStatus, "b-fresh", t0.Add(-time.Hour), map[string]string{guardrails.AnnotationFiring: `["old"]`}),
 			lease("remediate-budget-1", guardrails.LeaseBudget, "b-fresh", t0.Add(-time.Hour), nil),
 			lease("remediate-budget-0", guardrails.LeaseBudget, "a-stale", t0.Add(-time.Minute), map[string]string{guardrails.AnnotationRule: "r1"}),
+			// Not b-fresh's own node-status Lease: it does not speak for it.
+			lease("remediate-node-a-stale-2", guardrails.LeaseNodeStatus, "b-fresh", t0, map[string]string{guardrails.AnnotationFiring: `["forged"]`}),
+			// Renewed in 2099 (a clock ahead, or forged): a warning.
+			lease("remediate-node-d-none", guardrails.LeaseNodeStatus, "d-none", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), nil),
 		},
 	}
 	f := Build(in, t0, Options{})
@@ -103,6 +116,9 @@ func TestBuild(t *testing.T) {
 	}
 	if f.Pause.Paused {
 		t.Error("paused without a ConfigMap")
+	}
+	if len(f.Warnings) != 1 || !strings.Contains(f.Warnings[0], "Lease remediate-node-d-none (holder d-none) renewed 2099-01-01T00:00:00Z") {
+		t.Errorf("warnings %q, want one on the Lease renewed in 2099", f.Warnings)
 	}
 }
 

@@ -168,7 +168,7 @@ func stripNode(n *corev1.Node, typ string) corev1.Node {
 
 func stripEvent(ev *eventsv1.Event) eventsv1.Event {
 	return eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: ev.Name, CreationTimestamp: ev.CreationTimestamp},
-		EventTime: ev.EventTime, Series: ev.Series, ReportingController: ev.ReportingController,
+		EventTime: ev.EventTime, Series: ev.Series, ReportingController: ev.ReportingController, ReportingInstance: ev.ReportingInstance,
 		Action: ev.Action, Reason: ev.Reason, Note: ev.Note, Type: ev.Type,
 		Regarding: corev1.ObjectReference{Kind: ev.Regarding.Kind, Name: ev.Regarding.Name}}
 }

@@ -17,6 +17,7 @@ package fleetview
 
 import (
 	"encoding/json"
+	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/remediate/exporters/kubeexporter"
@@ -34,6 +36,10 @@ import (
 // SchemaVersion is Fleet.SchemaVersion: it changes only when a field is
 // removed or changes meaning (fields may be added).
 const SchemaVersion = 1
+
+// FutureSkew: a Lease renewed more than this after the view's time gets a
+// warning (Fleet.Warnings).
+const FutureSkew = time.Minute
 
 // DefaultStaleAfter is Options.StaleAfter's default: three missed
 // condition heartbeats (kubeexporter's default heartbeat is 5m), as the
@@ -95,7 +101,8 @@ type Fleet struct {
 	Pause             Pause  `json:"pause"`
 	Budget            []Slot `json:"budget"`
 	Nodes             []Node `json:"nodes"`
-	// Warnings are what could not be read (the view is then partial).
+	// Warnings are what could not be read (the view is then partial), and
+	// Leases renewed more than FutureSkew after the view's time.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
@@ -172,10 +179,16 @@ var outcomes = map[string]string{
 }
 
 // IsActionEvent says whether ev is a remediation Event of controller about
-// a Node (the ones Build shows as LastAction).
+// a Node (the ones Build shows as LastAction), reported by that node's own
+// daemon: its reportingInstance is kubeexporter.ReportingInstance, as
+// kubeexporter writes it and as deploy/'s admission policy makes the
+// daemon on each node write it. An Event about one node that another
+// writer reported (another node's token, or anyone else allowed to create
+// Events) is not that node's action.
 func IsActionEvent(ev *eventsv1.Event, controller string) bool {
 	_, ok := outcomes[ev.Reason]
-	return ok && ev.ReportingController == controller && ev.Regarding.Kind == "Node" && ev.Regarding.Name != ""
+	return ok && ev.ReportingController == controller && ev.Regarding.Kind == "Node" && ev.Regarding.Name != "" &&
+		ev.ReportingInstance == kubeexporter.ReportingInstance(controller, ev.Regarding.Name)
 }
 
 // EventTime is when ev last happened: its series' last observation, else
@@ -224,10 +237,18 @@ func Build(in Inputs, now time.Time, o Options) Fleet {
 	held := map[string][]string{}
 	for i := range in.Leases {
 		l := &in.Leases[i]
+		if r := l.Spec.RenewTime; r != nil && r.Sub(now) > FutureSkew {
+			// The view judges by the Lease's own times; the daemons by
+			// when they saw it renewed (guardrails.Observed).
+			f.Warnings = append(f.Warnings, fmt.Sprintf("Lease %s (holder %s) renewed %s, %v after now: its holder's clock runs ahead, or it is forged; the daemons count it for one duration after they see it renewed, not until then",
+				l.Name, ptr.Deref(l.Spec.HolderIdentity, ""), r.UTC().Format(time.RFC3339), r.Sub(now).Round(time.Second)))
+		}
 		switch l.Labels[guardrails.LabelLease] {
 		case guardrails.LeaseNodeStatus:
-			if l.Spec.HolderIdentity != nil {
-				status[*l.Spec.HolderIdentity] = l
+			// Only the holder's own Lease speaks for it (the admission
+			// policy lets each node write only remediate-node-<itself>).
+			if h := l.Spec.HolderIdentity; h != nil && l.Name == guardrails.StatusLeaseName(*h) {
+				status[*h] = l
 			}
 		case guardrails.LeaseBudget:
 			s := Slot{Lease: l.Name}

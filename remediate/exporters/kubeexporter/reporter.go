@@ -333,7 +333,7 @@ func (r *Reporter) Emit(ctx context.Context, key, typ, reason, action, note stri
 		},
 		EventTime:           metav1.NewMicroTime(now),
 		ReportingController: r.opts.Controller,
-		ReportingInstance:   truncate(r.opts.Controller+"-"+r.opts.Node, 128),
+		ReportingInstance:   ReportingInstance(r.opts.Controller, r.opts.Node),
 		Action:              truncate(action, 128),
 		Reason:              reason,
 		Type:                typ,
@@ -350,6 +350,15 @@ func (r *Reporter) Emit(ctx context.Context, key, typ, reason, action, note stri
 	r.series[key] = &seriesState{name: created.Name, count: 1, written: 1, first: now, last: now, wrote: now}
 	r.mu.Unlock()
 	return nil
+}
+
+// ReportingInstance is the reportingInstance of the Events the daemon on
+// node writes: controller-node, cut to 128 bytes (the API's limit). deploy/'s
+// admission policy lets the daemon write no other, and the fleet view
+// (fleetview.IsActionEvent) takes an Event about a node as that node's
+// action only with it.
+func ReportingInstance(controller, node string) string {
+	return truncate(controller+"-"+node, 128)
 }
 
 func truncate(s string, n int) string {
