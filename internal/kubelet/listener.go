@@ -10,9 +10,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
+
+	"github.com/remediate-dev/remediate/internal/boundedfile"
 )
 
 // The owner check of an unverified scrape (--kubelet-insecure-tls).
@@ -130,12 +131,12 @@ func acceptorUID(tables []string, local, remote netip.AddrPort) (uint32, error) 
 	var uids []uint32
 	var errs []error
 	for _, t := range tables {
-		f, err := os.Open(t)
+		f, err := boundedfile.OpenBounded(t, 256<<20)
 		if err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		err = parseProcNetTCP(io.LimitReader(f, 256<<20), func(s tcpSocket) bool {
+		err = parseProcNetTCP(f, func(s tcpSocket) bool {
 			if s.State != tcpStateTimeWait && s.Local.Port() == remote.Port() && s.Remote.Port() == local.Port() &&
 				s.Local.Addr().Unmap() == remote.Addr() && s.Remote.Addr().Unmap() == local.Addr() {
 				uids = append(uids, s.UID)

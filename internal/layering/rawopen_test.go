@@ -40,6 +40,7 @@ var rawOpenAllowed = map[string]string{
 	"internal/procs/real_linux.go:readSmall":     "a /proc/<pid> file (procfs: no FIFO can be there) into a fixed buffer: len(buf) bytes is the bound",
 	"internal/procs/real_linux.go:listProc":      "getdents of the proc root (O_DIRECTORY)",
 	"internal/procs/real_linux.go:holders":       "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
+	"internal/procs/real_linux.go:OwnsListener":  "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
 	"internal/lockwatch/source_linux.go:fdOn":    "lists /proc/<pid>/fd (procfs: a directory, no FIFO can be there)",
 	"internal/lockwatch/source_linux.go:openers": "lists the proc root (procfs)",
 	"internal/paramdoc/paramdoc.go:Collect":      "reads the module's Go sources to generate parameter docs (go generate and its test), not the daemon",
