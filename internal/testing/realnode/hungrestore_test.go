@@ -382,7 +382,7 @@ func hungRestore(t *testing.T, n *realnode.Node) {
 	recs, _ := journalRecords(t, n)
 	for _, p := range []laneProc{s.impostor, s.busy} {
 		if !p.alive() {
-			t.Errorf("%s (pid %d) was killed", p.what, p.pid)
+			t.Errorf("%s (pid %d) was killed; %s", p.what, p.pid, whoKilled(ctx, n, s, p))
 		}
 		for _, rule := range []string{hungRestoreRule, "xtables-lock-holder"} {
 			if rs := targets(recs, rule, p.pid); len(rs) > 0 {
@@ -393,4 +393,30 @@ func hungRestore(t *testing.T, n *realnode.Node) {
 	if err := s.holder.Process.Signal(syscall.Signal(0)); err != nil {
 		t.Errorf("the lock holder flock (pid %d) is gone: %v", s.holder.Process.Pid, err)
 	}
+}
+
+// whoKilled gathers what can tell why a process of the scenario is gone:
+// kube-proxy's container restarted or its pod replaced (every process
+// exec'd in it dies), the daemon's log lines naming the PID.
+func whoKilled(ctx context.Context, n *realnode.Node, s *stuckRestores, p laneProc) string {
+	var out []string
+	if now, err := n.Client.CoreV1().Pods(s.kpPod.Namespace).Get(ctx, s.kpPod.Name, metav1.GetOptions{}); err != nil {
+		out = append(out, fmt.Sprintf("kube-proxy pod %s: %v", s.kpPod.Name, err))
+	} else {
+		for i, cs := range now.Status.ContainerStatuses {
+			before := ""
+			if i < len(s.kpPod.Status.ContainerStatuses) {
+				before = s.kpPod.Status.ContainerStatuses[i].ContainerID
+			}
+			out = append(out, fmt.Sprintf("kube-proxy container %s restarts %d, id %s (was %s), last state %+v", cs.Name, cs.RestartCount, cs.ContainerID, before, cs.LastTerminationState.Terminated))
+		}
+	}
+	if rp, err := n.Client.CoreV1().Pods(releaseNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=remediate"}); err == nil && len(rp.Items) > 0 {
+		for _, l := range strings.Split(podLog(ctx, n, &rp.Items[0]), "\n") {
+			if strings.Contains(l, strconv.Itoa(p.pid)) {
+				out = append(out, "daemon: "+l)
+			}
+		}
+	}
+	return strings.Join(out, "; ")
 }
