@@ -71,7 +71,12 @@ type stuckRestores struct {
 // restoreScript runs a real legacy restore of an empty filter table that
 // waits for the xtables lock without a time limit (-w), as a restore stuck
 // behind a held lock does.
-const restoreScript = "exec iptables-legacy-restore -w --noflush <<'EOF'\n*filter\nCOMMIT\nEOF\n"
+const restoreScript = "exec iptables-legacy-restore -w -v --noflush <<'EOF'\n*filter\nCOMMIT\nEOF\n"
+
+// restoreMarker tells the scenario's restores from kube-proxy's own (which
+// run `iptables-restore -w 5 -W 100000 --noflush --counters` at each sync):
+// only these are verbose.
+const restoreMarker = "\x00-v\x00"
 
 // startStuckRestores holds the node's lock and starts the three processes;
 // all are stopped (by PID) and the lock released at the test's cleanup.
@@ -103,8 +108,8 @@ func startStuckRestores(ctx context.Context, t *testing.T, n *realnode.Node, tag
 		t.Fatal(err)
 	}
 	s.kpPod = kpPod
-	s.kp = execInPod(ctx, t, n, kpPod, "kube-proxy", "lane-restore-"+tag, "iptables-legacy-restore", "kube-proxy's restore", "sh", "-c", restoreScript)
-	s.busy = execInPod(ctx, t, n, kpPod, "kube-proxy", "lane-busy-"+tag, "iptables-restore", "the busy restore",
+	s.kp = execInPod(ctx, t, n, kpPod, "kube-proxy", "lane-restore-"+tag, "iptables-legacy-restore", restoreMarker, "kube-proxy's restore", "sh", "-c", restoreScript)
+	s.busy = execInPod(ctx, t, n, kpPod, "kube-proxy", "lane-busy-"+tag, "iptables-restore", "while :", "the busy restore",
 		"nice", "-n", "10", "bash", "-c", `exec -a iptables-restore bash -c 'while :; do :; done'`)
 
 	// The impostor: a user pod, hostNetwork, CAP_NET_ADMIN, the node's
@@ -132,7 +137,7 @@ func startStuckRestores(ctx context.Context, t *testing.T, n *realnode.Node, tag
 		s.impostor.kill()
 		_ = n.Client.CoreV1().Pods("default").Delete(context.Background(), imp.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 	})
-	s.impostor = waitProcessInPod(ctx, t, n, string(imp.UID), "iptables-legacy-restore", "the impostor's restore")
+	s.impostor = waitProcessInPod(ctx, t, n, string(imp.UID), "iptables-legacy-restore", restoreMarker, "the impostor's restore")
 	for _, p := range []laneProc{s.kp, s.impostor, s.busy} {
 		t.Logf("%s: pid %d", p.what, p.pid)
 	}
@@ -140,11 +145,13 @@ func startStuckRestores(ctx context.Context, t *testing.T, n *realnode.Node, tag
 }
 
 // execInPod starts argv in the pod's container and returns the process
-// whose argv[0] is argv0 in the pod's cgroup; it is killed (by PID) at the
+// whose argv[0] is argv0 and whose argv contains marker (kube-proxy's
+// container runs short restores of the same name at every sync) in the
+// pod's cgroup; it is killed (by PID) at the
 // test's cleanup, then ctr is waited for.
-func execInPod(ctx context.Context, t *testing.T, n *realnode.Node, pod *corev1.Pod, container, execID, argv0, what string, argv ...string) laneProc {
+func execInPod(ctx context.Context, t *testing.T, n *realnode.Node, pod *corev1.Pod, container, execID, argv0, marker, what string, argv ...string) laneProc {
 	t.Helper()
-	before, _ := realnode.ProcessInPod(string(pod.UID), argv0)
+	before, _ := realnode.ProcessInPod(string(pod.UID), argv0, marker)
 	cmd, err := n.ExecInContainer(ctx, pod, container, execID, argv...)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +160,7 @@ func execInPod(ctx context.Context, t *testing.T, n *realnode.Node, pod *corev1.
 	cmd.Stdout, cmd.Stderr = &out, &out
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	p := waitProcessInPod(ctx, t, n, string(pod.UID), argv0, what, before...)
+	p := waitProcessInPod(ctx, t, n, string(pod.UID), argv0, marker, what, before...)
 	t.Cleanup(func() {
 		p.kill()
 		select {
@@ -168,11 +175,11 @@ func execInPod(ctx context.Context, t *testing.T, n *realnode.Node, pod *corev1.
 
 // waitProcessInPod waits for a new process (not one of old) named argv0
 // in the pod's cgroup.
-func waitProcessInPod(ctx context.Context, t *testing.T, n *realnode.Node, podUID, argv0, what string, old ...int) laneProc {
+func waitProcessInPod(ctx context.Context, t *testing.T, n *realnode.Node, podUID, argv0, marker, what string, old ...int) laneProc {
 	t.Helper()
 	var p laneProc
 	if err := n.Poll(ctx, what+" started", 2*time.Minute, func(ctx context.Context) (bool, string) {
-		pids, err := realnode.ProcessInPod(podUID, argv0)
+		pids, err := realnode.ProcessInPod(podUID, argv0, marker)
 		if err != nil {
 			return false, err.Error()
 		}

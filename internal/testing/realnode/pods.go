@@ -103,11 +103,13 @@ func (n *Node) ExecInContainer(ctx context.Context, pod *corev1.Pod, name, execI
 }
 
 // ProcessInPod returns the host PIDs of the processes whose argv[0]
-// basename is argv0 and whose cgroup is the pod's (its UID in
-// /proc/<pid>/cgroup, with '-' or '_' as the kubelet's cgroup driver
-// writes it): how the test finds what it started in a pod, never by name
-// alone (other tests run processes of the same names on this machine).
-func ProcessInPod(podUID, argv0 string) ([]int, error) {
+// basename is argv0, whose whole argv (NUL-separated) contains each of
+// argvHas, and whose cgroup is the pod's (its UID in /proc/<pid>/cgroup,
+// with '-' or '_' as the kubelet's cgroup driver writes it): how the test
+// finds what it started in a pod, never by name alone (other tests run
+// processes of the same names on this machine, and kube-proxy's container
+// runs its own short iptables-restore every sync).
+func ProcessInPod(podUID, argv0 string, argvHas ...string) ([]int, error) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -125,6 +127,13 @@ func ProcessInPod(podUID, argv0 string) ([]int, error) {
 		}
 		a0, _, _ := strings.Cut(string(cl), "\x00")
 		if filepath.Base(a0) != argv0 {
+			continue
+		}
+		has := true
+		for _, h := range argvHas {
+			has = has && strings.Contains(string(cl), h)
+		}
+		if !has {
 			continue
 		}
 		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
