@@ -62,12 +62,12 @@ func (a *chainsAbsence) observe(fam iptables.Family, present bool, now time.Time
 // chainsAbsent returns the critical finding of fam when kube-proxy's
 // chains are absent from every backend saved this cycle (complete: no
 // save failed or timed out, a backend not installed counts as saved and
-// empty) while kube-proxy says it runs in iptables or IPVS mode, and
-// either kube-proxy's own metrics show it has programmed the family
-// (sync_proxy_rules_last_timestamp_seconds) or this detector saw the
-// chain before. A mode known only from the policy (not from kube-proxy)
-// or unknown is judged by the second condition alone: a node without
-// kube-proxy is never reported.
+// empty) while kube-proxy itself says (/proxyMode) it runs in iptables
+// or IPVS mode, and either its own metrics show it has programmed the
+// family (sync_proxy_rules_last_timestamp_seconds) or this detector saw
+// the chain before. A mode known only from the policy, or unknown, is
+// never judged: a node without kube-proxy, or whose kube-proxy was
+// removed, is never reported.
 func (d *iptablesRules) chainsAbsent(ctx context.Context, fam iptables.Family, snaps map[iptables.Backend]*iptables.Snapshot, complete bool, mode proxyMode, now time.Time) *finding.Finding {
 	present := false
 	var backends []string
@@ -86,6 +86,12 @@ func (d *iptablesRules) chainsAbsent(ctx context.Context, fam iptables.Family, s
 		return nil
 	}
 	fromKubeProxy := strings.HasPrefix(mode.note, "from kube-proxy")
+	if !fromKubeProxy {
+		// Only kube-proxy saying, now, that it programs iptables makes
+		// absent chains a flush: a mode from the policy also fits a node
+		// whose kube-proxy was removed (and cleaned up after itself).
+		return nil
+	}
 	var lastSync *float64
 	if fromKubeProxy && d.n.KubeProxy != nil {
 		if sc, err := d.n.KubeProxy.Metrics(ctx); err == nil && sc != nil && sc.Metrics != nil {

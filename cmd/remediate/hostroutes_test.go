@@ -405,7 +405,9 @@ func TestConfinedChildrenWork(t *testing.T) {
 		bundle := filepath.Join(dir, name+".tar.gz")
 		args := append([]string{"--once", "--sample", "0", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", t.TempDir(),
 			"--node-name", "n1", "--xtables-lock", filepath.Join(dir, "xtables.lock"), "--bundle", bundle,
-			"--cni-conf-dir", dir, "--cni-bin-dir", dir, "--cni-ipam-dir", dir}, extra...)
+			"--cni-conf-dir", dir, "--cni-bin-dir", dir, "--cni-ipam-dir", dir,
+			// The confinement's start-up line is at debug in a one-shot run.
+			"--log-level", "debug"}, extra...)
 		cmd := withCaps(t, podCaps, bin, args...)
 		cmd.Args = append(netnstest.Prefix(ns), cmd.Args...)
 		cmd.Path, _ = exec.LookPath("ip")

@@ -30,8 +30,10 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 		o.sandboxWarning = st.String()
 		return st
 	case readPrivileges().sysPtrace:
+		// The operator's deliberate choice (sysPtrace: true), not news:
+		// at debug, so a one-shot run stays the lines that matter.
 		st := sandbox.Status{Reason: "CAP_SYS_PTRACE is granted: the process checks read other processes' exe, fds and root, which a Landlock domain refuses"}
-		log.Info(st.String())
+		log.Debug(st.String())
 		return st
 	}
 	kubeconfigs := filepath.SplitList(os.Getenv("KUBECONFIG"))
@@ -54,6 +56,10 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 	case !st.Enforced:
 		log.Warn(st.String())
 		o.sandboxWarning = st.String()
+	case o.once:
+		// A start-up fact: at debug in a one-shot run (its report says
+		// when the daemon is not confined).
+		log.Debug(st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
 	default:
 		log.Info(st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
 	}
