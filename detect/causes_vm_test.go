@@ -12,6 +12,8 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/causes"
+	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/cpustat"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
@@ -30,12 +32,19 @@ import (
 func TestVMCgroupV2ThrottlingCause(t *testing.T) {
 	vm.RequireGuest(t)
 	vm.Cgroup2(t)
-	cg := vm.NewCgroup(t, "/kubepods/burstable/pod-kp/ctr-kp", "5000 100000")
+	// kube-proxy's container cgroup as the kubelet's cgroupfs driver names
+	// it, and its pod in the (fake) API view: the daemon tells kube-proxy
+	// by its cgroup and the API (issue 41).
+	const kpUID = "7a1b2c3d-0000-4000-8000-0000000000c3"
+	cg := vm.NewCgroup(t, "/kubepods/burstable/pod"+kpUID+"/"+strings.Repeat("c3", 32), "5000 100000")
 	p := cg.Spin(t, "kube-proxy")
 	procRoot, cgroupRoot := vm.HostRoots(t)
 	clk := clock.RealClock{}
 	kp := kubeproxy.NewFake(clk, 10*time.Second)
-	n := &node.Node{Name: "vm", ProcRoot: procRoot, Clock: clk, Log: zap.NewNop(), KubeProxy: kp,
+	pv := clustertest.NewPods(time.Now())
+	pv.Set(cluster.Pod{Namespace: "kube-system", Name: "kube-proxy-vm", UID: kpUID, Labels: map[string]string{"k8s-app": "kube-proxy"},
+		ControllerKind: "DaemonSet", ControllerName: "kube-proxy"})
+	n := &node.Node{Name: "vm", ProcRoot: procRoot, Clock: clk, Log: zap.NewNop(), KubeProxy: kp, Pods: pv,
 		Procs: onlyPID{procs.New(procRoot), int32(p.Pid)}, CPU: cpustat.New(cpustat.Config{ProcRoot: procRoot, CgroupRoot: cgroupRoot}),
 		XtablesLock: "/run/xtables.lock"}
 	d := newDetector(t, "KubeProxySyncSlow", n, func(p any) { p.(*KubeProxySyncSlowParams).Window.Duration = time.Minute })
