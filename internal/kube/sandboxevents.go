@@ -119,8 +119,12 @@ func (s *SandboxEvents) list(ctx context.Context, pod *cluster.Pod) ([]cluster.S
 	return FilterSandboxEvents(l.Items, s.node), nil
 }
 
-// kept returns uid's answer if it is younger than TTL, dropping every
-// answer past it.
+// emptyTTLDivisor: an answer with no sandbox Event is kept for
+// TTL/emptyTTLDivisor (1 minute by default), not TTL.
+const emptyTTLDivisor = 5
+
+// kept returns uid's answer if it is younger than TTL (TTL/emptyTTLDivisor
+// for an answer with no Event), dropping every answer past it.
 func (s *SandboxEvents) kept(uid string) ([]cluster.SandboxEvent, bool) {
 	if s.TTL <= 0 {
 		return nil, false
@@ -129,7 +133,14 @@ func (s *SandboxEvents) kept(uid string) ([]cluster.SandboxEvent, bool) {
 	defer s.mu.Unlock()
 	now := s.Clock.Now()
 	for k, r := range s.cache {
-		if age := now.Sub(r.at); age >= s.TTL || age < 0 {
+		ttl := s.TTL
+		if len(r.events) == 0 {
+			// No sandbox Event yet: the kubelet writes its first one
+			// seconds after the pod is bound, and a cause read before it
+			// must not be missing for a whole TTL.
+			ttl = s.TTL / emptyTTLDivisor
+		}
+		if age := now.Sub(r.at); age >= ttl || age < 0 {
 			delete(s.cache, k)
 		}
 	}

@@ -111,3 +111,49 @@ func TestSandboxEventsKeptForTTL(t *testing.T) {
 		t.Fatalf("an error was kept: %d LISTs, want 5", lists)
 	}
 }
+
+// TestSandboxEventsEmptyKeptBriefly: a pod read before the kubelet wrote
+// its first sandbox Event (an empty answer) is read again after
+// TTL/emptyTTLDivisor, not a whole TTL: the lane's IPAM test once read a
+// just-created pod's Events before the kubelet's FailedCreatePodSandBox
+// and missed it for five minutes.
+func TestSandboxEventsEmptyKeptBriefly(t *testing.T) {
+	now := time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
+	cs := fake.NewSimpleClientset()
+	lists := 0
+	cs.PrependReactor("list", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
+		lists++
+		return false, nil, nil
+	})
+	clk := clocktesting.NewFakeClock(now)
+	s := NewSandboxEvents(cs, "n1", 0)
+	s.Clock = clk
+	p := &cluster.Pod{Namespace: "a", Name: "p", UID: "u"}
+	read := func() int {
+		t.Helper()
+		got, err := s.SandboxEvents(context.Background(), p, 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got)
+	}
+	read()
+	clk.Step(DefaultSandboxEventsTTL/emptyTTLDivisor - time.Second)
+	read()
+	if lists != 1 {
+		t.Fatalf("an empty answer re-read within TTL/%d: %d LISTs", emptyTTLDivisor, lists)
+	}
+	if _, err := cs.CoreV1().Events("a").Create(context.Background(), &corev1.Event{ObjectMeta: metav1.ObjectMeta{Name: "e", Namespace: "a"},
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: "p", Namespace: "a", UID: "u"}, Reason: cluster.ReasonFailedCreatePodSandBox,
+		Message: "no IP addresses available", Source: corev1.EventSource{Component: "kubelet", Host: "n1"}, LastTimestamp: metav1.NewTime(now)}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	clk.Step(2 * time.Second)
+	if n := read(); n != 1 || lists != 2 {
+		t.Fatalf("after TTL/%d: %d events, %d LISTs; want the kubelet's Event from a second LIST", emptyTTLDivisor, n, lists)
+	}
+	clk.Step(DefaultSandboxEventsTTL - time.Minute)
+	if read(); lists != 2 {
+		t.Fatalf("a pod with an Event re-read within TTL: %d LISTs", lists)
+	}
+}
