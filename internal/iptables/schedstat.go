@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // schedStat is a process's /proc/PID/schedstat: time on a CPU and time
@@ -38,16 +39,10 @@ func readSchedStat(pid int) schedStat {
 	}
 	st := parseSchedStat(string(b))
 	if b, err := boundedfile.Read(dir+"/stat", 4096); err == nil {
-		st.runnable = procStateRunnable(string(b))
+		state, err := procs.StatState(b)
+		st.runnable = err == nil && state == "R"
 	}
 	return st
-}
-
-// procStateRunnable reads the state of a /proc/PID/stat line: the field
-// after the command, which is in parentheses and may hold any byte.
-func procStateRunnable(stat string) bool {
-	i := strings.LastIndexByte(stat, ')')
-	return i >= 0 && strings.HasPrefix(stat[i+1:], " R")
 }
 
 // parseSchedStat parses "cpu_ns run_delay_ns timeslices".

@@ -12,21 +12,6 @@ import (
 	"time"
 )
 
-func TestProcStateRunnable(t *testing.T) {
-	for in, want := range map[string]bool{
-		"12 (sh) R 1 12":        true,
-		"12 (a) R) S 1 12":      false,
-		"12 (x (R) y) R 1":      true,
-		"12 (iptables-save) D ": false,
-		"12 (sh":                false,
-		"":                      false,
-	} {
-		if got := procStateRunnable(in); got != want {
-			t.Errorf("%q: %v, want %v", in, got, want)
-		}
-	}
-}
-
 func TestParseSchedStat(t *testing.T) {
 	for in, want := range map[string]schedStat{
 		"1500000 2000000000 12\n":  {cpu: 1500 * time.Microsecond, runDelay: 2 * time.Second, ok: true},
@@ -53,7 +38,6 @@ func FuzzParseSchedStat(f *testing.F) {
 		if got := parseSchedStat(s); got.ok && (got.cpu < 0 || got.runDelay < 0) {
 			t.Fatalf("%q: %+v", s, got)
 		}
-		_ = procStateRunnable(s)
 	})
 }
 

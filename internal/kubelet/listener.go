@@ -1,19 +1,14 @@
 package kubelet
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/remediate-dev/remediate/internal/boundedfile"
+	"github.com/remediate-dev/remediate/internal/procs"
 )
 
 // The owner check of an unverified scrape (--kubelet-insecure-tls).
@@ -32,90 +27,6 @@ import (
 
 // procNetTCP are the kernel's TCP socket tables of this network namespace.
 var procNetTCP = []string{"/proc/net/tcp", "/proc/net/tcp6"}
-
-// maxProcNetLine bounds a line of /proc/net/tcp{,6} (about 150 bytes).
-const maxProcNetLine = 4096
-
-// tcpStateTimeWait is TCP_TIME_WAIT: a time-wait entry always shows uid
-// 0, so it proves nothing.
-const tcpStateTimeWait = 0x06
-
-// tcpSocket is one line of /proc/net/tcp{,6}.
-type tcpSocket struct {
-	Local, Remote netip.AddrPort
-	State         uint8
-	UID           uint32
-}
-
-// parseProcNetTCP calls fn for each socket of a /proc/net/tcp{,6} table
-// until fn returns false. Lines that do not parse are an error (the
-// kernel's format is fixed; anything else is not a table to trust).
-func parseProcNetTCP(r io.Reader, fn func(tcpSocket) bool) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 512), maxProcNetLine)
-	for n := 1; sc.Scan(); n++ {
-		if n == 1 {
-			continue // the header
-		}
-		s, err := parseProcNetTCPLine(sc.Text())
-		if err != nil {
-			return fmt.Errorf("line %d: %w", n, err)
-		}
-		if !fn(s) {
-			return nil
-		}
-	}
-	return sc.Err()
-}
-
-// parseProcNetTCPLine parses "sl local rem st queues timer retr uid ...".
-func parseProcNetTCPLine(line string) (tcpSocket, error) {
-	f := strings.Fields(line)
-	if len(f) < 8 {
-		return tcpSocket{}, fmt.Errorf("%d fields, want at least 8", len(f))
-	}
-	var s tcpSocket
-	var err error
-	if s.Local, err = parseHexAddrPort(f[1]); err != nil {
-		return s, fmt.Errorf("local address: %w", err)
-	}
-	if s.Remote, err = parseHexAddrPort(f[2]); err != nil {
-		return s, fmt.Errorf("remote address: %w", err)
-	}
-	st, err := strconv.ParseUint(f[3], 16, 8)
-	if err != nil {
-		return s, fmt.Errorf("state %q: %w", f[3], err)
-	}
-	uid, err := strconv.ParseUint(f[7], 10, 32)
-	if err != nil {
-		return s, fmt.Errorf("uid %q: %w", f[7], err)
-	}
-	s.State, s.UID = uint8(st), uint32(uid)
-	return s, nil
-}
-
-// parseHexAddrPort parses the kernel's "0100007F:2803": the address as
-// 32-bit words each printed in host byte order, the port big-endian.
-func parseHexAddrPort(v string) (netip.AddrPort, error) {
-	a, p, ok := strings.Cut(v, ":")
-	if !ok || (len(a) != 8 && len(a) != 32) || len(p) != 4 {
-		return netip.AddrPort{}, fmt.Errorf("%q is not ADDR:PORT in hex", v)
-	}
-	port, err := strconv.ParseUint(p, 16, 16)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("port %q: %w", p, err)
-	}
-	raw, err := hex.DecodeString(a)
-	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("address %q: %w", a, err)
-	}
-	b := make([]byte, len(raw))
-	for i := 0; i < len(raw); i += 4 {
-		binary.NativeEndian.PutUint32(b[i:], binary.BigEndian.Uint32(raw[i:]))
-	}
-	ip, _ := netip.AddrFromSlice(b)
-	return netip.AddrPortFrom(ip, uint16(port)), nil
-}
 
 // ErrNotKubelet is the owner check's refusal: the listener that accepted
 // the connection is not owned by root, or is not visible.
@@ -136,8 +47,8 @@ func acceptorUID(tables []string, local, remote netip.AddrPort) (uint32, error) 
 			errs = append(errs, err)
 			continue
 		}
-		err = parseProcNetTCP(f, func(s tcpSocket) bool {
-			if s.State != tcpStateTimeWait && s.Local.Port() == remote.Port() && s.Remote.Port() == local.Port() &&
+		err = procs.ScanTCP(f, func(s procs.TCPSocket) bool {
+			if s.State != procs.TCPTimeWait && s.Local.Port() == remote.Port() && s.Remote.Port() == local.Port() &&
 				s.Local.Addr().Unmap() == remote.Addr() && s.Remote.Addr().Unmap() == local.Addr() {
 				uids = append(uids, s.UID)
 			}

@@ -11,9 +11,7 @@ package procs
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -85,29 +83,6 @@ const CapNetAdmin = 1 << 12
 // iptables, ip6tables and nft commands really run: the xtables multi-call
 // binaries every iptables-*-restore name links to, and nft.
 var NetfilterPrograms = []string{"xtables-legacy-multi", "xtables-nft-multi", "xtables-multi", "nft"}
-
-// Eligible reports why p may not be treated as a real iptables/nft process
-// by its own facts (nil when it may): it must run with CAP_NET_ADMIN
-// (/proc/<pid>/status, readable without ptrace) and, when its executable
-// is readable (CAP_SYS_PTRACE: a second opinion), that executable must be
-// one of programs (basenames). Whose process it is (its cgroup, checked
-// against the API: procident) is the caller's to establish: without
-// ptrace a process that only calls itself iptables-restore passes here.
-func Eligible(p Process, programs []string) error {
-	if p.CapEff&CapNetAdmin == 0 {
-		return fmt.Errorf("it runs without CAP_NET_ADMIN (CapEff %016x)", p.CapEff)
-	}
-	if p.Exe == "" {
-		return nil
-	}
-	base := filepath.Base(p.Exe)
-	for _, n := range programs {
-		if n == base {
-			return nil
-		}
-	}
-	return fmt.Errorf("its executable %q is not an iptables/nft program (%s)", clip.String(p.Exe, 256), strings.Join(programs, ", "))
-}
 
 // Name returns the basename of argv[0], the name policies match on ("" for
 // kernel threads).

@@ -132,27 +132,6 @@ func TestRealFileLocksFindsRealHoldersAndWaiters(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	s, err := parseStat([]byte("4242 (iptables-legacy) S 4200 4242 4200 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 2269184 300 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n"))
-	if err != nil || s.comm != "iptables-legacy" || s.state != "S" || s.ppid != 4200 || s.startTick != 123456 {
-		t.Fatalf("got %+v %v", s, err)
-	}
-	s, err = parseStat([]byte("4242 (nft) R 4200 4242 4200 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 1 0 123456 2269184 300"))
-	if err != nil || s.cpuTicks != 1290 {
-		t.Fatalf("utime+stime: %+v %v", s, err)
-	}
-	s, err = parseStat([]byte("7 (a) b) c) D 1 7 7 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0 0"))
-	if err != nil || s.comm != "a) b) c" || s.state != "D" || s.startTick != 99 {
-		t.Fatalf("comm with parens: %+v %v", s, err)
-	}
-	for _, bad := range []string{"", "1 (x", "1 (x) S 1 2", "1 (x) S z 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 0",
-		"1 (x) S 1 1 1 0 -1 0 0 0 0 0 x 0 0 0 20 0 1 0 99 0", "1 (x) S 1 1 1 0 -1 0 0 0 0 0 18446744073709551615 1 0 0 20 0 1 0 99 0"} {
-		if _, err := parseStat([]byte(bad)); err == nil {
-			t.Errorf("%q: no error", bad)
-		}
-	}
-}
-
 // BenchmarkFileLocksHeld measures finding the real holders of a held lock
 // on this machine: every descriptor of every process is stat'ed, which is
 // what the lock contention detector pays in a cycle where the lock is held.
