@@ -20,6 +20,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/clip"
+	"github.com/remediate-dev/remediate/internal/httpget"
 )
 
 // DefaultTimeout bounds one scrape (connect, headers and body). A healthy
@@ -207,9 +208,9 @@ func New(o Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubelet transport: %w", err)
 	}
-	return &Client{o: o, http: &http.Client{Transport: rt, Timeout: o.Timeout,
-		// A redirect would carry the token elsewhere.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}, nil
+	// httpget's client: a redirect, which would carry the token
+	// elsewhere, is never followed.
+	return &Client{o: o, http: httpget.NewClient(httpget.Options{Timeout: o.Timeout, Transport: rt})}, nil
 }
 
 // URL is the /metrics URL the next scrape reads, or why it is not known.
