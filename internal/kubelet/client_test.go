@@ -215,3 +215,24 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestScrapeRedirectNotFollowed: a 302 from the kubelet's URL (into a
+// second server that would record the token) is an error, not followed:
+// the token reaches only the URL asked.
+func TestScrapeRedirectNotFollowed(t *testing.T) {
+	var elsewhere atomic.Int32
+	other := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		elsewhere.Add(1)
+	}))
+	defer other.Close()
+	srv, _, ca := kubeletServer(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, other.URL+"/metrics", http.StatusFound)
+	})
+	c := newClient(t, Options{URL: srv.URL + "/metrics", Auth: &rest.Config{BearerToken: "good"}, CAFile: ca})
+	if _, err := c.Metrics(context.Background()); err == nil {
+		t.Fatal("a redirect answered as metrics")
+	}
+	if elsewhere.Load() != 0 {
+		t.Fatalf("the redirect was followed (%d requests elsewhere)", elsewhere.Load())
+	}
+}
