@@ -22,6 +22,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
+	"github.com/remediate-dev/remediate/internal/testing/podcgroup"
 	"github.com/remediate-dev/remediate/internal/testing/setpriv"
 )
 
@@ -63,10 +64,6 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 		return
 	}
 	setpriv.Available(t)
-	base := "/sys/fs/cgroup/unified"
-	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
-		base = "/sys/fs/cgroup"
-	}
 	sleep, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Skip("needs sleep")
@@ -79,26 +76,15 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 	if err := os.WriteFile(kpBin, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	top := filepath.Join(base, fmt.Sprintf("kubepods.slice-remediate-test-%d", os.Getpid()))
-	t.Cleanup(func() { removeCgroups(top) })
-	into := func(uid string, pid int) {
-		t.Helper()
-		dir := filepath.Join(top, "kubepods-besteffort-pod"+strings.ReplaceAll(uid, "-", "_")+".slice", "cri-containerd-"+strings.Repeat(uid[len(uid)-2:], 32)+".scope")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Skipf("cannot make a cgroup: %v", err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-			t.Fatalf("moving %d into %s: %v", pid, dir, err)
-		}
-	}
+	cg := podcgroup.New(t, "test")
 	start := func() *exec.Cmd {
 		c := exec.Command(kpBin, "600")
 		netnstest.StartGroup(t, c)
 		return c
 	}
 	kp, impostor, host := start(), start(), start()
-	into(kpUID, kp.Process.Pid)
-	into(userUID, impostor.Process.Pid)
+	cg.Into(t, kpUID, "", kp.Process.Pid)
+	cg.Into(t, userUID, "", impostor.Process.Pid)
 	pr := procs.New("/proc")
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		procs.ExpireCommScans()
@@ -120,23 +106,6 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "kube-proxy: pid") {
 			t.Log(strings.TrimSpace(l))
-		}
-	}
-}
-
-// removeCgroups removes a test's cgroup tree, deepest first, retrying
-// while the killed processes leave.
-func removeCgroups(top string) {
-	var dirs []string
-	_ = filepath.Walk(top, func(p string, info os.FileInfo, err error) error {
-		if err == nil && info.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		for j := 0; j < 100 && os.Remove(dirs[i]) != nil; j++ {
-			time.Sleep(20 * time.Millisecond)
 		}
 	}
 }

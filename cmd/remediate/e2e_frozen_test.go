@@ -19,6 +19,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 	"github.com/remediate-dev/remediate/internal/testing/deploytest"
 	"github.com/remediate-dev/remediate/internal/testing/fakekubelet"
+	"github.com/remediate-dev/remediate/internal/testing/podcgroup"
 	"github.com/remediate-dev/remediate/remediate/journal"
 )
 
@@ -230,7 +231,8 @@ func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
 	// The process is the pod's, as under a kubelet: in a cgroup named as
 	// the kubelet names the pod's container (the daemon tells kube-proxy
 	// by its cgroup and the API, not by its name).
-	intoPodCgroup(t, string(old.UID), kp.Pid())
+	cg := podcgroup.New(t, "e2e")
+	cg.Into(t, string(old.UID), strings.Repeat("ab", 32), kp.Pid())
 
 	self, err := os.Executable()
 	if err != nil {
@@ -285,7 +287,7 @@ func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
 	}
 	kp.Restart()
 	fresh := fakekubelet.Create(t, admin, pod(newName), fakekubelet.Running(0, nil))
-	intoPodCgroup(t, string(fresh.UID), kp.Pid())
+	cg.Into(t, string(fresh.UID), strings.Repeat("ab", 32), kp.Pid())
 	if err := admin.CoreV1().Pods(ns).Delete(ctx, oldName, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0), Preconditions: metav1.NewUIDPreconditions(string(old.UID))}); err != nil {
 		t.Fatal(err)
 	}
@@ -324,43 +326,5 @@ func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
 	stop()
 	if logs.has("forbidden") {
 		t.Errorf("the daemon was refused a request:\n%s", logs.String())
-	}
-}
-
-// intoPodCgroup moves pid into a cgroup named as the kubelet's systemd
-// driver names a container of the pod with that UID (on the unified
-// hierarchy: cgroup v2, or v1's unified mount beside the v1 ones), under
-// a tree of this test's own, removed at its end. The daemon then finds the
-// pod's UID in /proc/<pid>/cgroup as on a node.
-func intoPodCgroup(t *testing.T, uid string, pid int) {
-	t.Helper()
-	base := "/sys/fs/cgroup/unified"
-	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
-		base = "/sys/fs/cgroup"
-	}
-	top := filepath.Join(base, fmt.Sprintf("kubepods.slice-remediate-e2e-%d", os.Getpid()))
-	dir := filepath.Join(top, "kubepods-besteffort-pod"+strings.ReplaceAll(uid, "-", "_")+".slice", "cri-containerd-"+strings.Repeat("ab", 32)+".scope")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatalf("making the pod's cgroup: %v", err)
-	}
-	t.Cleanup(func() {
-		// The process back to the root (if it still runs), then the tree,
-		// deepest first, retrying while processes leave.
-		_ = os.WriteFile(filepath.Join(base, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0)
-		var dirs []string
-		_ = filepath.Walk(top, func(p string, info os.FileInfo, err error) error {
-			if err == nil && info.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			for j := 0; j < 100 && os.Remove(dirs[i]) != nil; j++ {
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	})
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
-		t.Fatalf("moving pid %d into %s: %v", pid, dir, err)
 	}
 }
