@@ -7,8 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/remediate-dev/remediate/internal/testing/setpriv"
 )
 
 const unprivilegedPolicy = `apiVersion: remediate.dev/v1alpha1
@@ -35,21 +36,9 @@ rules:
 // with that reason (not findings about remediate), the report warns that
 // limits are not shared, and nothing is written.
 func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the binary as another user")
-	}
 	// A directory uid 65534 can traverse, holding a copy of this test
 	// binary (it acts as main, see TestMain) and the policy.
-	dir, err := os.MkdirTemp("", "remediate-unpriv-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "remediate")
-	copyFile(t, os.Args[0], bin, 0o755)
+	dir, bin := setpriv.NobodyCopy(t, "remediate")
 	pol := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(pol, []byte(unprivilegedPolicy), 0o644); err != nil {
 		t.Fatal(err)
@@ -60,7 +49,7 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 	}
 
 	cmd := mainCmd(bin, "--once", "--sample", "0", "--dry-run", "-o", "json", "--policy", pol, "--state-dir", state, "--node-name", "n1")
-	cmd.SysProcAttr = nobody
+	cmd.SysProcAttr = setpriv.NobodyAttr()
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -112,16 +101,13 @@ func TestUnprivilegedDryRunOnReadOnlyStateDir(t *testing.T) {
 
 	// Without --dry-run the same state dir is an error at start.
 	cmd = mainCmd(bin, "--once", "--sample", "0", "--policy", pol, "--state-dir", state, "--node-name", "n1")
-	cmd.SysProcAttr = nobody
+	cmd.SysProcAttr = setpriv.NobodyAttr()
 	msg, err := cmd.CombinedOutput()
 	wantErr := "Error: --state-dir " + state + ": not writable: permission denied (remediate --once --dry-run can run without writing it)"
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != exitError || !strings.Contains(string(msg), wantErr) {
 		t.Errorf("unwritable state dir without --dry-run: %v\n%s\nwant %q", err, msg, wantErr)
 	}
 }
-
-// nobody runs a command as uid/gid 65534, without capabilities.
-var nobody = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 
 func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
 	t.Helper()

@@ -12,13 +12,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/remediate-dev/remediate/internal/testing/setpriv"
 )
 
 // impostorEnv makes the test binary an impostor kubelet (TestMain): a TLS
@@ -44,28 +44,10 @@ func TestMain(m *testing.M) {
 // function that stops it and returns the Authorization headers it got.
 func startImpostor(t *testing.T) (string, func() []string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the impostor as another user")
-	}
-	dir, err := os.MkdirTemp("", "kubelet-impostor-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "impostor")
-	src, err := os.ReadFile(os.Args[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, src, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	_, bin := setpriv.NobodyCopy(t, "impostor")
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), impostorEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.SysProcAttr = setpriv.NobodyAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

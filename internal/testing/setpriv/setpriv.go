@@ -13,7 +13,9 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -54,4 +56,42 @@ func Run(t *testing.T, caps string, env ...string) string {
 		t.Fatalf("under setpriv (%s): %v\n%s", caps, err, out)
 	}
 	return string(out)
+}
+
+// Nobody is the user a test runs something as when it must be any user
+// at all: uid and gid 65534, no capabilities (a non-root uid's effective
+// set is empty).
+const Nobody = 65534
+
+// NobodyAttr returns the SysProcAttr that runs a command as Nobody.
+func NobodyAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: Nobody, Gid: Nobody}}
+}
+
+// NobodyCopy returns a directory Nobody can traverse (0755, removed when
+// t ends) and a copy of this test binary in it (the work tree may not be
+// readable by Nobody), for running this binary as Nobody. It skips t
+// without root.
+func NobodyCopy(t *testing.T, name string) (dir, bin string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a process as another user")
+	}
+	dir, err := os.MkdirTemp("", "remediate-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(dir, name)
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir, bin
 }
