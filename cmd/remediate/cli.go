@@ -73,6 +73,9 @@ type options struct {
 	// report when the daemon's file access is not confined (sandbox.go).
 	noLandlock     bool
 	sandboxWarning string
+	// startupLevel is the level of the start-up facts (runMain: debug
+	// in a one-shot run, info in the daemon).
+	startupLevel zapcore.Level
 }
 
 // usageError is a command-line mistake: it is printed with a pointer to

@@ -30,6 +30,13 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	if o.nodeName == "" {
 		o.nodeName = nodeNameDefault()
 	}
+	// A one-shot run logs for a person at a terminal: text, and the
+	// start-up facts (memory limit, sandbox) at debug, its report saying
+	// what matters; the daemon's log keeps them at info.
+	o.startupLevel = zapcore.InfoLevel
+	if o.once {
+		o.startupLevel = zapcore.DebugLevel
+	}
 	if o.logFormat == "" {
 		o.logFormat = "json"
 		if o.once {
@@ -48,7 +55,7 @@ func runMain(ctx context.Context, o *options, stdout, stderr io.Writer) int {
 	// Without GOMEMLIMIT the Go heap gets a soft limit at 80% of the
 	// container's cgroup memory limit; without GOGC, GOGC=25 (memlimit.GCPercent).
 	if ml := memlimit.Set(""); ml.Limit > 0 {
-		log.Info("Go memory limit from the cgroup", zap.Int64("limitBytes", ml.Limit), zap.Int64("cgroupLimitBytes", ml.CgroupLimit), zap.Int("gogc", ml.GCPercent))
+		log.Log(o.startupLevel, "Go memory limit from the cgroup", zap.Int64("limitBytes", ml.Limit), zap.Int64("cgroupLimitBytes", ml.CgroupLimit), zap.Int("gogc", ml.GCPercent))
 	} else {
 		log.Debug("no Go memory limit from the cgroup", zap.String("reason", ml.Reason), zap.Int("gogc", ml.GCPercent))
 	}

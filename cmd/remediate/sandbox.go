@@ -56,12 +56,8 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 	case !st.Enforced:
 		log.Warn(st.String())
 		o.sandboxWarning = st.String()
-	case o.once:
-		// A start-up fact: at debug in a one-shot run (its report says
-		// when the daemon is not confined).
-		log.Debug(st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
 	default:
-		log.Info(st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
+		log.Log(o.startupLevel, st.String(), zap.Strings("missing", st.Missing), zap.Duration("took", took))
 	}
 	return st
 }
