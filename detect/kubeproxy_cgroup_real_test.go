@@ -109,3 +109,59 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 		}
 	}
 }
+
+// TestRealKubeProxyShapesWithoutPtrace (issue 37): kube-proxy outside a
+// DaemonSet pod, on this machine's kernel, with the chart's default
+// capabilities (no SYS_PTRACE): a copy of sleep named k3s-server in a
+// cgroup named as systemd names k3s's unit is this node's kube-proxy,
+// embedded in k3s (its restart: k3s's unit); then, k3s gone, a kube-proxy
+// in a kube-proxy.service cgroup is, as a systemd unit. On main no
+// process but one named kube-proxy was looked for, and the unit was not
+// read.
+func TestRealKubeProxyShapesWithoutPtrace(t *testing.T) {
+	if setpriv.Child() {
+		n := &node.Node{ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zap.NewNop(), Procs: procs.New("/proc"), Pods: clustertest.NewPods(time.Now())}
+		p, id, err := findKubeProxyIdentity(context.Background(), n)
+		want, _ := strconv.Atoi(os.Getenv("T_PID"))
+		if err != nil || p.Pid != int32(want) || string(id.Shape()) != os.Getenv("T_SHAPE") || id.Unit != os.Getenv("T_UNIT") || !strings.Contains(id.RestartHow(), "systemctl restart "+os.Getenv("T_UNIT")) {
+			t.Fatalf("got pid %d %+v (%s) %v; want pid %d, %s of %s", p.Pid, id, id.Shape(), err, want, os.Getenv("T_SHAPE"), os.Getenv("T_UNIT"))
+		}
+		t.Logf("kube-proxy: pid %d, %s; restart: %s", p.Pid, id, id.RestartHow())
+		return
+	}
+	setpriv.Available(t)
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("needs sleep")
+	}
+	b, err := os.ReadFile(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	start := func(name string) *exec.Cmd {
+		bin := filepath.Join(dir, name)
+		if err := os.WriteFile(bin, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		c := exec.Command(bin, "600")
+		netnstest.StartGroup(t, c)
+		return c
+	}
+	cg := podcgroup.New(t, "shape")
+	k3s := start("k3s-server")
+	cg.IntoUnit(t, "k3s.service", k3s.Process.Pid)
+	log := func(out string) {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, "kube-proxy: pid") {
+				t.Log(strings.TrimSpace(l))
+			}
+		}
+	}
+	log(setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_PID=%d", k3s.Process.Pid), "T_SHAPE=embedded", "T_UNIT=k3s.service"))
+	_ = k3s.Process.Kill()
+	_, _ = k3s.Process.Wait()
+	kp := start("kube-proxy")
+	cg.IntoUnit(t, "kube-proxy.service", kp.Process.Pid)
+	log(setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_PID=%d", kp.Process.Pid), "T_SHAPE=systemd unit", "T_UNIT=kube-proxy.service"))
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -180,6 +181,15 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 	}
 	f := d.finding(ctx, p, merr, herr, now, silentFor)
 	id.Evidence(f.Evidence)
+	// How the node runs it, for the restart (RestartNodeAgent refuses a
+	// kube-proxy it cannot restart by deleting a DaemonSet's pod).
+	f.Subject.Agent = &finding.Agent{Shape: string(id.Shape()), RestartHow: id.RestartHow()}
+	if id.Shape() == procident.ShapeDaemonSetPod {
+		f.Subject.Agent.PodUID = id.PodUID
+	}
+	if how := id.RestartHow(); how != "" {
+		f.Message += "; not restartable through the API: " + how
+	}
 	f.Evidence["cpuSeconds"] = float64(p.CPUTicks) / procs.TicksPerSecond
 	f.Evidence["cpuSecondsWhileSilent"] = 0.0
 	f.Evidence["progressWindowSeconds"] = silentFor.Round(time.Second).Seconds()

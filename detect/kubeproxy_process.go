@@ -46,13 +46,18 @@ func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, error) {
 	return p, err
 }
 
+// kubeProxyPrograms are the names this node's kube-proxy may run under.
+var kubeProxyPrograms = append([]string{"kube-proxy"}, procident.EmbeddedProxyPrograms...)
+
 // findKubeProxyIdentity is findKubeProxy with how the process's identity
 // was established (for evidence).
 func findKubeProxyIdentity(ctx context.Context, n *node.Node) (procs.Process, procident.Identity, error) {
 	if n.Procs == nil {
 		return procs.Process{}, procident.Identity{}, errors.New(n.Why("procs"))
 	}
-	ps, err := n.Procs.Find(ctx, []string{"kube-proxy"})
+	// kube-proxy in a pod, a static pod or a systemd unit, or k3s with
+	// kube-proxy inside it.
+	ps, err := n.Procs.Find(ctx, kubeProxyPrograms)
 	if err != nil {
 		return procs.Process{}, procident.Identity{}, fmt.Errorf("looking for kube-proxy's process: %w", err)
 	}
@@ -102,7 +107,7 @@ func pickKubeProxy(ps []procs.Process, pods procident.Pods, selfNetKey uint64) (
 	case len(ofPod) == 0 && len(mine) == 1:
 		return mine[0], ids[0], nil
 	case len(ps) == 0:
-		return procs.Process{}, procident.Identity{}, fmt.Errorf("%w: no process named kube-proxy visible through the proc root", errNoNodeKubeProxy)
+		return procs.Process{}, procident.Identity{}, fmt.Errorf("%w: no process named %s visible through the proc root", errNoNodeKubeProxy, strings.Join(kubeProxyPrograms, " or "))
 	case len(mine) == 0:
 		if len(others) > 3 {
 			others = append(others[:3], fmt.Sprintf("and %d more", len(others)-3))

@@ -65,6 +65,12 @@ type Agent struct {
 	// PodUID is the UID of the agent's pod the detector judged ("" when
 	// not known): another pod now means the agent was replaced since.
 	PodUID string
+	// Shape is how the node runs the agent, when the detector told it
+	// from its process (procident.Shape: "DaemonSet pod", "static pod",
+	// "systemd unit", "embedded", "host process"); RestartHow, for every
+	// shape but a DaemonSet's pod, how an operator restarts it: deleting
+	// a pod through the API cannot.
+	Shape, RestartHow string
 }
 
 // CPUTicksOr0 is p.CPUTicks, 0 for a nil p.

@@ -98,8 +98,89 @@ type Identity struct {
 	// ContainerID the container's (when the cgroup names it); Owner how
 	// the pod is the agent's ("DaemonSet <name>", "static pod").
 	Pod, PodUID, ContainerID, Owner string
+	// Unit is a host process's systemd unit ("" when none is named).
+	Unit string
+	// Program is the process's name (argv[0]'s basename).
+	Program string
 	// Refused says why no identity could be established.
 	Refused string
+}
+
+// Shape is how the node runs the process: what restarting it takes.
+type Shape string
+
+// The shapes of Identity.Shape.
+const (
+	// ShapeDaemonSetPod: a DaemonSet's pod, which deleting restarts.
+	ShapeDaemonSetPod Shape = "DaemonSet pod"
+	// ShapeStaticPod: a static pod (the kubelet's manifest; the API has
+	// its mirror, whose deletion restarts nothing).
+	ShapeStaticPod Shape = "static pod"
+	// ShapeSystemdUnit: a host process of a systemd unit.
+	ShapeSystemdUnit Shape = "systemd unit"
+	// ShapeEmbedded: kube-proxy run inside another program (k3s).
+	ShapeEmbedded Shape = "embedded"
+	// ShapeHostProcess: a host process of no unit (a shell, a script).
+	ShapeHostProcess Shape = "host process"
+)
+
+// EmbeddedProxyPrograms are the names (argv[0]'s basename) of the
+// programs that run kube-proxy inside them: k3s's server and agent
+// (k3s-io/k3s#11098), run as k3s-server/k3s-agent, whose process title
+// k3s rewrites to "<argv0> server" / "<argv0> agent" (its proctitle). Such
+// a host process is this node's kube-proxy, and its iptables-restore
+// children are kube-proxy's own.
+var EmbeddedProxyPrograms = []string{"k3s-server", "k3s-agent", "k3s server", "k3s agent"}
+
+// embeddedExecutables are the executables an embedded program may have
+// (k3s's multi-call binary).
+var embeddedExecutables = []string{"k3s", "k3s-server", "k3s-agent"}
+
+// Shape returns how the node runs the identified process ("" when not
+// identified).
+func (id Identity) Shape() Shape {
+	switch {
+	case id.Method == CgroupAPI && id.Owner == "static pod":
+		return ShapeStaticPod
+	case id.Method == CgroupAPI:
+		return ShapeDaemonSetPod
+	case id.Method != HostCgroup:
+		return ""
+	case slices.Contains(EmbeddedProxyPrograms, id.Program):
+		return ShapeEmbedded
+	case id.Unit != "":
+		return ShapeSystemdUnit
+	}
+	return ShapeHostProcess
+}
+
+// RestartHow says how an operator restarts the process when deleting a
+// pod through the API cannot ("" for a DaemonSet's pod, or when not
+// identified).
+func (id Identity) RestartHow() string {
+	switch id.Shape() {
+	case ShapeStaticPod:
+		return fmt.Sprintf("it is the static pod %s from the kubelet's manifest directory: deleting its mirror pod restarts nothing; restart its container on the node (crictl stop %s: the kubelet starts it again) or move its manifest out of the directory and back",
+			id.Pod, shortID(id.ContainerID))
+	case ShapeEmbedded:
+		how := "restart k3s on the node"
+		if id.Unit != "" {
+			how = "systemctl restart " + id.Unit
+		}
+		return fmt.Sprintf("it runs inside %s (k3s's embedded kube-proxy): only restarting k3s restarts it (%s), which this daemon does not do", id.Program, how)
+	case ShapeSystemdUnit:
+		return fmt.Sprintf("it runs as the systemd unit %s: restart it on the node with systemctl restart %s", id.Unit, id.Unit)
+	case ShapeHostProcess:
+		return "it is a host process of no systemd unit: whoever started it restarts it"
+	}
+	return ""
+}
+
+func shortID(c string) string {
+	if c == "" {
+		return "<its container>"
+	}
+	return c[:min(12, len(c))]
 }
 
 // OK reports whether the identity was established.
@@ -115,6 +196,12 @@ func (id Identity) String() string {
 		}
 		return s + ")"
 	case HostCgroup:
+		switch id.Shape() {
+		case ShapeEmbedded:
+			return fmt.Sprintf("%s (in no pod's cgroup: kube-proxy embedded in %s)", id.Method, id.Program)
+		case ShapeSystemdUnit:
+			return fmt.Sprintf("%s (in no pod's cgroup: a host process of systemd unit %s)", id.Method, id.Unit)
+		}
 		return string(id.Method) + " (in no pod's cgroup: a host process)"
 	}
 	return "none: " + id.Refused
@@ -140,6 +227,15 @@ func (id Identity) Evidence(ev map[string]any) {
 	if id.ContainerID != "" {
 		ev["containerID"] = id.ContainerID
 	}
+	if sh := id.Shape(); sh != "" {
+		ev["shape"] = string(sh)
+	}
+	if id.Unit != "" {
+		ev["systemdUnit"] = id.Unit
+	}
+	if how := id.RestartHow(); how != "" {
+		ev["restartHow"] = how
+	}
 }
 
 // Of tells whose p is: a host process, a process of one of the agents'
@@ -148,14 +244,14 @@ func Of(p procs.Process, pods Pods, agents []cluster.Agent) Identity {
 	c := p.Cgroup
 	switch c.Place {
 	case procs.CgroupHost:
-		return Identity{Method: HostCgroup}
+		return Identity{Method: HostCgroup, Unit: c.Unit, Program: p.Name()}
 	case procs.CgroupAmbiguous:
 		return Identity{Refused: fmt.Sprintf("pid %d's cgroup cannot be told: %s", p.Pid, c.Why)}
 	case procs.CgroupPod:
 	default:
 		return Identity{Refused: fmt.Sprintf("pid %d's cgroup is not readable", p.Pid)}
 	}
-	id := Identity{PodUID: c.PodUID, ContainerID: c.ContainerID}
+	id := Identity{PodUID: c.PodUID, ContainerID: c.ContainerID, Program: p.Name()}
 	if pods.skip != "" {
 		id.Refused = fmt.Sprintf("pid %d runs in the cgroup of pod %s, but %s: whose pod that is cannot be told", p.Pid, c.PodUID, pods.skip)
 		return id
@@ -200,16 +296,23 @@ func Of(p procs.Process, pods Pods, agents []cluster.Agent) Identity {
 	return id
 }
 
-// KubeProxy tells whether p (named kube-proxy) is this node's kube-proxy:
-// a process of kube-proxy's pod (cgroup+api), or a host process with
-// CAP_NET_ADMIN (a kube-proxy run as a systemd unit); either way in this
-// daemon's network namespace (selfNetKey, the node's: kube-proxy runs
-// with hostNetwork) when both keys are known. exe, when readable (ptrace),
-// must be a kube-proxy too. The identity is returned with Refused set
-// when p is not.
+// KubeProxy tells whether p (named kube-proxy, or one of
+// EmbeddedProxyPrograms) is this node's kube-proxy: a process of
+// kube-proxy's pod (cgroup+api: a DaemonSet's or a static pod), or a host
+// process with CAP_NET_ADMIN (a kube-proxy run as a systemd unit, or k3s
+// with its kube-proxy inside; an embedded program only on the host);
+// either way in this daemon's network namespace (selfNetKey, the node's:
+// kube-proxy runs with hostNetwork) when both keys are known. exe, when
+// readable (ptrace), must be a kube-proxy (or k3s's) too. The identity
+// is returned with Refused set when p is not.
 func KubeProxy(p procs.Process, pods Pods, selfNetKey uint64) Identity {
 	id := Of(p, pods, []cluster.Agent{cluster.KubeProxyAgent()})
 	if !id.OK() {
+		return id
+	}
+	embedded := slices.Contains(EmbeddedProxyPrograms, p.Name())
+	if embedded && id.Method != HostCgroup {
+		id.Method, id.Refused = "", fmt.Sprintf("pid %d (%s) runs in a pod's cgroup: an embedded kube-proxy runs on the host", p.Pid, p.Name())
 		return id
 	}
 	if id.Method == HostCgroup {
@@ -226,7 +329,11 @@ func KubeProxy(p procs.Process, pods Pods, selfNetKey uint64) Identity {
 		id.Method, id.Refused = "", fmt.Sprintf("pid %d runs in another network namespace (net/dev inode %d, this node's is %d)", p.Pid, p.NetKey, selfNetKey)
 		return id
 	}
-	if p.Exe != "" && filepath.Base(p.Exe) != "kube-proxy" {
+	if p.Exe != "" && embedded && !slices.Contains(embeddedExecutables, filepath.Base(p.Exe)) {
+		id.Method, id.Refused = "", fmt.Sprintf("pid %d's executable is %s, not k3s", p.Pid, clip.String(p.Exe, 256))
+		return id
+	}
+	if p.Exe != "" && !embedded && filepath.Base(p.Exe) != "kube-proxy" {
 		id.Method, id.Refused = "", fmt.Sprintf("pid %d's executable is %s, not a kube-proxy", p.Pid, clip.String(p.Exe, 256))
 		return id
 	}

@@ -140,3 +140,52 @@ func TestKubeProxy(t *testing.T) {
 		t.Fatalf("calico's process taken for kube-proxy: %+v", id)
 	}
 }
+
+// TestShapes: how the node runs kube-proxy, told from the cgroup, the API
+// and the program, and what restarting each takes.
+func TestShapes(t *testing.T) {
+	named := func(p procs.Process, name string, unit string) procs.Process {
+		p.Comm, p.Cmdline, p.Cgroup.Unit = name, []string{"/usr/local/bin/" + name}, unit
+		return p
+	}
+	staticProc := proc(procs.CgroupPod, static.MirrorOf)
+	staticProc.Cgroup.ContainerID = strings.Repeat("c", 64)
+	for _, tc := range []struct {
+		name      string
+		p         procs.Process
+		pods      []cluster.Pod
+		shape     Shape
+		how, desc string
+	}{
+		{"DaemonSet pod", named(proc(procs.CgroupPod, kubeProxy.UID), "kube-proxy", ""), []cluster.Pod{kubeProxy}, ShapeDaemonSetPod, "", "DaemonSet kube-proxy"},
+		{"static pod", named(staticProc, "kube-proxy", ""), []cluster.Pod{static}, ShapeStaticPod, "crictl stop cccccccccccc", "static pod"},
+		{"systemd unit", named(proc(procs.CgroupHost, ""), "kube-proxy", "kube-proxy.service"), nil, ShapeSystemdUnit, "systemctl restart kube-proxy.service", "systemd unit kube-proxy.service"},
+		{"k3s", named(proc(procs.CgroupHost, ""), "k3s-server", "k3s.service"), nil, ShapeEmbedded, "systemctl restart k3s.service", "embedded in k3s-server"},
+		{"host shell", named(proc(procs.CgroupHost, ""), "kube-proxy", ""), nil, ShapeHostProcess, "whoever started it", "a host process"},
+	} {
+		id := KubeProxy(tc.p, PodsFrom(tc.pods), 7)
+		if id.Shape() != tc.shape || !strings.Contains(id.RestartHow(), tc.how) || tc.how == "" && id.RestartHow() != "" || !strings.Contains(id.String(), tc.desc) {
+			t.Errorf("%s: %+v: shape %q, restart %q, %s", tc.name, id, id.Shape(), id.RestartHow(), id)
+		}
+		ev := map[string]any{}
+		id.Evidence(ev)
+		if ev["shape"] != string(tc.shape) {
+			t.Errorf("%s: evidence %v", tc.name, ev)
+		}
+	}
+	// k3s in a pod's cgroup (a user's pod named so) is not this node's
+	// kube-proxy; nor is a k3s-server whose executable is not k3s's.
+	inPod := named(proc(procs.CgroupPod, lookalike.UID), "k3s-server", "")
+	if id := KubeProxy(inPod, PodsFrom([]cluster.Pod{lookalike}), 7); id.OK() {
+		t.Errorf("k3s-server in a pod taken: %+v", id)
+	}
+	fake := named(proc(procs.CgroupHost, ""), "k3s-server", "")
+	fake.Exe = "/tmp/sleep"
+	if id := KubeProxy(fake, PodsFrom(nil), 7); id.OK() || !strings.Contains(id.Refused, "not k3s") {
+		t.Errorf("k3s-server with another executable taken: %+v", id)
+	}
+	fake.Exe = "/var/lib/rancher/k3s/data/abc/bin/k3s"
+	if id := KubeProxy(fake, PodsFrom(nil), 7); id.Shape() != ShapeEmbedded {
+		t.Errorf("k3s-server with k3s's executable refused: %+v", id)
+	}
+}

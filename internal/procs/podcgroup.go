@@ -69,8 +69,27 @@ type Cgroup struct {
 	// when its directory is below the pod's ("" for the pod's own cgroup).
 	PodUID      string `json:"podUID,omitempty"`
 	ContainerID string `json:"containerID,omitempty"`
+	// Unit is, for a host process, the systemd unit its cgroup names
+	// ("kube-proxy.service", "k3s.service"): the unit that runs it, which
+	// the process cannot choose either. "" when none, or when the lines
+	// name different units.
+	Unit string `json:"unit,omitempty"`
 	// Why says what made the place ambiguous.
 	Why string `json:"why,omitempty"`
+}
+
+// unitPattern is a systemd service unit's cgroup directory name.
+var unitPattern = regexp.MustCompile(`^[A-Za-z0-9:_.@\\-]{1,200}\.service$`)
+
+// unitOfPath returns the deepest service unit a host cgroup path names.
+func unitOfPath(path string) string {
+	segs := strings.Split(path, "/")
+	for i := len(segs) - 1; i >= 0; i-- {
+		if unitPattern.MatchString(segs[i]) {
+			return segs[i]
+		}
+	}
+	return ""
 }
 
 // ParseCgroup returns what the text of /proc/<pid>/cgroup says of the
@@ -82,6 +101,7 @@ func ParseCgroup(data []byte) Cgroup {
 	}
 	var c Cgroup
 	lines := 0
+	unit, units := "", 0
 	for _, line := range strings.Split(string(data), "\n") {
 		// hierarchy-ID:controllers:path; the path may contain ':'.
 		parts := strings.SplitN(line, ":", 3)
@@ -91,6 +111,13 @@ func ParseCgroup(data []byte) Cgroup {
 		lines++
 		path := parts[2]
 		if !strings.Contains(path, "kubepods") {
+			// systemd's own hierarchies: the unified one (v2, or v1's
+			// unified mount) and v1's name=systemd.
+			if parts[1] == "" || parts[1] == "name=systemd" {
+				if u := unitOfPath(path); u != "" && u != unit {
+					unit, units = u, units+1
+				}
+			}
 			continue
 		}
 		uid, ctr, ok := podOfPath(path)
@@ -113,6 +140,9 @@ func ParseCgroup(data []byte) Cgroup {
 		c.Place = CgroupPod
 	case lines > 0:
 		c.Place = CgroupHost
+		if units == 1 {
+			c.Unit = unit
+		}
 	default:
 		c.Why = "no cgroup line"
 	}
@@ -167,6 +197,9 @@ func readCgroup(procRoot string, pid int32) (Cgroup, error) {
 	}
 	return ParseCgroup(b), nil
 }
+
+// ReadCgroup reads <procRoot>/<pid>/cgroup (bounded) and parses it.
+func ReadCgroup(procRoot string, pid int32) (Cgroup, error) { return readCgroup(procRoot, pid) }
 
 // PodUID reads <procRoot>/<pid>/cgroup (bounded) and returns the UID of the
 // pod the process runs in.

@@ -51,7 +51,11 @@ func TestParseCgroup(t *testing.T) {
 		{"cgroup namespace", "0::/../../kubepods-besteffort-pod1b2c3d4e_0f1a_4b2c_8d3e_4f5a6b7c8d9e.slice/cri-containerd-" + testCtr + ".scope\n",
 			Cgroup{Place: CgroupPod, PodUID: testUID, ContainerID: testCtr}},
 		{"pod cgroup itself", "0::/kubepods/pod" + testUID + "\n", Cgroup{Place: CgroupPod, PodUID: testUID}},
-		{"host systemd unit", "0::/system.slice/kubelet.service\n", Cgroup{Place: CgroupHost}},
+		{"host systemd unit", "0::/system.slice/kubelet.service\n", Cgroup{Place: CgroupHost, Unit: "kubelet.service"}},
+		{"host v1 hybrid unit", "12:pids:/system.slice/k3s.service\n1:name=systemd:/system.slice/k3s.service\n0::/system.slice/k3s.service\n", Cgroup{Place: CgroupHost, Unit: "k3s.service"}},
+		{"host unit sub-cgroup", "0::/system.slice/kube-proxy.service/payload\n", Cgroup{Place: CgroupHost, Unit: "kube-proxy.service"}},
+		{"host two units", "1:name=systemd:/system.slice/a.service\n0::/system.slice/b.service\n", Cgroup{Place: CgroupHost}},
+		{"host unit on a controller line only", "4:memory:/system.slice/a.service\n0::/\n", Cgroup{Place: CgroupHost}},
 		{"host v1 hybrid", "12:pids:/user.slice\n0::/user.slice/user-0.slice/session-3.scope\n", Cgroup{Place: CgroupHost}},
 		{"two pods", "1:a:/kubepods/pod" + testUID + "/x\n2:b:/kubepods/pod2b2c3d4e-0f1a-4b2c-8d3e-4f5a6b7c8d9e/x\n", Cgroup{Place: CgroupAmbiguous}},
 		{"kubepods without pod", "0::/kubepods.slice/kubepods-burstable.slice\n", Cgroup{Place: CgroupAmbiguous}},
@@ -92,7 +96,7 @@ func FuzzParseCgroup(f *testing.F) {
 				t.Fatalf("%q -> bad container %q", b, c.ContainerID)
 			}
 		case CgroupHost, CgroupUnknown:
-			if c.PodUID != "" || c.ContainerID != "" {
+			if c.PodUID != "" || c.ContainerID != "" || c.Unit != "" && (!strings.HasSuffix(c.Unit, ".service") || strings.Contains(c.Unit, "/")) {
 				t.Fatalf("%q -> %+v", b, c)
 			}
 		case CgroupAmbiguous:

@@ -57,7 +57,7 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("RestartNodeAgent",
-		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only) and waits for its replacement to be Ready (kube-proxy's: and its /healthz healthy); the one action that restarts kube-proxy",
+		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only: a static pod, a systemd unit or k3s's embedded kube-proxy is refused with how to restart it) and waits for its replacement to be Ready (kube-proxy's: and its /healthz healthy); the one action that restarts kube-proxy",
 		newRestartNodeAgent, Disruptive(), ActsOn(append([]finding.Kind{finding.KindNodeAgent, finding.KindPod, finding.KindProcess, finding.KindCNIAgentProcess}, kubeProxyKinds...)...))
 }
 
@@ -133,12 +133,22 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		if err != nil || p.CreateTimeMs != ref.CreateTimeMs {
 			return nil, finding.Skip("process %d is gone or is another process now", ref.Pid)
 		}
+		if c, err := procs.ReadCgroup(a.n.ProcRoot, ref.Pid); err == nil && c.Place == procs.CgroupHost {
+			unit := "no systemd unit"
+			if c.Unit != "" {
+				unit = "systemd unit " + c.Unit + ": systemctl restart " + c.Unit + " on the node restarts it"
+			}
+			return nil, finding.Skip("process %d (%s) is a host process, in no pod's cgroup (%s): deleting a pod would not restart it", ref.Pid, p.Name(), unit)
+		}
 		if uid, err = procs.PodUID(a.n.ProcRoot, ref.Pid); err != nil {
 			return nil, fmt.Errorf("refusing: process %d (%s) is not in a pod of this node: %w", ref.Pid, p.Name(), err)
 		}
 	case finding.KindKubeProxy, finding.KindIPTablesRules, finding.KindIPVSMissingVirtualServer, finding.KindNFTablesTable:
 		// kube-proxy's own findings, and the rules it programs: the
-		// remedy is a fresh kube-proxy.
+		// remedy is a fresh kube-proxy, when it is a DaemonSet's pod.
+		if ag := f.Subject.Agent; ag != nil && ag.RestartHow != "" {
+			return nil, finding.Skip("kube-proxy on node %s is not a DaemonSet's pod (%s): deleting a pod would not restart it: %s", a.n.Name, ag.Shape, ag.RestartHow)
+		}
 		for i := range a.p.Agents {
 			if a.p.Agents[i].Name == cluster.KubeProxyAgent().Name {
 				want = &a.p.Agents[i]
@@ -172,7 +182,9 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	seen := map[string]bool{}
 	for i := range cands {
 		p := &cands[i]
-		if seen[string(p.UID)] || (name != "" && p.Name != name) || (uid != "" && string(p.UID) != uid) {
+		// A static pod's process runs under its configuration's UID, which
+		// its mirror carries in an annotation.
+		if seen[string(p.UID)] || (name != "" && p.Name != name) || (uid != "" && string(p.UID) != uid && p.Annotations[mirrorAnnotation] != uid) {
 			continue
 		}
 		seen[string(p.UID)] = true
@@ -219,8 +231,12 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	if t.pod.DeletionTimestamp != nil {
 		return nil, finding.Skip("pod %s/%s is already terminating", t.pod.Namespace, t.pod.Name)
 	}
+	if _, static := t.pod.Annotations[mirrorAnnotation]; static {
+		return nil, finding.Skip("pod %s/%s is the mirror of a static pod (the kubelet's manifest directory): deleting it would not restart %s; restart its container on the node (crictl stop: the kubelet starts it again) or move its manifest out of the directory and back",
+			t.pod.Namespace, t.pod.Name, t.agent.Name)
+	}
 	if c := metav1.GetControllerOf(t.pod); c == nil || c.Kind != "DaemonSet" {
-		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet (static pod?): deleting it would not restart %s", t.pod.Namespace, t.pod.Name, t.agent.Name)
+		return nil, finding.Skip("pod %s/%s is not managed by a DaemonSet: deleting it would not restart %s", t.pod.Namespace, t.pod.Name, t.agent.Name)
 	}
 	if ag := f.Subject.Agent; ag != nil && ag.PodUID != "" && ag.PodUID != string(t.pod.UID) {
 		want := ag.PodUID
@@ -229,6 +245,10 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	}
 	return &t, nil
 }
+
+// mirrorAnnotation is the kubelet's annotation of a static pod's mirror:
+// the static pod's UID, the one in its containers' cgroups.
+const mirrorAnnotation = "kubernetes.io/config.mirror"
 
 // clusterPod is the part of a Pod agent matching looks at.
 func clusterPod(p *corev1.Pod) cluster.Pod {

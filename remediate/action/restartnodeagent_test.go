@@ -236,3 +236,51 @@ func TestRestartNodeAgentByAgentTarget(t *testing.T) {
 func kindFinding(kind finding.Kind, target string) finding.Finding {
 	return finding.Finding{Target: target, Subject: finding.Subject{Kind: kind}}
 }
+
+// TestRestartNodeAgentShapes (issue 37): a kube-proxy the API cannot
+// restart is refused with how to restart it instead: a static pod's
+// mirror (by the pod, and by its process, whose cgroup carries the static
+// pod's UID, not the mirror's), a host process of a systemd unit, and a
+// kube-proxy finding whose detector told an embedded shape.
+func TestRestartNodeAgentShapes(t *testing.T) {
+	ctx := context.Background()
+	const hash = "0123456789abcdef0123456789abcdef"
+	mirror := kpPod("kube-proxy-n1", "n1", "m", true, "Node")
+	mirror.Annotations = map[string]string{mirrorAnnotation: hash}
+	cs := fake.NewClientset(mirror)
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "78"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "78", "cgroup"), []byte("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod"+hash+".slice/cri-containerd-"+strings.Repeat("c", 64)+".scope\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "79"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "79", "cgroup"), []byte("0::/system.slice/kube-proxy.service\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pr := procs.NewFake(1)
+	pr.Add(procs.FakeProcess{Process: procs.Process{Pid: 78, CreateTimeMs: 5, Cmdline: []string{"kube-proxy"}}})
+	pr.Add(procs.FakeProcess{Process: procs.Process{Pid: 79, CreateTimeMs: 5, Cmdline: []string{"kube-proxy"}}})
+	a := newRestartAgent(t, &node.Node{Name: "n1", Kube: cs, ProcRoot: root, Procs: pr}, 2*time.Second)
+	embedded := kindFinding(finding.KindKubeProxy, "kube-proxy/frozen")
+	embedded.Subject.Agent = &finding.Agent{Shape: "embedded", RestartHow: "it runs inside k3s-server: systemctl restart k3s.service"}
+	for _, tc := range []struct {
+		name string
+		f    finding.Finding
+		skip string
+	}{
+		{"mirror pod", kindFinding(finding.KindPod, "pod/kube-system/kube-proxy-n1"), "mirror of a static pod"},
+		{"static pod's process", kindFinding(finding.KindProcess, "process/78@5"), "mirror of a static pod"},
+		{"kube-proxy of a static pod", kindFinding(finding.KindKubeProxy, "kube-proxy/IPv4"), "mirror of a static pod"},
+		{"systemd unit's process", kindFinding(finding.KindProcess, "process/79@5"), "systemctl restart kube-proxy.service"},
+		{"embedded", embedded, "not a DaemonSet's pod (embedded): deleting a pod would not restart it: it runs inside k3s-server"},
+	} {
+		_, err := a.Plan(ctx, tc.f)
+		if reason, ok := finding.IsSkip(err); !ok || !strings.Contains(reason, tc.skip) {
+			t.Errorf("%s: %v, want a skip saying %q", tc.name, err, tc.skip)
+		}
+	}
+}

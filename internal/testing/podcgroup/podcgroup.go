@@ -21,8 +21,8 @@ import (
 
 // Tree is a test's cgroup tree.
 type Tree struct {
-	base, top string
-	pids      []int
+	base, top, units string
+	pids             []int
 }
 
 // New makes the test's tree (named after tag and this process). Without
@@ -33,7 +33,8 @@ func New(t testing.TB, tag string) *Tree {
 	if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
 		base = "/sys/fs/cgroup"
 	}
-	tr := &Tree{base: base, top: filepath.Join(base, fmt.Sprintf("kubepods.slice-remediate-%s-%d", tag, os.Getpid()))}
+	tr := &Tree{base: base, top: filepath.Join(base, fmt.Sprintf("kubepods.slice-remediate-%s-%d", tag, os.Getpid())),
+		units: filepath.Join(base, fmt.Sprintf("system.slice-remediate-%s-%d", tag, os.Getpid()))}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a cgroup of the test's own")
 	}
@@ -61,22 +62,39 @@ func (tr *Tree) Into(t testing.TB, uid, ctr string, pid int) {
 	tr.pids = append(tr.pids, pid)
 }
 
+// IntoUnit moves pid into a cgroup named as systemd names a service
+// unit's (.../<unit>, unit such as "k3s.service"), outside any kubelet
+// cgroup: a host process of that unit.
+func (tr *Tree) IntoUnit(t testing.TB, unit string, pid int) {
+	t.Helper()
+	dir := filepath.Join(tr.units, unit)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatalf("making the unit's cgroup: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		t.Fatalf("moving pid %d into %s: %v", pid, dir, err)
+	}
+	tr.pids = append(tr.pids, pid)
+}
+
 // remove moves the processes still running back to the root cgroup, then
 // removes the tree deepest first, retrying while processes leave.
 func (tr *Tree) remove() {
 	for _, pid := range tr.pids {
 		_ = os.WriteFile(filepath.Join(tr.base, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
 	}
-	var dirs []string
-	_ = filepath.Walk(tr.top, func(p string, info os.FileInfo, err error) error {
-		if err == nil && info.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	for i := len(dirs) - 1; i >= 0; i-- {
-		for j := 0; j < 100 && os.Remove(dirs[i]) != nil; j++ {
-			time.Sleep(20 * time.Millisecond)
+	for _, top := range []string{tr.top, tr.units} {
+		var dirs []string
+		_ = filepath.Walk(top, func(p string, info os.FileInfo, err error) error {
+			if err == nil && info.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			for j := 0; j < 100 && os.Remove(dirs[i]) != nil; j++ {
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 	}
 }
