@@ -88,6 +88,12 @@ type Options struct {
 	// Heartbeat rewrites the condition at least this often, refreshing
 	// lastHeartbeatTime (default 5m).
 	Heartbeat time.Duration
+	// RewriteAfter debounces the condition's rewrites for other problems
+	// under the same status (a new reason or set of targets while False):
+	// written at most once per RewriteAfter since the last write (default
+	// 1m), the latest set then; a change of status is written at once.
+	// Under churn the problems change most cycles, on every loaded node.
+	RewriteAfter time.Duration
 	// UncordonAfter: remediate's cordon is undone once its rule has had no
 	// finding (its detector having run) for this long (default 2m).
 	UncordonAfter time.Duration
@@ -114,6 +120,9 @@ type Reporter struct {
 	condLoaded bool
 	condDirty  bool
 	lastWrite  time.Time
+	// written is the status last written (the debounce keeps a status
+	// change immediate).
+	written    corev1.ConditionStatus
 	cleanSince map[string]time.Time // cordon rule → first cycle without its finding
 }
 
@@ -153,6 +162,9 @@ func New(cs kubernetes.Interface, o Options) *Reporter {
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = 5 * time.Minute
+	}
+	if o.RewriteAfter <= 0 {
+		o.RewriteAfter = time.Minute
 	}
 	if o.UncordonAfter <= 0 {
 		o.UncordonAfter = 2 * time.Minute
@@ -449,6 +461,9 @@ func (r *Reporter) condition(ctx context.Context, rep *remediate.Report) error {
 	if next.Status == "" || (!r.condDirty && now.Sub(r.lastWrite) < r.opts.Heartbeat) {
 		return nil
 	}
+	if r.condDirty && next.Status == r.written && now.Sub(r.lastWrite) < r.opts.RewriteAfter {
+		return nil // other problems, same status: debounced (stays dirty)
+	}
 	c := corev1.NodeCondition{
 		Type: corev1.NodeConditionType(r.opts.ConditionType), Status: next.Status, Reason: next.Reason, Message: next.Message,
 		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(next.Transition),
@@ -469,7 +484,7 @@ func (r *Reporter) condition(ctx context.Context, rep *remediate.Report) error {
 			r.opts.Log.Warn("condition event failed", zap.Error(err))
 		}
 	}
-	r.condDirty, r.lastWrite = false, now
+	r.condDirty, r.lastWrite, r.written = false, now, next.Status
 	return nil
 }
 

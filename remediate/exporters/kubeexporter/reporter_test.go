@@ -2,6 +2,7 @@ package kubeexporter
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -209,9 +210,34 @@ func TestConditionNotPatchedForAChangingMessage(t *testing.T) {
 		t.Errorf("heartbeat did not carry the current message: %+v", c)
 	}
 	clk.Step(30 * time.Second)
-	_ = r.Report(ctx, sick("pod/a", "pod/b")) // another problem: at once
+	_ = r.Report(ctx, sick("pod/a", "pod/b")) // another problem, 30 s after the last write: debounced
+	if n := patches(); n != 2 {
+		t.Fatalf("%d Node patches 30 s after the last write, want 2 (a new problem set is debounced for RewriteAfter)", n)
+	}
+	clk.Step(30 * time.Second)
+	_ = r.Report(ctx, sick("pod/a", "pod/c")) // 1 min after the last write: the latest set
 	if n := patches(); n != 3 {
-		t.Fatalf("%d Node patches after a new problem, want 3", n)
+		t.Fatalf("%d Node patches a minute after the last write, want 3", n)
+	}
+	if c := nodeCondition(t, cs); !strings.Contains(c.Message, "pod/c") {
+		t.Errorf("the debounced rewrite does not carry the latest problems: %+v", c)
+	}
+	// Churn: the problem set changes every cycle for 5 minutes: at most
+	// one rewrite a minute (10 before).
+	for i := 0; i < 10; i++ {
+		clk.Step(30 * time.Second)
+		_ = r.Report(ctx, sick("pod/a", fmt.Sprintf("pod/churn-%d", i)))
+	}
+	if n := patches(); n > 3+5 {
+		t.Fatalf("%d Node patches over 10 cycles of churn, want at most one a minute (%d)", n-3, 5)
+	}
+	// The status turning is written at once, debounce or not.
+	for i := 0; i < 5; i++ { // ClearAfter 2 m
+		clk.Step(30 * time.Second)
+		_ = r.Report(ctx, &remediate.Report{})
+	}
+	if c := nodeCondition(t, cs); c.Status != corev1.ConditionTrue {
+		t.Errorf("not cleared after ClearAfter: %+v", c)
 	}
 }
 
