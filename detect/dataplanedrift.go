@@ -257,6 +257,8 @@ func observeNFTables(ctx context.Context, n *node.Node, p DataplaneDriftParams, 
 			continue
 		case errors.Is(err, nftables.ErrUnavailable):
 			return nil, finding.Skip("%v", err)
+		case nftBlind(err):
+			return nil, blindSkip(&blindError{err: err})
 		case err != nil:
 			return nil, fmt.Errorf("listing kube-proxy's nftables table for the drift comparison: %w", err)
 		}

@@ -40,9 +40,47 @@ func listRuleset(ctx context.Context, n *node.Node) (*nftables.Snapshot, error) 
 		if isUnavailable(err) {
 			return nil, finding.Skip("%v", err)
 		}
+		if nftBlind(err) {
+			return nil, &blindError{err: err}
+		}
 		return nil, fmt.Errorf("listing the nftables ruleset: %w", err)
 	}
 	return s, nil
+}
+
+// nftBlind reports whether a listing failed for the ruleset's size: more
+// output than the bound (nftables.ErrTooLarge) or more time than its own
+// bound within the detector's (nftables.ErrTimeout; kube-proxy's table at
+// 30,000 Services took 82 s, docs/SCALE.md). The caller's own deadline
+// is not that.
+func nftBlind(err error) bool {
+	return errors.Is(err, nftables.ErrTooLarge) || errors.Is(err, nftables.ErrTimeout)
+}
+
+// blindError says the nftables checks cannot see the ruleset, and why:
+// KubeProxyNFTablesIntegrity reports it (the report's one finding about
+// it, by the daemon itself: no action acts on it); NFTablesShadowing and
+// DataplaneDrift skip, naming it.
+type blindError struct{ err error }
+
+func (e *blindError) Error() string {
+	what := "more time than its bound"
+	if errors.Is(e.err, nftables.ErrTooLarge) {
+		what = "more output than its bound"
+	}
+	return fmt.Sprintf("the nftables checks are blind: listing the ruleset took %s (%v): the ruleset is too large to check within the detector's timeout and the listing's size bound; KubeProxyNFTablesIntegrity, NFTablesShadowing and DataplaneDrift compare nothing until it can be listed (a longer rule timeout lets the listing run longer)", what, e.err)
+}
+
+func (e *blindError) Unwrap() error { return e.err }
+
+// blindSkip turns a blind listing into the skip of a check that is not
+// the one reporting it.
+func blindSkip(err error) error {
+	var be *blindError
+	if errors.As(err, &be) {
+		return finding.Skip("%s (reported by KubeProxyNFTablesIntegrity)", be.Error())
+	}
+	return err
 }
 
 func isUnavailable(err error) bool {

@@ -3,6 +3,8 @@ package detect
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -334,5 +336,26 @@ func TestHungNFTImpostor(t *testing.T) {
 	fs, err := newDetector(t, "HungNFT", n, nil).Detect(context.Background())
 	if err != nil || len(fs) != 1 || fs[0].Severity != finding.Info || fs[0].Evidence["notATarget"] == nil {
 		t.Fatalf("impostor: %+v %v", fs, err)
+	}
+}
+
+// TestNFTablesBlind (issue 39): a ruleset too large or too slow to list
+// within the bounds is said once, by KubeProxyNFTablesIntegrity, as the
+// nftables checks being blind and why; NFTablesShadowing skips naming it.
+// On main both failed with the bare listing error (or the engine's
+// "detector did not finish").
+func TestNFTablesBlind(t *testing.T) {
+	ctx := context.Background()
+	for _, cause := range []error{nftables.ErrTimeout, nftables.ErrTooLarge} {
+		n, nft, _ := nftNode(t, kubeProxyRuleset(t, nil))
+		nft.SetError(fmt.Errorf("nft -j list ruleset: %w", cause))
+		_, err := newDetector(t, "KubeProxyNFTablesIntegrity", n, nil).Detect(ctx)
+		if _, skip := finding.IsSkip(err); err == nil || skip || !strings.Contains(err.Error(), "the nftables checks are blind") || !errors.Is(err, cause) {
+			t.Errorf("%v: integrity: %v, want the blind error", cause, err)
+		}
+		_, err = newDetector(t, "NFTablesShadowing", n, nil).Detect(ctx)
+		if reason, skip := finding.IsSkip(err); !skip || !strings.Contains(reason, "blind") || !strings.Contains(reason, "reported by KubeProxyNFTablesIntegrity") {
+			t.Errorf("%v: shadowing: %v, want a skip naming the blindness", cause, err)
+		}
 	}
 }

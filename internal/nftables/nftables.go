@@ -66,6 +66,10 @@ var (
 	ErrNoTable = errors.New("no such nftables table")
 	// ErrTooLarge: the listing exceeded the output limit.
 	ErrTooLarge = errors.New("nft output larger than the limit")
+	// ErrTimeout: the listing did not finish within its own bound (the
+	// Timeout, or three quarters of what the caller's deadline left): a
+	// fact about the ruleset's size, unlike the caller's deadline.
+	ErrTimeout = errors.New("nft listing did not finish in time")
 )
 
 // Snapshot is one parsed listing.
@@ -271,8 +275,15 @@ func (r *Real) ListTable(ctx context.Context, f Family, name string) (*Snapshot,
 }
 
 // list runs `nft -j list ARGS...`; r.mu is held.
-func (r *Real) list(ctx context.Context, args ...string) (*Snapshot, error) {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+func (r *Real) list(parent context.Context, args ...string) (*Snapshot, error) {
+	// Its own bound ends before the caller's deadline, so that a listing
+	// too long for the caller is said as such (ErrTimeout), not lost in
+	// the caller's "did not finish".
+	bound := r.cfg.Timeout
+	if dl, ok := parent.Deadline(); ok {
+		bound = min(bound, time.Until(dl)*3/4)
+	}
+	ctx, cancel := context.WithTimeout(parent, bound)
 	defer cancel()
 	if _, err := exec.LookPath(r.cfg.Binary); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrUnavailable, r.cfg.Binary, err)
@@ -309,8 +320,10 @@ func (r *Real) list(ctx context.Context, args ...string) (*Snapshot, error) {
 	d := time.Since(began)
 	stderr := strings.TrimSpace(errb.String())
 	switch {
+	case parent.Err() != nil:
+		return nil, fmt.Errorf("%s: stopped after %v: %w", what, d.Round(time.Millisecond), parent.Err())
 	case ctx.Err() != nil:
-		return nil, fmt.Errorf("%s: timed out after %v: %w", what, d.Round(time.Millisecond), ctx.Err())
+		return nil, fmt.Errorf("%s: %w: %v (bound %v)", what, ErrTimeout, d.Round(time.Millisecond), bound.Round(time.Millisecond))
 	case errors.Is(perr, ErrTooLarge) || lr.over:
 		return nil, fmt.Errorf("%s: %w (%d bytes)", what, ErrTooLarge, r.cfg.MaxBytes)
 	case werr != nil && len(args) == 3 && noSuchTable(stderr):

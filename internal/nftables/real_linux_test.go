@@ -74,9 +74,19 @@ func TestRealAdapter(t *testing.T) {
 	}
 	start := time.Now()
 	_, err = New(Config{Binary: hung, Timeout: 300 * time.Millisecond, CacheTTL: -1}).ListRuleset(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 5*time.Second {
+	if !errors.Is(err, ErrTimeout) || time.Since(start) > 5*time.Second {
 		t.Errorf("hung nft: %v after %v", err, time.Since(start))
 	}
+	// Within a caller's deadline, the listing's own bound ends first (at
+	// three quarters of what the deadline left), so the caller learns that
+	// the listing is too long, not merely that its own time ran out.
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	start = time.Now()
+	_, err = New(Config{Binary: hung, Timeout: 20 * time.Second, CacheTTL: -1}).ListRuleset(dctx)
+	if !errors.Is(err, ErrTimeout) || dctx.Err() != nil || time.Since(start) > 900*time.Millisecond {
+		t.Errorf("hung nft within a 1 s deadline: %v after %v (caller's context: %v)", err, time.Since(start), dctx.Err())
+	}
+	cancel()
 	// Garbage output is a parse error carrying the command.
 	junk := filepath.Join(dir, "junk")
 	if err := os.WriteFile(junk, []byte("#!/bin/sh\necho 'not json'\n"), 0o755); err != nil {
