@@ -82,7 +82,7 @@ func (p *ClearIPVSUDPAffinityParams) SetDefaults() {
 func init() {
 	Define(ClearIPVSUDPAffinityName,
 		"free UDP clients pinned by IPVS to a dead backend (from IPVSUDPDeadBackend): delete it from its virtual servers and set net.ipv4.vs.expire_nodest_conn=1, so each pinned entry expires on its next packet",
-		newClearIPVSUDPAffinity, Disruptive(), ActsOnDetectors("IPVSUDPDeadBackend"))
+		newClearIPVSUDPAffinity, Disruptive(), NeedsAPI(), ActsOnDetectors("IPVSUDPDeadBackend"))
 }
 
 func newClearIPVSUDPAffinity(pp *ClearIPVSUDPAffinityParams, n *node.Node) (Action, error) {

@@ -102,7 +102,7 @@ func init() {
 		newRaiseConntrackMax, ActsOn(finding.KindConntrackTable))
 	Define(FlushConntrackName,
 		"delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
-		newFlushConntrack, ActsOn(finding.KindConntrackBackend))
+		newFlushConntrack, NeedsAPI(), ActsOn(finding.KindConntrackBackend))
 }
 
 func newRaiseConntrackMax(p *RaiseConntrackMaxParams, n *node.Node) (Action, error) {

@@ -38,7 +38,7 @@ func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("DeleteIPVSRealServer",
 		"delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
-		newDeleteIPVSRealServer, Disruptive(), ActsOn(finding.KindIPVSRealServer))
+		newDeleteIPVSRealServer, Disruptive(), NeedsAPI(), ActsOn(finding.KindIPVSRealServer))
 }
 
 type deleteIPVSRealServer struct {

@@ -54,7 +54,7 @@ func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("DeleteIPVSVirtualServer",
 		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
-		newDeleteIPVSVirtualServer, Disruptive(), ActsOn(finding.KindIPVSVirtualServer))
+		newDeleteIPVSVirtualServer, Disruptive(), NeedsAPI(), ActsOn(finding.KindIPVSVirtualServer))
 }
 
 type deleteIPVSVirtualServer struct {
