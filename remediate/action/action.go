@@ -14,6 +14,7 @@ package action
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -167,3 +168,15 @@ func Lookup(name string) (Type, bool) { return registered.Get(name) }
 
 // Types returns all registered types sorted by name.
 func Types() []Type { return registered.All() }
+
+// refOf returns the typed reference of type T that the finding's subject
+// carries (finding.Subject.Refs, set by its detector): the facts an action
+// acts on. Actions never decode them from the evidence, which is for
+// people.
+func refOf[T finding.Ref](f finding.Finding, what string) (T, error) {
+	r, ok := finding.RefOf[T](f.Subject)
+	if !ok {
+		return r, fmt.Errorf("carries no %s reference (Subject.Refs, set by its detector)", what)
+	}
+	return r, nil
+}
