@@ -262,7 +262,9 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]finding.Finding, er
 			ev["insertFailedRate"] = round(rates.InsertFailed, 3)
 		}
 		msg := "conntrack: " + strings.Join(reasons, "; ")
+		ref := conntrack.TableRef{Max: u.Max}
 		if haveComp {
+			ref.Composition = &comp
 			comp.PutEvidence(ev)
 			if comp.Total > 0 {
 				msg += "; filled by " + comp.Summary()
@@ -277,6 +279,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]finding.Finding, er
 			Severity: sev,
 			Message:  msg,
 			Evidence: ev,
+			Subject:  finding.Subject{Refs: []finding.Ref{ref}},
 		})
 	}
 
@@ -308,6 +311,7 @@ func (d *conntrackExhaustion) Detect(ctx context.Context) ([]finding.Finding, er
 					"lastSetAt":                  rec.SetAt.UTC().Format(time.RFC3339),
 					"utilization":                round(u.Utilization(), 4),
 				},
+				Subject: finding.Subject{Refs: []finding.Ref{conntrack.TableRef{Max: u.Max, LastSetMax: rec.Max}}},
 			})
 		}
 	}

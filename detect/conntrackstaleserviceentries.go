@@ -174,7 +174,7 @@ func ctFindings(ix *stale.Index, now time.Time, grace time.Duration, minEntries,
 				b.Entries(), proto, strings.Join(services, ", "), b.Addr(), strings.Join(reasons, "; "),
 				now.Sub(b.Oldest()).Round(time.Second), grace, hint),
 			Evidence: ev,
-			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.Entries()}},
+			Subject:  finding.Subject{Conntrack: &finding.Conntrack{Entries: b.Entries()}, Refs: []finding.Ref{ref}},
 		})
 	}
 	return out
@@ -265,8 +265,8 @@ func (d *conntrackStale) reconciler(ctx context.Context, out []finding.Finding) 
 		}
 	}
 	for i := range out {
-		ref, err := conntrack.DecodeBackendRef(out[i].Evidence)
-		if err != nil {
+		ref, ok := finding.RefOf[conntrack.BackendRef](out[i].Subject)
+		if !ok {
 			continue
 		}
 		fam := kubeproxy.Family("IPv4")

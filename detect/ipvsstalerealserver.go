@@ -102,9 +102,11 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, er
 			if len(bad) == len(rss) {
 				sev = finding.Critical // every destination is stale: traffic is black-holed
 			}
-			ev := ipvs.RealRef{VS: vs, RS: b.rs}.Evidence()
+			rref := ipvs.RealRef{VS: vs, RS: b.rs}
+			ev := rref.Evidence()
 			// The backend too: FlushConntrack can act on a UDP one.
-			conntrack.BackendRef{Protocol: vs.Protocol, Backend: conntrack.Backend{IP: b.rs.Address, Port: b.rs.Port}}.PutEvidence(ev)
+			bref := conntrack.BackendRef{Protocol: vs.Protocol, Backend: conntrack.Backend{IP: b.rs.Address, Port: b.rs.Port}}
+			bref.PutEvidence(ev)
 			ev["service"] = fe.SP.ServiceName()
 			ev["portName"] = fe.SP.Port.Name
 			ev["frontend"] = fe.Kind
@@ -121,6 +123,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, er
 				Message: fmt.Sprintf("IPVS %s (%s %s) sends to %s, which is %s",
 					vs.Key(), fe.SP.ServiceName(), fe.Kind, b.rs.AddrPort(), b.class),
 				Evidence: ev,
+				Subject:  finding.Subject{Refs: []finding.Ref{rref, bref}},
 			})
 			if len(out) >= d.p.MaxFindings {
 				return out, nil

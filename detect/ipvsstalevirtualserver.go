@@ -106,7 +106,8 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 		if err != nil {
 			return nil, ipvsErr("listing real servers of "+vs.Key(), err)
 		}
-		ev := ipvs.VirtualRef{VS: vs}.Evidence()
+		ref := ipvs.VirtualRef{VS: vs}
+		ev := ref.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
 		out = append(out, finding.Finding{
@@ -115,6 +116,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 			Severity: finding.Warning,
 			Message:  fmt.Sprintf("IPVS virtual server %s (%d real servers) matches no Service", vs.Key(), len(rss)),
 			Evidence: ev,
+			Subject:  finding.Subject{Refs: []finding.Ref{ref}},
 		})
 		if len(out) >= d.p.MaxFindings {
 			break

@@ -212,6 +212,7 @@ func (d *ipvsUDPDeadBackend) Detect(ctx context.Context) ([]finding.Finding, err
 			Message: fmt.Sprintf("%d UDP IPVS entries from %d clients are pinned to %s (%s) behind %s%s",
 				b.conns, len(clients), b.backend, b.reason, ipvsJoinKeys(b.services), hint),
 			Evidence: ev,
+			Subject:  finding.Subject{Refs: []finding.Ref{ref}},
 		})
 		if len(out) >= d.p.MaxFindings {
 			break

@@ -3,8 +3,10 @@
 // its runbook entry; examples/RUNBOOK.md has an anchor for every detector
 // and action type and a finding index naming each detector; every relative
 // link of README.md, docs/*.md and the runbook lands on a file and, for a
-// Markdown file, on one of its anchors. The package has no code, only
-// these tests.
+// Markdown file, on one of its anchors; docs/DETECTORS.md names every type,
+// and docs/DESIGN.md's checklist for adding a type names every file the
+// other tests demand of one (design_test.go). The package has no code,
+// only these tests.
 package docs
 
 import (

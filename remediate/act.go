@@ -50,7 +50,7 @@ func (c *cycle) decideAndAct(ctx context.Context, rr *ruleRuntime, f finding.Fin
 func (c *cycle) plan(ctx context.Context, a *attempt) bool {
 	r, at := a.rr.rule, a.rr.actType
 	why := guardrails.DryRunReason(c.pol, r, c.e.opts.ForceDryRun)
-	a.req = &guardrails.Request{Rule: r, ActionType: at.Name, Disruptive: at.Disruptive, Finding: a.f, DryRun: why != "", Now: a.now}
+	a.req = &guardrails.Request{Rule: r, ActionType: at.Name, Disruptive: at.Disruptive, NeedsAPI: at.NeedsAPI, Finding: a.f, DryRun: why != "", Now: a.now}
 	p, err := c.runPlan(ctx, a.rr, a.f)
 	if err != nil {
 		reason, ok := finding.IsSkip(err)

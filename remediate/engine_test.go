@@ -134,6 +134,8 @@ func init() {
 		func(p *fakeParams, _ *node.Node) (action.Action, error) { return fakeAction{p.Key}, nil }, action.ActsOnAnyFinding())
 	action.Define("FakeDisruptive", "test",
 		func(p *fakeParams, _ *node.Node) (action.Action, error) { return fakeAction{p.Key}, nil }, action.ActsOnAnyFinding(), action.Disruptive())
+	action.Define("FakeNeedsAPI", "test",
+		func(p *fakeParams, _ *node.Node) (action.Action, error) { return fakeAction{p.Key}, nil }, action.ActsOnAnyFinding(), action.NeedsAPI())
 }
 
 func executed() []string {
@@ -620,6 +622,24 @@ func (g *countingHolder) Release(ctx context.Context, _ *guardrails.Request) {
 		g.cancelledRelease.Store(true)
 	}
 	g.releases.Add(1)
+}
+
+// TestNeedsAPIDeclarationReachesFreshness: the engine hands the action's
+// own declaration (action.NeedsAPI) to the api-freshness guardrail, which
+// blocks it without cluster access and lets a node-local action act.
+func TestNeedsAPIDeclarationReachesFreshness(t *testing.T) {
+	for _, c := range []struct {
+		act     string
+		outcome Outcome
+	}{{"FakeNeedsAPI", OutcomeBlocked}, {"FakeFix", OutcomeExecuted}} {
+		h := newHarness(t)
+		h.opts.Cluster = guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, "no cluster access: test")}
+		setPresent("a", "p")
+		d := decisionFor(h.cycle(h.engine(mustPolicy(t, strings.Replace(enforceRule, "type: FakeFix", "type: "+c.act, 1)))), "p")
+		if d.Outcome != c.outcome || (c.outcome == OutcomeBlocked && d.Guardrail != guardrails.GuardFreshness) {
+			t.Errorf("%s: %s %s %q, want %s", c.act, d.Outcome, d.Guardrail, d.Reason, c.outcome)
+		}
+	}
 }
 
 // TestClusterGuardrailsFailClosedAndRelease: a cluster guardrail that

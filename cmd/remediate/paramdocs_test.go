@@ -54,4 +54,13 @@ func TestPolicyTypesExplainsParameters(t *testing.T) {
 			t.Errorf("policy types lacks %q", want)
 		}
 	}
+	// The actions that declare they need the API are marked (words
+	// joined again across wrapped lines), the node-local ones not.
+	flat := strings.Join(strings.Fields(out), " ")
+	if !strings.Contains(flat, "maxEntries per run [needs the API: blocked while the cluster view is stale]") {
+		t.Error("policy types does not mark FlushConntrack (action.NeedsAPI) as needing the API")
+	}
+	if i := strings.Index(flat, "RaiseConntrackMax raise"); i < 0 || strings.Contains(flat[i:min(len(flat), i+300)], "[needs the API") {
+		t.Error("policy types marks RaiseConntrackMax (node-local) as needing the API, or lacks it")
+	}
 }

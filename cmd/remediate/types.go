@@ -35,6 +35,9 @@ func writeTypes(w io.Writer) error {
 		if t.Disruptive {
 			d += " [disruptive: needs a cluster budget slot]"
 		}
+		if t.NeedsAPI || t.Disruptive {
+			d += " [needs the API: blocked while the cluster view is stale]"
+		}
 		writeWrapped(w, "    ", d)
 		if t.ReplacedBy != "" {
 			writeWrapped(w, "    ", "DEPRECATED (runs as "+t.ReplacedBy+"): "+t.Deprecation)

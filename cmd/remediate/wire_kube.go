@@ -168,11 +168,11 @@ func (w *wiring) kube() *kubeWiring {
 func (w *wiring) Guardrails() guardrails.Cluster {
 	k := w.kube()
 	if k.client == nil {
-		return guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, k.noAccess, nil), Budget: guardrails.NewBudget(nil, guardrails.BudgetOptions{})}
+		return guardrails.Cluster{Freshness: guardrails.NewFreshness(nil, k.noAccess), Budget: guardrails.NewBudget(nil, guardrails.BudgetOptions{})}
 	}
 	return guardrails.Cluster{
 		OptOut:           guardrails.NewOptOut(k.nodes),
-		Freshness:        guardrails.NewFreshness(k.view, "", nil),
+		Freshness:        guardrails.NewFreshness(k.view, ""),
 		Storm:            k.storm,
 		FleetPause:       k.pause.Load(),
 		KubeProxyRollout: k.rollout,

@@ -25,6 +25,25 @@ const (
 	EvidenceLastSetMax = "lastSetMax"
 )
 
+// TableRef is the typed reference to the conntrack table
+// (finding.KindConntrackTable, targets TableTarget and DriftTarget): what
+// RaiseConntrackMax and SetConntrackTimeouts act on. The detector also
+// writes these facts into the evidence (EvidenceMax, EvidenceLastSetMax,
+// PutEvidence) for people; actions read them here.
+type TableRef struct {
+	// Max is nf_conntrack_max when the finding was made.
+	Max uint64
+	// LastSetMax is the value remediate last set (drift findings); 0
+	// when not known.
+	LastSetMax uint64
+	// Composition is the breakdown of the table's entries; nil when the
+	// detector took none.
+	Composition *Composition
+}
+
+// Kind is finding.KindConntrackTable.
+func (TableRef) Kind() finding.Kind { return finding.KindConntrackTable }
+
 // Evidence keys of a backend (BackendRef).
 const (
 	EvidenceBackendIP   = "backendIP"

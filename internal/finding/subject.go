@@ -25,6 +25,30 @@ type Subject struct {
 	Conntrack *Conntrack
 	// Agent holds the facts of a node agent target (KindNodeAgent).
 	Agent *Agent
+	// Refs are the typed references of the target, as the adapters that
+	// own them define them (ipvs.RealRef, ipvs.VirtualRef,
+	// conntrack.BackendRef, conntrack.TableRef): what an action acts on.
+	// One target may carry several (a stale IPVS real server is also a
+	// dead backend's conntrack entries). Read them with RefOf.
+	Refs []Ref
+}
+
+// Ref is an adapter's typed reference to what a finding is about; the
+// adapter defines it with its one encoding (target, evidence for people).
+type Ref interface {
+	// Kind is the kind of target the reference names.
+	Kind() Kind
+}
+
+// RefOf returns the first reference of type T that s carries.
+func RefOf[T Ref](s Subject) (T, bool) {
+	for _, r := range s.Refs {
+		if t, ok := r.(T); ok {
+			return t, true
+		}
+	}
+	var zero T
+	return zero, false
 }
 
 // Process is what the ordering and KillProcess read of a process target

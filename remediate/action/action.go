@@ -14,6 +14,7 @@ package action
 
 import (
 	"context"
+	"fmt"
 	"slices"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -55,6 +56,17 @@ type Type struct {
 	// Disruptive actions (restart kube-proxy, cordon, delete IPVS servers)
 	// additionally need a cluster-wide budget slot.
 	Disruptive bool
+	// NeedsAPI actions act through the Kubernetes API or on the cluster
+	// view's data: the api-freshness guardrail blocks them while the view
+	// is missing, not synced or disconnected (it blocks every Disruptive
+	// action too). An action whose code reads node.Node's API adapters
+	// declares it, or APIOptional (TestAPIReadersDeclare).
+	NeedsAPI bool
+	// APIOptional, when set, says why an action that reads the API
+	// adapters still acts safely without a fresh view (it checks the
+	// view's freshness itself and refuses what it cannot tell): the
+	// freshness guardrail lets it pass.
+	APIOptional string
 	// NewParams returns a pointer to a fresh parameter struct with defaults.
 	NewParams func() any
 	// New builds the action from validated parameters and the node adapters.
@@ -106,6 +118,16 @@ type Option = func(*Type)
 // Disruptive marks the action as needing a cluster-wide budget slot.
 func Disruptive() Option { return func(t *Type) { t.Disruptive = true } }
 
+// NeedsAPI declares that the action acts through the Kubernetes API or on
+// the cluster view's data: the api-freshness guardrail blocks it while the
+// view cannot be trusted.
+func NeedsAPI() Option { return func(t *Type) { t.NeedsAPI = true } }
+
+// APIOptional declares that the action reads the API adapters only when
+// their view is fresh, checking that itself, and acts (or refuses) safely
+// without them; why says how. The freshness guardrail lets it pass.
+func APIOptional(why string) Option { return func(t *Type) { t.APIOptional = why } }
+
 // ActsOn declares the kinds of target the action can act on.
 func ActsOn(kinds ...finding.Kind) Option {
 	return func(t *Type) { t.ActsOn = append(t.ActsOn, kinds...) }
@@ -127,7 +149,9 @@ func DeprecatedFor(replacedBy, note string) Option {
 func ActsOnAnyFinding() Option { return func(t *Type) { t.ActsOnAny = true } }
 
 var registered = registry.NewTypes("action", "action", func(t Type) string { return t.Name },
-	func(t Type) bool { return t.Name != "" && t.NewParams != nil && t.New != nil && t.Declared() })
+	func(t Type) bool {
+		return t.Name != "" && t.NewParams != nil && t.New != nil && t.Declared() && !(t.NeedsAPI && t.APIOptional != "")
+	})
 
 // Define registers an action type: the one-line registration. The
 // factory's parameter type P is the policy's parameter block for this
@@ -144,3 +168,15 @@ func Lookup(name string) (Type, bool) { return registered.Get(name) }
 
 // Types returns all registered types sorted by name.
 func Types() []Type { return registered.All() }
+
+// refOf returns the typed reference of type T that the finding's subject
+// carries (finding.Subject.Refs, set by its detector): the facts an action
+// acts on. Actions never decode them from the evidence, which is for
+// people.
+func refOf[T finding.Ref](f finding.Finding, what string) (T, error) {
+	r, ok := finding.RefOf[T](f.Subject)
+	if !ok {
+		return r, fmt.Errorf("carries no %s reference (Subject.Refs, set by its detector)", what)
+	}
+	return r, nil
+}

@@ -82,7 +82,7 @@ func (p *ClearIPVSUDPAffinityParams) SetDefaults() {
 func init() {
 	Define(ClearIPVSUDPAffinityName,
 		"free UDP clients pinned by IPVS to a dead backend (from IPVSUDPDeadBackend): delete it from its virtual servers and set net.ipv4.vs.expire_nodest_conn=1, so each pinned entry expires on its next packet",
-		newClearIPVSUDPAffinity, Disruptive(), ActsOnDetectors("IPVSUDPDeadBackend"))
+		newClearIPVSUDPAffinity, Disruptive(), NeedsAPI(), ActsOnDetectors("IPVSUDPDeadBackend"))
 }
 
 func newClearIPVSUDPAffinity(pp *ClearIPVSUDPAffinityParams, n *node.Node) (Action, error) {
@@ -115,15 +115,18 @@ func (a *clearIPVSUDPAffinity) check(ctx context.Context, f finding.Finding) (*a
 	if a.n.IPVS == nil {
 		return nil, finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	ref, err := conntrack.DecodeBackendRef(f.Evidence)
+	ref, err := refOf[conntrack.BackendRef](f, "backend")
+	if err == nil {
+		err = ref.Backend.Validate()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("finding %s: %w", f.Target, err)
 	}
-	if ref.Protocol != "" && ref.Protocol != ipvs.UDP {
+	if ref.Protocol != "" && !strings.EqualFold(ref.Protocol, ipvs.UDP) {
 		return nil, finding.Skip("finding %s is about %s, not UDP: not touching it", f.Target, ref.Protocol)
 	}
 	if ref.Backend.Port == 0 {
-		return nil, fmt.Errorf("finding %s: evidence names no backend port: this action needs the exact backend", f.Target)
+		return nil, fmt.Errorf("finding %s names no backend port: this action needs the exact backend", f.Target)
 	}
 	ip, port := ref.Backend.IP, ref.Backend.Port
 	pl := &affinityPlan{backend: netip.AddrPortFrom(ip.Unmap(), port), weights: map[string]int{}}

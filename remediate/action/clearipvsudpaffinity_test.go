@@ -44,8 +44,8 @@ func nodestValue(t *testing.T, w *ipvsActWorld) string {
 }
 
 func deadBackendFinding(ip string, port int) finding.Finding {
-	return finding.Finding{Detector: "IPVSUDPDeadBackend", Target: detect.DeadBackendTarget("UDP", netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))),
-		Evidence: map[string]any{"backendIP": ip, "backendPort": port, "protocol": "UDP"}}
+	return withRefs(finding.Finding{Detector: "IPVSUDPDeadBackend", Target: detect.DeadBackendTarget("UDP", netip.AddrPortFrom(netip.MustParseAddr(ip), uint16(port))),
+		Evidence: map[string]any{"backendIP": ip, "backendPort": port, "protocol": "UDP"}})
 }
 
 func TestClearIPVSUDPAffinity(t *testing.T) {
@@ -123,7 +123,7 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 		{name: "no entries pinned to a live backend's finding", f: deadBackendFinding("10.244.9.9", 53), want: "any more"},
 		{name: "setExpireNodestConn false", set: func(p any) { p.(*ClearIPVSUDPAffinityParams).SetExpireNodestConn = false }, want: "frees no client"},
 		{name: "unexpected sysctl value", setup: func(w *ipvsActWorld) *ipvsActWorld { return affinityWorld(t, "2") }, want: `is "2"`},
-		{name: "TCP finding", f: finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "TCP"}}, want: "not UDP"},
+		{name: "TCP finding", f: withRefs(finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "backendPort": 53, "protocol": "TCP"}}), want: "not UDP"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -145,7 +145,7 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 			}
 		})
 	}
-	// A missing backendIP is an error, not a skip.
+	// A finding without a backend reference is an error, not a skip.
 	w := affinityWorld(t, "0")
 	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, finding.Finding{Target: "x", Evidence: map[string]any{}}); err == nil {
 		t.Fatal("no evidence accepted")
@@ -154,7 +154,7 @@ func TestClearIPVSUDPAffinityRefusals(t *testing.T) {
 	}
 	// A backend without a port would name every port of the pod: refused
 	// as an error (the detector always gives the port).
-	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "protocol": "UDP"}}); err == nil || !strings.Contains(err.Error(), "no backend port") {
+	if _, err := newIPVSAction(t, ClearIPVSUDPAffinityName, w.node, nil).Execute(ctx, withRefs(finding.Finding{Target: "x", Evidence: map[string]any{"backendIP": "10.244.0.12", "protocol": "UDP"}})); err == nil || !strings.Contains(err.Error(), "no backend port") {
 		t.Fatalf("no port: %v", err)
 	}
 	if !hasRS(t, w, dnsUDPVS, "10.244.0.12") || nodestValue(t, w) != "0" {

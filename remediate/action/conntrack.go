@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/shirou/gopsutil/v3/common"
 	"github.com/shirou/gopsutil/v3/mem"
@@ -22,15 +23,16 @@ const (
 	FlushConntrackName    = "FlushConntrack"
 )
 
-// Evidence keys FlushConntrack reads from the finding (supplied by
+// FlushConntrack reads the dead backend from the finding's typed
+// reference, conntrack.BackendRef in Subject.Refs (set by
 // IPVSUDPDeadBackend, IPVSStaleRealServer and, in iptables and nftables
-// modes, ConntrackStaleServiceEntries, all through conntrack.BackendRef):
+// modes, ConntrackStaleServiceEntries; the same facts are in the evidence
+// as backendIP, backendPort, protocol, for people):
 //
-//	"backendIP"   string, required: the dead backend's IP (v4 or v6).
-//	"backendPort" number (or decimal string), optional: its port; 0 or
-//	              absent = every port of that IP.
-//	"protocol"    string, optional: when present it must be "UDP" (case
-//	              insensitive); a TCP finding is refused, never widened.
+//	Backend.IP    required: the dead backend's IP (v4 or v6).
+//	Backend.Port  optional: its port; 0 = every port of that IP.
+//	Protocol      optional: when set it must be "UDP" (case insensitive);
+//	              a TCP finding is refused, never widened.
 //
 // An IP of this node (a hostNetwork backend) is refused without a port: by
 // IP alone it would name every UDP conversation the node answers. Entries
@@ -101,8 +103,8 @@ func init() {
 		"raise nf_conntrack_max by a factor or step (never lower; bounded by a ceiling and a share of node memory), optionally hashsize to max/4",
 		newRaiseConntrackMax, ActsOn(finding.KindConntrackTable))
 	Define(FlushConntrackName,
-		"delete the UDP conntrack entries whose reply source is a dead backend (evidence backendIP[, backendPort]), at most maxEntries per run",
-		newFlushConntrack, ActsOn(finding.KindConntrackBackend))
+		"delete the UDP conntrack entries whose reply source is a dead backend (its IP[, port]), at most maxEntries per run",
+		newFlushConntrack, NeedsAPI(), ActsOn(finding.KindConntrackBackend))
 }
 
 func newRaiseConntrackMax(p *RaiseConntrackMaxParams, n *node.Node) (Action, error) {
@@ -201,13 +203,13 @@ func (a *raiseConntrackMax) compute(ctx context.Context, f finding.Finding) (max
 		return maxPlan{}, err
 	}
 	target, restore := a.growth(cur), false
+	ref, hasRef := finding.RefOf[conntrack.TableRef](f.Subject)
 	if f.Target == conntrack.DriftTarget {
-		last, err := finding.EvidenceInt(f.Evidence, conntrack.EvidenceLastSetMax)
-		if err != nil || last <= 0 {
-			return maxPlan{}, finding.Skip("drift finding without lastSetMax evidence")
+		if !hasRef || ref.LastSetMax == 0 {
+			return maxPlan{}, finding.Skip("drift finding without the value remediate last set (conntrack.TableRef.LastSetMax)")
 		}
-		target, restore = uint64(last), true
-	} else if seen, err := finding.EvidenceInt(f.Evidence, conntrack.EvidenceMax); err == nil && seen >= 0 && cur > uint64(seen) {
+		target, restore = ref.LastSetMax, true
+	} else if seen := ref.Max; hasRef && cur > seen {
 		// Someone raised it since detection: the finding is stale.
 		return maxPlan{}, finding.Skip("nf_conntrack_max changed since detection (%d -> %d): waiting for a fresh detection", seen, cur)
 	}
@@ -311,13 +313,16 @@ func localAddr(ip netip.Addr) (bool, error) {
 	return false, nil
 }
 
-// backendFromEvidence reads the dead backend from a finding
+// backendOf reads the dead backend from a finding's typed reference
 // (conntrack.BackendRef) and refuses anything but UDP: a TCP finding is
 // refused, never widened.
-func backendFromEvidence(ev map[string]any) (conntrack.Backend, error) {
-	r, err := conntrack.DecodeBackendRef(ev)
-	if err == nil && r.Protocol != "" && r.Protocol != "UDP" {
-		err = fmt.Errorf("finding is about protocol %v: FlushConntrack only deletes UDP entries", ev[conntrack.EvidenceProtocol])
+func backendOf(f finding.Finding) (conntrack.Backend, error) {
+	r, err := refOf[conntrack.BackendRef](f, "backend")
+	if err == nil {
+		err = r.Backend.Validate()
+	}
+	if err == nil && r.Protocol != "" && !strings.EqualFold(r.Protocol, "UDP") {
+		err = fmt.Errorf("finding is about protocol %s: FlushConntrack only deletes UDP entries", r.Protocol)
 	}
 	return r.Backend, err
 }
@@ -327,7 +332,7 @@ func (a *flushConntrack) backend(f finding.Finding) (conntrack.Interface, conntr
 	if ct == nil {
 		return nil, conntrack.Backend{}, finding.Skip("%s", a.n.Why("conntrack"))
 	}
-	b, err := backendFromEvidence(f.Evidence)
+	b, err := backendOf(f)
 	if err != nil {
 		return nil, b, finding.Skip("cannot name the dead backend: %v", err)
 	}

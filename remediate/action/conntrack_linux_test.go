@@ -76,7 +76,7 @@ func TestConntrackRealKernelDetectAndFlush(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := finding.Finding{Target: "endpoint/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53, "protocol": "UDP"}}
+	f := withRefs(finding.Finding{Target: "endpoint/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53, "protocol": "UDP"}})
 	p, err := a.Plan(ctx, f)
 	if err != nil || !strings.Contains(p.Summary, "delete 20 ") {
 		t.Fatalf("plan = %+v, %v", p, err)
@@ -155,7 +155,7 @@ func TestRaiseConntrackMaxRealAdapterTempRoots(t *testing.T) {
 			t.Fatalf("no drift finding in %+v", fs)
 		}
 	}
-	drift := finding.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": rec.Max}}
+	drift := withRefs(finding.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": rec.Max}})
 	if _, err := a.Execute(ctx, drift); err != nil {
 		t.Fatal(err)
 	}

@@ -111,8 +111,8 @@ func newRaise(t *testing.T, f *conntrack.Fake, mem uint64, mut func(p *RaiseConn
 }
 
 func tableFinding(max uint64) finding.Finding {
-	return finding.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget,
-		Evidence: map[string]any{"max": max, "count": max}}
+	return withRefs(finding.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget,
+		Evidence: map[string]any{"max": max, "count": max}})
 }
 
 func TestRaiseConntrackMaxPlanThenExecute(t *testing.T) {
@@ -161,7 +161,7 @@ func TestRaiseConntrackMaxRestoresAfterDrift(t *testing.T) {
 	ctx := context.Background()
 	f := conntrack.NewFake(131072, 32768)
 	a := newRaise(t, f, 16<<30, nil)
-	drift := finding.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": uint64(393216)}}
+	drift := withRefs(finding.Finding{Target: detect.ConntrackDriftTarget, Evidence: map[string]any{"max": uint64(131072), "lastSetMax": uint64(393216)}})
 	r, err := a.Execute(ctx, drift)
 	if err != nil || f.MaxValue != 393216 || !strings.Contains(r.Summary, "restoring") {
 		t.Fatalf("restore: %+v, %v, max %d", r, err, f.MaxValue)
@@ -200,7 +200,10 @@ func udpFlow(client, backend string) conntrack.Flow {
 		ReplySrc: netip.MustParseAddrPort(backend), ReplyDst: c}
 }
 
-func TestBackendFromEvidence(t *testing.T) {
+// TestBackendOf: FlushConntrack reads the backend from the finding's
+// typed reference (decoded here from evidence as its detector writes it)
+// and refuses a TCP one, a finding with none, and an invalid backend.
+func TestBackendOf(t *testing.T) {
 	var num json.Number = "53"
 	for _, tc := range []struct {
 		ev   map[string]any
@@ -223,10 +226,17 @@ func TestBackendFromEvidence(t *testing.T) {
 		{map[string]any{"backendIP": "10.0.1.1", "backendPort": -1}, "", true},
 		{map[string]any{"backendIP": "10.0.1.1", "backendPort": 53.5}, "", true},
 	} {
-		b, err := backendFromEvidence(tc.ev)
+		b, err := backendOf(withRefs(finding.Finding{Evidence: tc.ev}))
 		if (err != nil) != tc.err || (!tc.err && b.String() != tc.want) {
 			t.Errorf("%v: got %s, %v; want %s (error %v)", tc.ev, b, err, tc.want, tc.err)
 		}
+	}
+	zero := finding.Finding{Subject: finding.Subject{Refs: []finding.Ref{conntrack.BackendRef{Backend: conntrack.Backend{IP: netip.MustParseAddr("0.0.0.0")}}}}}
+	if _, err := backendOf(zero); err == nil {
+		t.Error("an unspecified backend address in the reference is accepted")
+	}
+	if _, err := backendOf(finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1"}}); err == nil || !strings.Contains(err.Error(), "no backend reference") {
+		t.Errorf("evidence without a reference: %v, want refused", err)
 	}
 }
 
@@ -246,7 +256,7 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd := finding.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53}}
+	fd := withRefs(finding.Finding{Target: "ipvs-rs/UDP/10.96.0.10:53/10.0.1.1:53", Evidence: map[string]any{"backendIP": "10.0.1.1", "backendPort": 53}})
 	p, err := a.Plan(ctx, fd)
 	if err != nil || !strings.Contains(p.Summary, "delete 3") || !strings.Contains(p.Summary, "more than 3") || len(f.Flows) != 8 {
 		t.Fatalf("plan = %+v, %v (table %d)", p, err, len(f.Flows))
@@ -272,23 +282,23 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 	// (ConntrackStaleServiceEntries' Subject.Conntrack.Entries) is planned
 	// from it: the table is not dumped a second time.
 	counts := f.Calls["CountUDPByReplySource"]
-	seen := finding.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53},
-		Subject: finding.Subject{Kind: finding.KindConntrackBackend, Conntrack: &finding.Conntrack{Entries: 1}}}
+	seen := withRefs(finding.Finding{Detector: "ConntrackStaleServiceEntries", Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53},
+		Subject: finding.Subject{Kind: finding.KindConntrackBackend, Conntrack: &finding.Conntrack{Entries: 1}}})
 	if p, err := a.Plan(ctx, seen); err != nil || !strings.Contains(p.Summary, "1 seen by ConntrackStaleServiceEntries this cycle") || p.Details["seenByDetector"] != 1 {
 		t.Fatalf("plan from the detector's count = %+v, %v", p, err)
 	}
 	if f.Calls["CountUDPByReplySource"] != counts {
 		t.Fatal("planning from the detector's count dumped the table")
 	}
-	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}}); !isSkip(err) || len(f.Flows) != 3 {
+	if _, err := a.Execute(ctx, withRefs(finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.1", "protocol": "tcp"}})); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("TCP finding: %v", err)
 	}
 	// The node's own address (a hostNetwork backend) needs a port.
 	a.(*flushConntrack).isLocal = func(ip netip.Addr) (bool, error) { return ip == netip.MustParseAddr("10.0.1.2"), nil }
-	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}}); !isSkip(err) || len(f.Flows) != 3 {
+	if _, err := a.Execute(ctx, withRefs(finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2"}})); !isSkip(err) || len(f.Flows) != 3 {
 		t.Fatalf("node address without port: %v (table %d)", err, len(f.Flows))
 	}
-	if r, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53}}); err != nil || r.Details["deleted"] != 1 {
+	if r, err := a.Execute(ctx, withRefs(finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.2", "backendPort": 53}})); err != nil || r.Details["deleted"] != 1 {
 		t.Fatalf("node address with port: %+v, %v", r, err)
 	}
 	if _, err := localAddr(netip.MustParseAddr("127.0.0.1")); err != nil {
@@ -298,7 +308,7 @@ func TestFlushConntrackPlanAndExecute(t *testing.T) {
 		t.Fatal("loopback is local")
 	}
 	f.InjectError("DeleteUDPByReplySource", errors.New("netlink: EPERM"))
-	if _, err := a.Execute(ctx, finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.3"}}); err == nil || isSkip(err) {
+	if _, err := a.Execute(ctx, withRefs(finding.Finding{Evidence: map[string]any{"backendIP": "10.0.1.3"}})); err == nil || isSkip(err) {
 		t.Fatalf("adapter error must fail: %v", err)
 	}
 }

@@ -55,7 +55,7 @@ func (p *CordonNodeParams) Validate() []policy.FieldError {
 func init() {
 	Define("CordonNode",
 		"cordons this node (optionally tainting it) and uncordons it once the finding has resolved; off unless enabled",
-		newCordonNode, Disruptive(), ActsOnAnyFinding())
+		newCordonNode, Disruptive(), NeedsAPI(), ActsOnAnyFinding())
 }
 
 type cordonNode struct {

@@ -38,7 +38,7 @@ func (p *DeleteIPVSRealServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("DeleteIPVSRealServer",
 		"delete a stale IPVS real server (from IPVSStaleRealServer) after re-checking it against a fresh cluster view",
-		newDeleteIPVSRealServer, Disruptive(), ActsOn(finding.KindIPVSRealServer))
+		newDeleteIPVSRealServer, Disruptive(), NeedsAPI(), ActsOn(finding.KindIPVSRealServer))
 }
 
 type deleteIPVSRealServer struct {
@@ -61,7 +61,7 @@ func (a *deleteIPVSRealServer) check(ctx context.Context, f finding.Finding, now
 	if a.n.IPVS == nil {
 		return vs, rs, "", finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	ref, err := ipvs.DecodeRealRef(f.Evidence)
+	ref, err := refOf[ipvs.RealRef](f, "IPVS real server")
 	if err != nil {
 		return vs, rs, "", fmt.Errorf("finding %s: %w", f.Target, err)
 	}

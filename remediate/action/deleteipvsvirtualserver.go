@@ -54,7 +54,7 @@ func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 func init() {
 	Define("DeleteIPVSVirtualServer",
 		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
-		newDeleteIPVSVirtualServer, Disruptive(), ActsOn(finding.KindIPVSVirtualServer))
+		newDeleteIPVSVirtualServer, Disruptive(), NeedsAPI(), ActsOn(finding.KindIPVSVirtualServer))
 }
 
 type deleteIPVSVirtualServer struct {
@@ -96,7 +96,7 @@ func (a *deleteIPVSVirtualServer) check(ctx context.Context, f finding.Finding, 
 	if a.n.IPVS == nil {
 		return ipvs.VirtualServer{}, nil, finding.Skip("%s", a.n.Why("ipvs"))
 	}
-	ref, err := ipvs.DecodeVirtualRef(f.Evidence)
+	ref, err := refOf[ipvs.VirtualRef](f, "IPVS virtual server")
 	if err != nil {
 		return ipvs.VirtualServer{}, nil, fmt.Errorf("finding %s: %w", f.Target, err)
 	}

@@ -264,6 +264,6 @@ func TestVMClearIPVSUDPAffinity(t *testing.T) {
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("after the remedy: %+v, %v", fs, err)
 	}
-	_, err = a.Execute(ctx, finding.Finding{Target: target, Evidence: map[string]any{"backendIP": l.dead.V4.String(), "backendPort": 5353, "protocol": "UDP"}})
+	_, err = a.Execute(ctx, withRefs(finding.Finding{Target: target, Evidence: map[string]any{"backendIP": l.dead.V4.String(), "backendPort": 5353, "protocol": "UDP"}}))
 	wantSkip(t, err, "any more")
 }

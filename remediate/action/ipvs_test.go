@@ -80,19 +80,19 @@ func newIPVSActWorld(t *testing.T) *ipvsActWorld {
 }
 
 func rsFinding(vs ipvs.VirtualServer, addr string) finding.Finding {
-	return finding.Finding{
+	return withRefs(finding.Finding{
 		Detector: "IPVSStaleRealServer",
 		Target:   "ipvs-rs/" + vs.Key() + "/" + addr + ":53",
 		Evidence: map[string]any{"vsProtocol": vs.Protocol, "vsAddress": vs.Address.String(), "vsPort": int(vs.Port), "rsAddress": addr, "rsPort": 53},
-	}
+	})
 }
 
 func vsFinding(proto, addr string, port int) finding.Finding {
-	return finding.Finding{
+	return withRefs(finding.Finding{
 		Detector: "IPVSStaleVirtualServer",
 		Target:   "ipvs-vs/" + proto + "/" + addr,
 		Evidence: map[string]any{"vsProtocol": proto, "vsAddress": addr, "vsPort": port},
-	}
+	})
 }
 
 func newIPVSAction(t *testing.T, name string, n *node.Node, set func(p any)) Action {
@@ -303,7 +303,8 @@ func TestDeleteIPVSRealServerPerCycleLimitAndJSONEvidence(t *testing.T) {
 	}
 	w.clock.SetTime(ipvsT0.Add(61 * time.Second))
 	w.view.SetFreshness(cluster.Freshness{Synced: true, Connected: true, LastEvent: ipvsT0.Add(60 * time.Second)})
-	// Evidence read back from the journal has float64 numbers.
+	// Evidence read back from JSON (float64 numbers) changes nothing: the
+	// action reads the typed reference.
 	var ev map[string]any
 	b, _ := json.Marshal(second.Evidence)
 	if err := json.Unmarshal(b, &ev); err != nil {
@@ -316,11 +317,12 @@ func TestDeleteIPVSRealServerPerCycleLimitAndJSONEvidence(t *testing.T) {
 	if hasRS(t, w, dnsUDPVS, "10.244.0.13") {
 		t.Fatal("not deleted in the next cycle")
 	}
-	// Garbage evidence is an error, never a guess.
+	// A finding without the typed reference is an error, never a guess
+	// from its evidence.
 	bad := rsFinding(dnsUDPVS, "10.244.1.21")
-	bad.Evidence["rsPort"] = 70000
-	if _, err := a.Plan(ctx, bad); err == nil {
-		t.Fatal("want an error for a bad port")
+	bad.Subject.Refs = nil
+	if _, err := a.Plan(ctx, bad); err == nil || !strings.Contains(err.Error(), "no IPVS real server reference") {
+		t.Fatalf("want an error for a finding without a reference, got %v", err)
 	}
 }
 

@@ -49,8 +49,8 @@ func setDNS(view *clustertest.Fake, eps ...string) {
 }
 
 func vmRSFinding(proto, rs string) finding.Finding {
-	return finding.Finding{Detector: "IPVSStaleRealServer", Target: "ipvs-rs/" + proto + "/10.96.0.10:53/" + rs + ":5353",
-		Evidence: map[string]any{"vsProtocol": proto, "vsAddress": "10.96.0.10", "vsPort": 53, "rsAddress": rs, "rsPort": 5353}}
+	return withRefs(finding.Finding{Detector: "IPVSStaleRealServer", Target: "ipvs-rs/" + proto + "/10.96.0.10:53/" + rs + ":5353",
+		Evidence: map[string]any{"vsProtocol": proto, "vsAddress": "10.96.0.10", "vsPort": 53, "rsAddress": rs, "rsPort": 5353}})
 }
 
 func ipvsadmHas(t *testing.T, s string) bool { return strings.Contains(vm.Sh(t, "ipvsadm", "-Ln"), s) }

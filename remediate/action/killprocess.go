@@ -108,7 +108,8 @@ func (p *KillProcessParams) Validate() []policy.FieldError {
 func init() {
 	Define("KillProcess",
 		"SIGTERM, grace period, SIGKILL a process target (hung iptables-restore, stuck xtables lock holder, kube-proxy's stuck nft), re-checking identity, allowlist and required parent before each signal",
-		newKillProcess, ActsOn(finding.KindProcess))
+		newKillProcess, ActsOn(finding.KindProcess),
+		APIOptional("it names a process by its pod only through procident.PodsOf, which refuses a watch of this node's pods that is missing, unsynced or disconnected; a process in a pod's cgroup is then refused (whose pod it is cannot be told), a host process needs no view"))
 }
 
 type killProcess struct {

@@ -75,7 +75,7 @@ func init() {
 		func(p *RestartKubeProxyParams, n *node.Node) (Action, error) {
 			return newRestartNodeAgent(p.NodeAgentParams(), n)
 		},
-		Disruptive(), ActsOn(kubeProxyKinds...), DeprecatedFor("RestartNodeAgent", restartKubeProxyDeprecation))
+		Disruptive(), NeedsAPI(), ActsOn(kubeProxyKinds...), DeprecatedFor("RestartNodeAgent", restartKubeProxyDeprecation))
 }
 
 // kubeProxyKinds are the kinds of finding whose remedy is restarting

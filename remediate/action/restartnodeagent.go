@@ -58,7 +58,7 @@ func (p *RestartNodeAgentParams) Validate() []policy.FieldError {
 func init() {
 	Define("RestartNodeAgent",
 		"deletes this node's pod of an allowlisted node agent (kube-proxy, the CNI agent, or the agent whose process holds the xtables lock; DaemonSet-managed only: a static pod, a systemd unit or k3s's embedded kube-proxy is refused with how to restart it) and waits for its replacement to be Ready (kube-proxy's: and its /healthz healthy); the one action that restarts kube-proxy",
-		newRestartNodeAgent, Disruptive(), ActsOn(append([]finding.Kind{finding.KindNodeAgent, finding.KindPod, finding.KindProcess, finding.KindCNIAgentProcess}, kubeProxyKinds...)...))
+		newRestartNodeAgent, Disruptive(), NeedsAPI(), ActsOn(append([]finding.Kind{finding.KindNodeAgent, finding.KindPod, finding.KindProcess, finding.KindCNIAgentProcess}, kubeProxyKinds...)...))
 }
 
 type restartNodeAgent struct {

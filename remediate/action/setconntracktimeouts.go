@@ -214,11 +214,10 @@ func (a *setConntrackTimeouts) compute(ctx context.Context, f finding.Finding) (
 	if f.Target != conntrack.TableTarget {
 		return nil, comp, cur, set, finding.Skip("finding %s is not about the table filling up", f.Target)
 	}
-	comp, _, err := conntrack.DecodeComposition(f.Evidence)
-	if err != nil {
-		return nil, comp, cur, set, finding.Skip("cannot read the table's breakdown: %v", err)
+	if ref, ok := finding.RefOf[conntrack.TableRef](f.Subject); ok && ref.Composition != nil {
+		comp = *ref.Composition
 	}
-	cur, err = tt.Timeouts(ctx)
+	cur, err := tt.Timeouts(ctx)
 	if err != nil {
 		return nil, comp, cur, set, fmt.Errorf("read conntrack timeouts: %w", err)
 	}

@@ -142,7 +142,7 @@ func newCTTimeouts(t *testing.T, f *conntrack.Fake) Action {
 func udpFullFinding() finding.Finding {
 	fd := finding.Finding{Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget, Evidence: map[string]any{"max": 1000, "count": 950}}
 	composition(map[conntrack.Class]uint64{conntrack.ClassUDPStream: 900, "tcp/ESTABLISHED": 50}).PutEvidence(fd.Evidence)
-	return fd
+	return withRefs(fd)
 }
 
 // Plan changes nothing; Execute lowers, reads back and journals the undo;
@@ -190,7 +190,7 @@ func TestSetConntrackTimeoutsPlanExecute(t *testing.T) {
 		"bad breakdown": {Detector: detect.ConntrackExhaustionName, Target: detect.ConntrackTableTarget, Evidence: map[string]any{conntrack.EvidenceComposition: "garbage"}},
 	} {
 		f := conntrack.NewFake(1000, 250)
-		if _, err := newCTTimeouts(t, f).Plan(ctx, fd); err == nil {
+		if _, err := newCTTimeouts(t, f).Plan(ctx, withRefs(fd)); err == nil {
 			t.Errorf("%s: planned", name)
 		} else if _, ok := finding.IsSkip(err); !ok {
 			t.Errorf("%s: %v is not a skip", name, err)

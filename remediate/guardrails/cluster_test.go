@@ -37,24 +37,31 @@ func TestFreshness(t *testing.T) {
 		view       cluster.View
 		action     string
 		disruptive bool
+		needsAPI   bool   // the action's declaration (action.NeedsAPI)
 		want       string // "" allowed, else substring of the reason
 	}{
-		{"node-local passes without access", nil, "KillProcess", false, ""},
-		{"api action without access", nil, "CordonNode", false, "needs the Kubernetes API: no cluster access: not in a pod"},
-		{"disruptive without access", nil, "Whatever", true, "no cluster access"},
-		{"unsynced", fakeView{cluster.Freshness{Connected: true}}, "RestartKubeProxy", true, "not synced"},
-		{"disconnected", fakeView{down}, "RestartKubeProxy", true, "API server unreachable (last error 20s ago): connection refused"},
-		{"node-local while down", fakeView{down}, "RaiseConntrackMax", false, ""},
-		{"fresh", fakeView{fresh}, "RestartKubeProxy", true, ""},
+		{"node-local passes without access", nil, "KillProcess", false, false, ""},
+		{"api action without access", nil, "CordonNode", false, true, "needs the Kubernetes API: no cluster access: not in a pod"},
+		{"disruptive without access", nil, "Whatever", true, false, "no cluster access"},
+		{"unsynced", fakeView{cluster.Freshness{Connected: true}}, "RestartKubeProxy", true, true, "not synced"},
+		{"disconnected", fakeView{down}, "RestartKubeProxy", true, true, "API server unreachable (last error 20s ago): connection refused"},
+		{"declared api action while down", fakeView{down}, "AnyName", false, true, "needs a fresh cluster view: API server unreachable"},
+		{"node-local while down", fakeView{down}, "RaiseConntrackMax", false, false, ""},
+		// The guard reads the declaration, not the name: a type named as
+		// an API action that does not declare it passes.
+		{"undeclared passes whatever its name", fakeView{down}, "FlushConntrack", false, false, ""},
+		{"fresh", fakeView{fresh}, "RestartKubeProxy", true, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var g *Freshness
 			if tc.view == nil {
-				g = NewFreshness(nil, "no cluster access: not in a pod", nil)
+				g = NewFreshness(nil, "no cluster access: not in a pod")
 			} else {
-				g = NewFreshness(tc.view, "", nil)
+				g = NewFreshness(tc.view, "")
 			}
-			err := g.Check(context.Background(), req("r", "t", tc.action, tc.disruptive, false, now))
+			r := req("r", "t", tc.action, tc.disruptive, false, now)
+			r.NeedsAPI = tc.needsAPI
+			err := g.Check(context.Background(), r)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("blocked: %v", err)

@@ -8,33 +8,19 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 )
 
-// DefaultAPIActions are the action types that act through the API or on
-// the view's data, beyond the disruptive ones (which always need a fresh
-// view).
-var DefaultAPIActions = []string{"RestartKubeProxy", "RestartNodeAgent", "CordonNode", "DeleteIPVSRealServer", "DeleteIPVSVirtualServer", "ClearIPVSUDPAffinity", "FlushConntrack"}
-
-// Freshness blocks actions that depend on the Kubernetes API (the listed
-// types and every disruptive one) while the cluster view is missing, not
-// yet synced, or disconnected. Node-local actions pass.
+// Freshness blocks actions that depend on the Kubernetes API (those that
+// declare it, Request.NeedsAPI, and every disruptive one) while the
+// cluster view is missing, not yet synced, or disconnected. Node-local
+// actions pass.
 type Freshness struct {
 	view           cluster.View
 	noAccessReason string
-	apiActions     map[string]bool
 }
 
 // NewFreshness returns the guardrail. view may be nil (no cluster access);
-// then noAccessReason is the reason given. apiActions lists the
-// non-disruptive action types that also need the API (nil means
-// DefaultAPIActions).
-func NewFreshness(view cluster.View, noAccessReason string, apiActions []string) *Freshness {
-	if apiActions == nil {
-		apiActions = DefaultAPIActions
-	}
-	g := &Freshness{view: view, noAccessReason: noAccessReason, apiActions: map[string]bool{}}
-	for _, a := range apiActions {
-		g.apiActions[a] = true
-	}
-	return g
+// then noAccessReason is the reason given.
+func NewFreshness(view cluster.View, noAccessReason string) *Freshness {
+	return &Freshness{view: view, noAccessReason: noAccessReason}
 }
 
 // Name implements Guardrail.
@@ -42,7 +28,7 @@ func (g *Freshness) Name() string { return GuardFreshness }
 
 // Check implements Guardrail.
 func (g *Freshness) Check(_ context.Context, r *Request) error {
-	if !r.Disruptive && !g.apiActions[r.ActionType] {
+	if !r.Disruptive && !r.NeedsAPI {
 		return nil
 	}
 	if g.view == nil {

@@ -20,6 +20,9 @@ type Request struct {
 	ActionType string
 	// Disruptive is true for actions that need a cluster-wide budget slot.
 	Disruptive bool
+	// NeedsAPI is true for actions that act through the Kubernetes API or
+	// on the cluster view's data (action.NeedsAPI, declared by the action).
+	NeedsAPI bool
 	// Finding is the finding being remedied.
 	Finding finding.Finding
 	// DryRun is true when the action will not be executed (audit mode,

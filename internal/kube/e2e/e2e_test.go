@@ -739,7 +739,7 @@ func testAPIServerDown(t *testing.T, cp *controlplane.ControlPlane) {
 	n := &node.Node{Name: "n1", Kube: c.Interface, Cluster: view, Unavailable: map[string]string{}}
 	guards := guardrails.Cluster{
 		OptOut:    guardrails.NewOptOut(nw),
-		Freshness: guardrails.NewFreshness(view, "", nil),
+		Freshness: guardrails.NewFreshness(view, ""),
 		Storm:     guardrails.NewStorm(c.Interface, guardrails.StormOptions{Namespace: deploytest.Namespace, Node: "n1"}),
 		Budget:    guardrails.NewBudget(c.Interface, guardrails.BudgetOptions{Namespace: deploytest.Namespace, Slots: 3, TTL: time.Minute, Node: "n1", Prefix: "remediate-budget-e2e"}),
 	}

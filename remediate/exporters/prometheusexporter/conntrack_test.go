@@ -37,10 +37,12 @@ func TestConntrackGauges(t *testing.T) {
 		comp.Add(&f)
 	}
 	ev := map[string]any{}
-	comp.Result().PutEvidence(ev)
+	res := comp.Result()
+	res.PutEvidence(ev) // for people; the exporter reads the typed reference
+	table := finding.Subject{Refs: []finding.Ref{conntrack.TableRef{Max: 100, Composition: &res}}}
 	fs := []remediate.ReportFinding{
 		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.DriftTarget, Evidence: map[string]any{}}},
-		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.TableTarget, Evidence: ev}},
+		{Rule: "ct", Finding: finding.Finding{Detector: detect.ConntrackExhaustionName, Target: conntrack.TableTarget, Evidence: ev, Subject: table}},
 	}
 	ran := map[string]bool{"ct": true}
 	t0 := time.Date(2026, 11, 26, 4, 0, 0, 0, time.UTC)

@@ -202,10 +202,11 @@ func (m *engineMetrics) observeConntrack(p *policy.Policy, findings []remediate.
 		if f.Detector != detect.ConntrackExhaustionName || f.Target != conntrack.TableTarget {
 			continue
 		}
-		c, ok, err := conntrack.DecodeComposition(f.Evidence)
-		if err != nil || !ok || c.Total == 0 {
+		ref, ok := finding.RefOf[conntrack.TableRef](f.Subject)
+		if !ok || ref.Composition == nil || ref.Composition.Total == 0 {
 			continue
 		}
+		c := *ref.Composition
 		for _, cc := range c.Classes {
 			m.ConntrackEntries.WithLabelValues(string(cc.Class)).Set(float64(cc.Count))
 		}
