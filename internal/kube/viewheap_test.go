@@ -16,8 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 )
 
@@ -229,5 +236,56 @@ func TestViewSyncHeapBounded(t *testing.T) {
 	if over := peak - min(base, peak); over > 48<<20 {
 		t.Errorf("heap peaked %.1f MiB above the baseline while syncing under a %s budget: want < 48 MiB (the budget, one page of the LIST and a fixed overhead)",
 			float64(over)/(1<<20), FormatBytes(budget))
+	}
+}
+
+// TestPagedListOptions: the view's LIST asks for pages of ListPageSize;
+// the reflector's first LIST (resourceVersion "0", which the watch cache
+// serves whole) is made at "" (paged by the apiserver), a relist keeps its
+// version; pages after the first carry only the continue token; an
+// apiserver error reaches the reflector as is (an "Expired" makes it list
+// again at ""); every item is compacted before the reflector sees it.
+func TestPagedListOptions(t *testing.T) {
+	v, err := NewLimitedView(fake.NewClientset(), nil, nil, nil, ViewLimits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ rv, wantFirst string }{{"0", ""}, {"", ""}, {"4711", "4711"}} {
+		var got []metav1.ListOptions
+		list := v.pagedList(func(_ context.Context, o metav1.ListOptions) (kruntime.Object, error) {
+			got = append(got, o)
+			l := &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "5000"}}
+			l.Items = []discoveryv1.EndpointSlice{*testSlice(fmt.Sprintf("s%d", len(got)), "10.0.0.1")}
+			if len(got) < 3 {
+				l.Continue = fmt.Sprintf("c%d", len(got))
+			}
+			return l, nil
+		})
+		out, err := list(context.Background(), metav1.ListOptions{ResourceVersion: tc.rv, Limit: 500, LabelSelector: "x"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []metav1.ListOptions{{ResourceVersion: tc.wantFirst, Limit: ListPageSize, LabelSelector: "x"},
+			{Continue: "c1", Limit: ListPageSize, LabelSelector: "x"}, {Continue: "c2", Limit: ListPageSize, LabelSelector: "x"}}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("rv %q: requests (-want +got):\n%s", tc.rv, diff)
+		}
+		items, err := apimeta.ExtractList(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lm, _ := apimeta.ListAccessor(out); lm.GetResourceVersion() != "5000" || len(items) != 3 {
+			t.Fatalf("rv %q: list at %q with %d items", tc.rv, lm.GetResourceVersion(), len(items))
+		}
+		for _, it := range items {
+			if _, ok := it.(*compactSlice); !ok {
+				t.Errorf("item %T, want a compact record", it)
+			}
+		}
+	}
+	expired := apierrors.NewResourceExpired("too old resource version")
+	_, err = v.pagedList(func(context.Context, metav1.ListOptions) (kruntime.Object, error) { return nil, expired })(context.Background(), metav1.ListOptions{})
+	if !apierrors.IsResourceExpired(err) {
+		t.Errorf("error %v: the reflector must see Expired", err)
 	}
 }
