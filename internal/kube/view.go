@@ -200,8 +200,9 @@ func (v *View) newInformer(obj runtime.Object, list listFunc, w watchFunc) func(
 // Without it, client-go's reflector decodes the whole list before the
 // transform sees one object: its pager collects every page into one list,
 // and its first LIST (resourceVersion "0") is served by the apiserver's
-// watch cache whole, its limit ignored (a 1M-endpoint view peaked at
-// 223 MB under GOMEMLIMIT 150MiB before the budget engaged). The first
+// watch cache whole, its limit ignored (kube-apiserver v1.34.4: a view of
+// 1M endpoints peaked at 574 MiB of heap under a 64Mi budget and
+// GOMEMLIMIT 150MiB, 40 MiB paged; docs/SCALE.md). The first
 // LIST is therefore made at resourceVersion "" (the newest, which "0",
 // "any", allows), which the apiserver pages; a relist keeps the
 // reflector's resourceVersion (paged, at that version: "Expired" makes the
