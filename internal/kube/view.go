@@ -208,14 +208,24 @@ func (v *View) newInformer(obj runtime.Object, list listFunc, w watchFunc) func(
 // reflector's resourceVersion (paged, at that version: "Expired" makes the
 // reflector list again at "").
 func (v *View) pagedList(list listFunc) cache.ListWithContextFunc {
-	return func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	return func(ctx context.Context, opts metav1.ListOptions) (_ runtime.Object, err error) {
 		if opts.ResourceVersion == "0" && opts.ResourceVersionMatch == "" {
 			opts.ResourceVersion = ""
 		}
 		opts.Limit, opts.Continue = ListPageSize, ""
 		out := &metav1.List{}
+		// A LIST that fails part way (an expired continue token, a
+		// broken connection) never reaches the store: the budget's
+		// entries of the pages it admitted go back to what they were.
+		var undo []budgetUndo
+		defer func() {
+			if err != nil {
+				v.budget.restore(undo)
+			}
+		}()
 		for page := 0; ; page++ {
-			l, err := list(ctx, opts)
+			var l runtime.Object
+			l, err = list(ctx, opts)
 			if err != nil {
 				return nil, err
 			}
@@ -227,6 +237,9 @@ func (v *View) pagedList(list listFunc) cache.ListWithContextFunc {
 				out.ResourceVersion = lm.GetResourceVersion()
 			}
 			if err := apimeta.EachListItem(l, func(o runtime.Object) error {
+				if key, ok := apiRecordKey(o); ok {
+					undo = append(undo, v.budget.entry(key))
+				}
 				c, err := v.transform(o)
 				if err != nil {
 					return err

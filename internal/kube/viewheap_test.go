@@ -289,3 +289,57 @@ func TestPagedListOptions(t *testing.T) {
 		t.Errorf("error %v: the reflector must see Expired", err)
 	}
 }
+
+// TestPagedListFailureRestoresBudget: a LIST that fails after some pages
+// never reaches the store, so the budget's entries of the records it
+// admitted go back to what they were: a record held before keeps its
+// accounting, one seen only by the failed LIST leaves none (no cost, no
+// "held empty" that would keep the view over budget for ever).
+func TestPagedListFailureRestoresBudget(t *testing.T) {
+	v, err := NewLimitedView(fake.NewClientset(), nil, nil, nil, ViewLimits{MemoryBudget: 2 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := testSlice("held", "10.0.0.1")
+	held.ResourceVersion = "10"
+	if _, err := v.transform(held); err != nil {
+		t.Fatal(err)
+	}
+	before := v.Budget()
+	if before.Bytes == 0 || before.Dropped != 0 {
+		t.Fatalf("budget %+v", before)
+	}
+	addrs := make([]string, 50)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("10.1.0.%d", i)
+	}
+	calls := 0
+	list := v.pagedList(func(context.Context, metav1.ListOptions) (kruntime.Object, error) {
+		calls++
+		if calls == 2 {
+			return nil, apierrors.NewResourceExpired("The provided continue parameter is too old")
+		}
+		newer := testSlice("held", "10.0.0.1", "10.0.0.2")
+		newer.ResourceVersion = "20"
+		big := testSlice("big", addrs...) // past the 2Ki budget: held empty
+		return &discoveryv1.EndpointSliceList{ListMeta: metav1.ListMeta{ResourceVersion: "20", Continue: "c1"},
+			Items: []discoveryv1.EndpointSlice{*newer, *big, *testSlice("new", "10.0.0.3")}}, nil
+	})
+	if _, err := list(context.Background(), metav1.ListOptions{}); !apierrors.IsResourceExpired(err) {
+		t.Fatalf("error %v, want Expired", err)
+	}
+	if after := v.Budget(); after.Bytes != before.Bytes || after.Dropped != 0 {
+		t.Errorf("budget after the failed LIST %+v, want %+v as before", after, before)
+	}
+	if e := v.budget.entry("eps/kube-system/held"); !e.had || e.entry.rv != "10" {
+		t.Errorf("held record's entry %+v, want its own (rv 10)", e)
+	}
+	for _, k := range []string{"eps/kube-system/big", "eps/kube-system/new"} {
+		if e := v.budget.entry(k); e.had {
+			t.Errorf("%s left in the budget: %+v", k, e)
+		}
+	}
+	if v.Freshness().OverBudget != "" {
+		t.Errorf("over budget after the failed LIST: %s", v.Freshness().OverBudget)
+	}
+}
