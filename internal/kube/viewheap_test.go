@@ -39,6 +39,9 @@ import (
 // page it served.
 type listServer struct {
 	slices, endpoints int // slices, endpoints per slice (one Service per slice)
+	// burst, closed by the test, makes the EndpointSlice watch send a
+	// MODIFIED event of every slice at once.
+	burst chan struct{}
 
 	lists   atomic.Int64
 	maxPage atomic.Int64
@@ -70,6 +73,21 @@ func (s *listServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusOK)
 		w.(http.Flusher).Flush()
+		// On the test's signal, a burst: every slice changed at once.
+		if kind == "EndpointSlice" && s.burst != nil {
+			select {
+			case <-s.burst:
+				bw := bufio.NewWriterSize(w, 64<<10)
+				for i := range s.slices {
+					bw.WriteString(`{"type":"MODIFIED","object":`)
+					s.writeSlice(bw, i, 100000+i)
+					bw.WriteString("}\n")
+				}
+				bw.Flush()
+				w.(http.Flusher).Flush()
+			case <-r.Context().Done():
+			}
+		}
 		<-r.Context().Done()
 		return
 	}
@@ -109,7 +127,7 @@ func (s *listServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if kind == "Service" {
 			s.writeService(bw, i)
 		} else {
-			s.writeSlice(bw, i)
+			s.writeSlice(bw, i, 100+i)
 		}
 	}
 	bw.WriteString("]}")
@@ -125,9 +143,9 @@ func (s *listServer) writeService(w *bufio.Writer, i int) {
 		i, i%10, i, 100+i, i, listServerManaged, (i>>8)&255, i&255, (i>>8)&255, i&255, i)
 }
 
-func (s *listServer) writeSlice(w *bufio.Writer, i int) {
-	fmt.Fprintf(w, `{"metadata":{"name":"svc-%d-abcde","generateName":"svc-%d-","namespace":"ns-%d","uid":"00000000-0000-0000-0001-%012d","resourceVersion":"%d","creationTimestamp":"2026-11-01T10:00:00Z","labels":{"endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io","kubernetes.io/service-name":"svc-%d"},%s},"addressType":"IPv4","endpoints":[`,
-		i, i, i%10, i, 100+i, i, listServerManaged)
+func (s *listServer) writeSlice(w *bufio.Writer, i, rv int) {
+	fmt.Fprintf(w, `{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"svc-%d-abcde","generateName":"svc-%d-","namespace":"ns-%d","uid":"00000000-0000-0000-0001-%012d","resourceVersion":"%d","creationTimestamp":"2026-11-01T10:00:00Z","labels":{"endpointslice.kubernetes.io/managed-by":"endpointslice-controller.k8s.io","kubernetes.io/service-name":"svc-%d"},%s},"addressType":"IPv4","endpoints":[`,
+		i, i, i%10, i, rv, i, listServerManaged)
 	for e := range s.endpoints {
 		if e > 0 {
 			w.WriteByte(',')
@@ -173,12 +191,13 @@ func heapPeak() (stop func() uint64) {
 // (and admitted by the budget) before the next is fetched. Before, the
 // whole list (200,000 endpoints here, about 70 MB of JSON) was decoded
 // before the transform and the budget saw one object, and the heap
-// peaked past 150 MiB.
+// peaked past 150 MiB. A burst of changes after the sync (every slice
+// modified at once over the watch) stays bounded too.
 func TestViewSyncHeapBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("decodes ~70 MB of JSON")
 	}
-	srv := &listServer{slices: 2000, endpoints: 100}
+	srv := &listServer{slices: 2000, endpoints: 100, burst: make(chan struct{})}
 	ts := httptest.NewUnstartedServer(srv)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -205,7 +224,7 @@ func TestViewSyncHeapBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	runtime.GC()
 	var ms runtime.MemStats
@@ -221,9 +240,32 @@ func TestViewSyncHeapBounded(t *testing.T) {
 	peak := stop()
 	st := v.Budget()
 	held := len(v.eps.GetStore().ListKeys())
+
 	t.Logf("synced %d slices (%d endpoints) in %s: heap peak %.1f MiB above a %.1f MiB baseline; budget %+v; %d LISTs, largest page %d, %d streaming lists refused",
 		srv.slices, srv.slices*srv.endpoints, synced.Round(time.Millisecond), float64(peak-min(base, peak))/(1<<20), float64(base)/(1<<20),
 		st, srv.lists.Load(), srv.maxPage.Load(), srv.refused.Load())
+
+	// Then a burst of changes: every slice modified at once over the
+	// watch (decoded and compacted one event at a time).
+	gen := v.Generation()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	burstBase := ms.HeapAlloc
+	stopBurst := heapPeak()
+	close(srv.burst)
+	deadline := time.Now().Add(60 * time.Second)
+	for v.Generation() < gen+uint64(srv.slices) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the burst was not seen: generation %d, want %d", v.Generation(), gen+uint64(srv.slices))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	burstPeak := stopBurst()
+	burstOver := burstPeak - min(burstBase, burstPeak)
+	t.Logf("burst of %d slice changes: heap peak %.1f MiB above %.1f MiB; budget %+v", srv.slices, float64(burstOver)/(1<<20), float64(burstBase)/(1<<20), v.Budget())
+	if burstOver > 48<<20 {
+		t.Errorf("heap peaked %.1f MiB above the synced view during a burst of changes: want < 48 MiB", float64(burstOver)/(1<<20))
+	}
 	if srv.refused.Load() == 0 {
 		t.Error("the view did not ask for the streaming list: the test does not test the fallback")
 	}
