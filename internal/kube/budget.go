@@ -5,7 +5,10 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -149,6 +152,45 @@ func (b *budget) forget(key, rv string) {
 	delete(b.costs, key)
 }
 
+// budgetUndo is a record's entry as it was before a transform.
+type budgetUndo struct {
+	key   string
+	entry costEntry
+	had   bool
+}
+
+// entry returns the entry of key, to restore.
+func (b *budget) entry(key string) budgetUndo {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.costs[key]
+	return budgetUndo{key: key, entry: e, had: ok}
+}
+
+// restore puts the entries back as they were, in reverse order (a key
+// admitted twice goes back to its first state).
+func (b *budget) restore(undo []budgetUndo) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := len(undo) - 1; i >= 0; i-- {
+		u := undo[i]
+		if cur, ok := b.costs[u.key]; ok {
+			b.total -= cur.cost
+			if cur.dropped {
+				b.dropped--
+			}
+			delete(b.costs, u.key)
+		}
+		if u.had {
+			b.costs[u.key] = u.entry
+			b.total += u.entry.cost
+			if u.entry.dropped {
+				b.dropped++
+			}
+		}
+	}
+}
+
 // BudgetState is the view's memory accounting.
 type BudgetState struct {
 	// Bytes is the estimated cost of the records held; Peak its highest.
@@ -174,6 +216,18 @@ func (b *budget) reason() string {
 	}
 	return fmt.Sprintf("cluster view over its %s: %d Services/EndpointSlices are not held, so the checks and actions that compare the node with the cluster are off (raise the budget or the pod's memory limit)",
 		b.name, b.dropped)
+}
+
+// apiRecordKey is the budget's key of an API object the transform will
+// compact.
+func apiRecordKey(obj runtime.Object) (string, bool) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		return "svc/" + o.Namespace + "/" + o.Name, true
+	case *discoveryv1.EndpointSlice:
+		return "eps/" + o.Namespace + "/" + o.Name, true
+	}
+	return "", false
 }
 
 // recordKey is the budget's key of a record.

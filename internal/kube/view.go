@@ -9,7 +9,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -109,10 +113,21 @@ func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.Passive
 	// The same label selector as kube-proxy's own informers: Services
 	// handled by another proxy and headless slices are not programmed by
 	// kube-proxy, so they are not part of the desired state.
-	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(v.transform),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = KubeProxyLabelSelector }))
-	v.svc = v.factory.Core().V1().Services().Informer()
-	v.eps = v.factory.Discovery().V1().EndpointSlices().Informer()
+	v.factory = informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithTransform(v.transform))
+	v.svc = v.factory.InformerFor(&corev1.Service{}, v.newInformer(&corev1.Service{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return cs.CoreV1().Services("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().Services("").Watch(ctx, o)
+		}))
+	v.eps = v.factory.InformerFor(&discoveryv1.EndpointSlice{}, v.newInformer(&discoveryv1.EndpointSlice{},
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return cs.DiscoveryV1().EndpointSlices("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+		}))
 	if err := v.eps.AddIndexers(cache.Indexers{serviceIndex: sliceServiceKey}); err != nil {
 		return nil, fmt.Errorf("endpointslice indexer: %w", err)
 	}
@@ -144,6 +159,107 @@ func NewLimitedView(cs kubernetes.Interface, contact *Contact, clk clock.Passive
 		return nil, err
 	}
 	return v, nil
+}
+
+// ListPageSize is how many objects one request of the view's LIST asks
+// for: at the EndpointSlice controller's default of 100 endpoints a slice,
+// a page decodes to a few MB (at most ~65 MB for slices of the API's
+// maximum, 1,000 endpoints).
+const ListPageSize = 100
+
+type (
+	listFunc  func(context.Context, metav1.ListOptions) (runtime.Object, error)
+	watchFunc func(context.Context, metav1.ListOptions) (watch.Interface, error)
+)
+
+// newInformer builds an informer of the view over list and watch, with
+// kube-proxy's label selector and the LIST made by pagedList.
+func (v *View) newInformer(obj runtime.Object, list listFunc, w watchFunc) func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+	return func(_ kubernetes.Interface, resync time.Duration) cache.SharedIndexInformer {
+		lw := &cache.ListWatch{
+			ListWithContextFunc: v.pagedList(func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				o.LabelSelector = KubeProxyLabelSelector
+				return list(ctx, o)
+			}),
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				o.LabelSelector = KubeProxyLabelSelector
+				return w(ctx, o)
+			},
+		}
+		return cache.NewSharedIndexInformer(lw, obj, resync, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	}
+}
+
+// pagedList is the informers' LIST: the reflector's LIST (its fallback
+// when the apiserver refuses the streaming list, and its relist after a
+// watch broke) made in pages of ListPageSize, each page transformed (and
+// admitted by the budget) before the next is asked for, so at most one
+// page of decoded API objects is alive at a time; the reflector gets the
+// compact records (transform passes them through).
+//
+// Without it, client-go's reflector decodes the whole list before the
+// transform sees one object: its pager collects every page into one list,
+// and its first LIST (resourceVersion "0") is served by the apiserver's
+// watch cache whole, its limit ignored (kube-apiserver v1.34.4: a view of
+// 1M endpoints peaked at 574 MiB of heap under a 64Mi budget and
+// GOMEMLIMIT 150MiB, 40 MiB paged; docs/SCALE.md). The first
+// LIST is therefore made at resourceVersion "" (the newest, which "0",
+// "any", allows), which the apiserver pages; a relist keeps the
+// reflector's resourceVersion (paged, at that version: "Expired" makes the
+// reflector list again at "").
+func (v *View) pagedList(list listFunc) cache.ListWithContextFunc {
+	return func(ctx context.Context, opts metav1.ListOptions) (_ runtime.Object, err error) {
+		if opts.ResourceVersion == "0" && opts.ResourceVersionMatch == "" {
+			opts.ResourceVersion = ""
+		}
+		opts.Limit, opts.Continue = ListPageSize, ""
+		out := &metav1.List{}
+		// A LIST that fails part way (an expired continue token, a
+		// broken connection) never reaches the store: the budget's
+		// entries of the pages it admitted go back to what they were.
+		var undo []budgetUndo
+		defer func() {
+			if err != nil {
+				v.budget.restore(undo)
+			}
+		}()
+		for page := 0; ; page++ {
+			var l runtime.Object
+			l, err = list(ctx, opts)
+			if err != nil {
+				return nil, err
+			}
+			lm, err := apimeta.ListAccessor(l)
+			if err != nil {
+				return nil, fmt.Errorf("list page %d: %w", page, err)
+			}
+			if page == 0 {
+				out.ResourceVersion = lm.GetResourceVersion()
+			}
+			if err := apimeta.EachListItem(l, func(o runtime.Object) error {
+				if key, ok := apiRecordKey(o); ok {
+					undo = append(undo, v.budget.entry(key))
+				}
+				c, err := v.transform(o)
+				if err != nil {
+					return err
+				}
+				if co, ok := c.(runtime.Object); ok {
+					out.Items = append(out.Items, runtime.RawExtension{Object: co})
+				}
+				return nil
+			}); err != nil {
+				return nil, fmt.Errorf("list page %d: %w", page, err)
+			}
+			next := lm.GetContinue()
+			if next == "" {
+				return out, nil
+			}
+			// Pages after the first are at the first one's version,
+			// named by the continue token.
+			opts.Continue, opts.ResourceVersion, opts.ResourceVersionMatch = next, "", ""
+		}
+	}
 }
 
 // transform is the informers' TransformFunc: Transform, then the memory
