@@ -107,10 +107,10 @@ func logCause(l LogLine) Cause {
 		return Cause{Kind: LogMissingChain, Score: scoreNamed,
 			Summary: fmt.Sprintf("a restore jumps to chain %q, which is gone (another agent deleted or flushed it): %s", l.Object, seen), Figures: figs}
 	case ClassXtablesLock:
-		// Any lock message in the window explains a failed or slow
-		// restore; its rate past field guide 3's once a minute scores
-		// higher.
-		return Cause{Kind: LogXtablesLock, Score: max(1, perMin/LockLinesPerMinute),
+		// Any lock message in the window says why a restore failed or
+		// waited, as directly as a missing extension; its rate past
+		// twice field guide 3's once a minute scores higher.
+		return Cause{Kind: LogXtablesLock, Score: max(scoreNamed, perMin/LockLinesPerMinute),
 			Summary: fmt.Sprintf("iptables waited for the xtables lock %.2g times a minute (field guide 3: > %.0f a minute is significant contention): %s", perMin, LockLinesPerMinute, seen),
 			Figures: append(figs, Figure{"linesPerMinute", perMin, "per-min"})}
 	case ClassPermission:

@@ -22,7 +22,7 @@ func TestRankLogCauses(t *testing.T) {
 		t.Errorf("top %+v: want the missing extension the kernel lacks, quoting the line", top)
 	}
 	lock := r.Likely[1]
-	if lock.Kind != LogXtablesLock || lock.Score != 1 || !strings.Contains(lock.Summary, "holding the xtables lock") {
+	if lock.Kind != LogXtablesLock || lock.Score != 2 || !strings.Contains(lock.Summary, "holding the xtables lock") {
 		t.Errorf("lock %+v: 0.4/min is under the guide's rate, but a lock line still explains the failure", lock)
 	}
 	r = Rank(Inputs{Logs: []LogLine{{Source: "s", Class: ClassXtablesLock, Quote: "q", Count: 20, Window: w}}})

@@ -87,10 +87,24 @@ func Classify(text string) (Class, bool) {
 		return Class{Kind: APIUnauthorized}, true
 	case strings.Contains(lower, "is forbidden") && strings.Contains(lower, "cannot "):
 		return Class{Kind: APIForbidden}, true
-	case strings.Contains(lower, "permission denied"):
+	case strings.Contains(lower, "permission denied") && netfilterWord(lower):
 		return Class{Kind: PermissionDenied}, true
 	}
 	return Class{}, false
+}
+
+// netfilterWords make a "permission denied" one of netfilter's (not, say,
+// kube-proxy's "Failed to apply OOMScore ... permission denied", which the
+// real kube-proxy logs at start-up in an unprivileged container).
+var netfilterWords = []string{"iptables", "ip6tables", "xtables", "nft", "netfilter", "netlink", "you must be root", "conntrack", "ipvs"}
+
+func netfilterWord(lower string) bool {
+	for _, w := range netfilterWords {
+		if strings.Contains(lower, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // isChain tells a user-defined chain from a target extension: extensions
@@ -112,6 +126,6 @@ const maxQuote = 300
 // support bundle (internal/bundle), clipped, and escaped for a terminal
 // (internal/termsafe) on one line.
 func Quote(text string) string {
-	r, _ := bundle.RedactString(text)
+	r, _ := bundle.RedactString(strings.TrimSpace(text))
 	return termsafe.Line(clip.String(r, maxQuote))
 }
