@@ -117,6 +117,25 @@ func TestXtablesLockMessagesRate(t *testing.T) {
 	if f.Target != "kube-proxy" || !strings.Contains(f.Message, "holding the xtables lock") || strings.Contains(f.Message, "s3cr3tvalue") || f.Evidence["lines"] != 8 {
 		t.Errorf("finding %+v", f)
 	}
+	// A CNI agent's log is read too; its finding targets the agent.
+	calico := podlogs.Source{Namespace: "calico-system", Pod: "calico-node-q8z", UID: "c4-uid", Container: "calico-node"}
+	n.Pods.(*clustertest.Pods).Set(cluster.Pod{Namespace: "calico-system", Name: "calico-node-q8z", UID: "c4-uid", Labels: map[string]string{"k8s-app": "calico-node"},
+		ControllerKind: "DaemonSet", ControllerName: "calico-node", Containers: []cluster.ContainerStatus{{Name: "install-cni", Init: true}, {Name: "calico-node"}}})
+	for i := 0; i < 20; i++ {
+		logs.Append(calico, podlogs.Line{Time: clk.Now().Add(-time.Duration(i) * 5 * time.Second), Stream: "stdout",
+			Text: "2026-11-29 06:30:00.000 [WARNING][77] felix/table.go 1200: iptables-legacy-restore failed: Another app is currently holding the xtables lock. Stopped waiting after 5s."})
+	}
+	fs, err = d.Detect(context.Background())
+	if err != nil || len(fs) != 2 {
+		t.Fatalf("with calico-node: %+v %v", fs, err)
+	}
+	var targets []string
+	for _, f := range fs {
+		targets = append(targets, f.Target)
+	}
+	if !strings.Contains(strings.Join(targets, " "), "node-agent/calico-system/calico-node") {
+		t.Errorf("targets %v: want calico-node's", targets)
+	}
 	n.PodLogs = nil
 	if _, err := d.Detect(context.Background()); err == nil {
 		t.Error("no pod logs: want a skip")
