@@ -10,8 +10,9 @@ import (
 )
 
 // cniReadMaxAge is how long one read of the CNI directories serves the
-// detectors of a cycle (CNIConfig, HostLocalIPAM): well under any
-// detection interval, so each cycle reads afresh.
+// detectors of a cycle (CNIConfig, HostLocalIPAM), and one read of a pod
+// log the detectors that read it: well under any detection interval, so
+// each cycle reads afresh.
 const cniReadMaxAge = 2 * time.Second
 
 // wireCNIIPAM sets the CNI configuration's shared read, host-local IPAM's
@@ -25,7 +26,7 @@ func wireCNIIPAM(n *node.Node, o *options) {
 	if o.podLogDir == "" {
 		n.Unavailable["podlogs"] = "no --pod-log-dir configured (kube-proxy's and the CNI agents' logs are not read)"
 	} else {
-		n.PodLogs = podlogs.Dir{Root: o.podLogDir}
+		n.PodLogs = &podlogs.Shared{R: podlogs.Dir{Root: o.podLogDir}, MaxAge: cniReadMaxAge}
 	}
 	if o.criSocket == "" {
 		n.Unavailable["cri"] = "no --cri-socket configured (the runtime's sandboxes are not listed)"

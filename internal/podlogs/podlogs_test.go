@@ -221,3 +221,51 @@ func TestFake(t *testing.T) {
 		t.Fatal("error not returned")
 	}
 }
+
+func TestSharedReadsOncePerMaxAge(t *testing.T) {
+	f := &Fake{}
+	s := Source{"kube-system", "kp", "u", "kube-proxy"}
+	f.Append(s, Line{Text: "a"})
+	now := time.Unix(1_800_000_000, 0)
+	sh := &Shared{R: f, MaxAge: 2 * time.Second, Now: func() time.Time { return now }}
+	for i := 0; i < 3; i++ {
+		if tail, err := sh.Tail(context.Background(), s); err != nil || len(tail.Lines) != 1 {
+			t.Fatalf("%+v %v", tail, err)
+		}
+	}
+	if f.Reads() != 1 {
+		t.Fatalf("%d reads within MaxAge, want 1", f.Reads())
+	}
+	now = now.Add(2 * time.Second)
+	sh.Tail(context.Background(), s)
+	if f.Reads() != 2 {
+		t.Fatalf("%d reads after MaxAge, want 2", f.Reads())
+	}
+}
+
+// BenchmarkDirTail: one source, two 1 MiB log files, the default bounds
+// (64 KiB of each), parsed.
+func BenchmarkDirTail(b *testing.B) {
+	root := b.TempDir()
+	s := Source{"kube-system", "kp", "u", "kube-proxy"}
+	var body strings.Builder
+	for body.Len() < 1<<20 {
+		body.WriteString("2026-11-29T06:30:00.123456789Z stderr F I1129 06:30:00.123456       1 proxier.go:805] \"SyncProxyRules complete\" ipFamily=\"IPv4\" elapsed=\"20.1ms\"\n")
+	}
+	dir := filepath.Join(root, "kube-system_kp_u", "kube-proxy")
+	os.MkdirAll(dir, 0o755)
+	for _, n := range []string{"0.log", "1.log"} {
+		os.WriteFile(filepath.Join(dir, n), []byte(body.String()), 0o644)
+	}
+	d := Dir{Root: root}
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		tail, err := d.Tail(context.Background(), s)
+		if err != nil || len(tail.Lines) == 0 {
+			b.Fatal(err)
+		}
+		for _, l := range tail.Lines {
+			Classify(l.Text)
+		}
+	}
+}
