@@ -194,6 +194,9 @@ func (w *causeWatch) rank(ctx context.Context, n *node.Node, sc *kubeproxy.Scrap
 			why = append(why, "clusterCIDR vs the Node's podCIDR: "+podErr.Error())
 		}
 	}
+	logs, logWhy := logCauses(ctx, n, span)
+	in.Logs = logs
+	why = append(why, logWhy...)
 	return causes.Rank(in), why
 }
 

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/causes"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -42,6 +43,9 @@ type failureSpec struct {
 	majorWhy, minorWhy string
 	// judged is the figure of a run without a finding; %s is the window.
 	judged string
+	// logCauses: a finding's likely causes are read from kube-proxy's and
+	// the CNI agents' logs (the lines that say why a restore failed).
+	logCauses bool
 }
 
 // failureLimits are a failure-counter detector's parameters, whatever their
@@ -116,6 +120,13 @@ func (d *failureDetector) Detect(ctx context.Context) ([]finding.Finding, error)
 		})
 	if err == nil {
 		d.set(d.s.judged, span)
+	}
+	if d.s.logCauses && len(out) > 0 {
+		lines, why := logCauses(ctx, d.n, span)
+		r := causes.Rank(causes.Inputs{Logs: lines})
+		for i := range out {
+			r.Attach(out[i].Evidence, why)
+		}
 	}
 	return out, err
 }

@@ -61,7 +61,8 @@ var restoreFailures = &failureSpec{
 	majorParam: "maxFailures", minorParam: "maxPartialFailures",
 	majorKey: "failures", minorKey: "partialFailures",
 	majorWhat: "iptables-restore failures", minorWhat: "partial-restore failures",
-	judged: "no iptables-restore failure increase over the last %s",
+	judged:    "no iptables-restore failure increase over the last %s",
+	logCauses: true,
 }
 
 func init() { defineFailures[KubeProxyRestoreFailuresParams](restoreFailures) }

@@ -38,6 +38,7 @@ type options struct {
 	cniConfDir   string
 	cniBinDir    string
 	cniIPAMDir   string
+	podLogDir    string
 	criSocket    string
 	cgroupRoot   string
 	xtablesLock  string
@@ -181,6 +182,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	fs.StringVar(&o.cniConfDir, "cni-conf-dir", "/etc/cni/net.d", "the host's CNI configuration directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the host's CNI plugin directory as mounted here (read-only; CNIConfig)")
 	fs.StringVar(&o.cniIPAMDir, "cni-ipam-dir", "/var/lib/cni/networks", "host-local IPAM's data directory as mounted here (read-only; HostLocalIPAM)")
+	fs.StringVar(&o.podLogDir, "pod-log-dir", "/var/log/pods", "the kubelet's pod log directory as mounted here (read-only; the tail of kube-proxy's and the CNI agents' logs: the causes they name, XtablesLockMessages; empty: not read)")
 	fs.StringVar(&o.criSocket, "cri-socket", "", "the container runtime's CRI socket as mounted here (ListPodSandbox only: HostLocalIPAM's leak check; empty: skipped)")
 	fs.StringVar(&o.kubeletURL, "kubelet-metrics-url", "", "this node's kubelet /metrics (KubeletPodStartup; empty: https://<the Node's InternalIP>:<its kubelet port>/metrics), read with the ServiceAccount's token (RBAC get nodes/metrics)")
 	fs.StringVar(&o.kubeletCA, "kubelet-ca", "", "CA file that signs the kubelet's serving certificate (empty: the cluster's CA, which signs it only with the kubelet's serverTLSBootstrap)")
@@ -208,6 +210,7 @@ func addRootFlags(root *cobra.Command, o *options) {
 	_ = root.MarkFlagDirname("cni-conf-dir")
 	_ = root.MarkFlagDirname("cni-bin-dir")
 	_ = root.MarkFlagDirname("cni-ipam-dir")
+	_ = root.MarkFlagDirname("pod-log-dir")
 	_ = root.MarkFlagDirname("cgroup-root")
 	_ = root.MarkFlagFilename("xtables-lock")
 	fixed := func(vals ...string) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {

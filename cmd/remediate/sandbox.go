@@ -42,7 +42,7 @@ func restrictSelf(o *options, log *zap.Logger) sandbox.Status {
 	}
 	rules := sandbox.Rules(sandbox.Config{
 		ProcRoot: o.procRoot, HostRoot: o.hostRoot, SysRoot: o.sysRoot, CgroupRoot: o.cgroupRoot,
-		CNIDirs: []string{o.cniConfDir, o.cniBinDir, o.cniIPAMDir}, CRISocket: o.criSocket,
+		CNIDirs: []string{o.cniConfDir, o.cniBinDir, o.cniIPAMDir}, PodLogDir: o.podLogDir, CRISocket: o.criSocket,
 		StateDir: o.stateDir, JournalDir: o.journalDir, XtablesLock: o.xtablesLock, Policy: o.policy,
 		Kubeconfig: kubeconfigs, KubeletCA: o.kubeletCA, Bundle: o.bundle, TempDir: os.TempDir(),
 	})

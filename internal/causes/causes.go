@@ -90,7 +90,7 @@ const (
 type Figure struct {
 	Name  string  `json:"name"`
 	Value float64 `json:"value"`
-	// Unit: "", "s", "ratio", "per-s", "rules".
+	// Unit: "", "s", "ratio", "per-s", "per-min", "rules".
 	Unit string `json:"unit,omitempty"`
 }
 
@@ -191,6 +191,9 @@ type Inputs struct {
 	Lock       *LockWindow
 	SoftIRQ    *SoftIRQStat
 	Config     *Config
+	// Logs are the classified lines of kube-proxy's and the CNI agents'
+	// logs over a window (logs.go).
+	Logs []LogLine
 }
 
 // Result is the ranked answer.
@@ -313,6 +316,9 @@ func Rank(in Inputs) Result {
 	}
 	if c := in.Config; c != nil {
 		all = append(all, configCauses(c)...)
+	}
+	for _, l := range in.Logs {
+		all = append(all, logCause(l))
 	}
 	return ranked(all)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/lockwatch"
 	"github.com/remediate-dev/remediate/internal/nftables"
+	"github.com/remediate-dev/remediate/internal/podlogs"
 	"github.com/remediate-dev/remediate/internal/probe"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
@@ -122,6 +123,10 @@ type Node struct {
 	// iptables chains across restarts (in the state directory); nil:
 	// nothing is remembered beyond the detector's life.
 	CNIChains cnichains.Store
+	// PodLogs reads the tail of kube-proxy's and the CNI agents' container
+	// logs from the kubelet's pod log directory (--pod-log-dir; subsystem
+	// "podlogs"), for the causes those logs name.
+	PodLogs podlogs.Reader
 	// Probe makes bounded TCP connects (connect, close, no payload) from
 	// the node's network namespace, for the Service path probe (subsystem
 	// "probe").

@@ -87,6 +87,7 @@ type Config struct {
 	SysRoot     string // --sys-root (read; writes only to the conntrack module's parameters)
 	CgroupRoot  string // --cgroup-root (read)
 	CNIDirs     []string
+	PodLogDir   string // --pod-log-dir (read)
 	CRISocket   string // --cri-socket (its directory, read)
 	StateDir    string // read and write
 	JournalDir  string // the state dir as given, when a dry run works on a copy (read)
@@ -160,6 +161,7 @@ func Rules(c Config) []Rule {
 	for _, d := range c.CNIDirs {
 		add(d, Read, "CNIConfig, HostLocalIPAM")
 	}
+	add(c.PodLogDir, Read, "--pod-log-dir: kube-proxy's and the CNI agents' log tails")
 	if c.CRISocket != "" {
 		add(dirOf(c.CRISocket), Read, "--cri-socket")
 	}

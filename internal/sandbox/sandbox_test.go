@@ -18,7 +18,7 @@ import (
 func TestRules(t *testing.T) {
 	rs := Rules(Config{
 		ProcRoot: "/host/proc", SysRoot: "/host/sys", CgroupRoot: "/host/sys/fs/cgroup",
-		CNIDirs: []string{"/host/etc/cni/net.d", ""}, CRISocket: "/host/cri/containerd.sock",
+		CNIDirs: []string{"/host/etc/cni/net.d", ""}, CRISocket: "/host/cri/containerd.sock", PodLogDir: "/host/var/log/pods",
 		StateDir: "/var/lib/remediate", XtablesLock: "/run/xtables.lock", Policy: "/etc/remediate/policy.yaml",
 		Kubeconfig: []string{"/root/.kube/config"}, TempDir: "/tmp",
 	})
@@ -34,7 +34,7 @@ func TestRules(t *testing.T) {
 	want := map[string]Access{
 		"/host/proc": Read, "/host/proc/sys/net/netfilter": ReadWrite, "/host/sys": Read,
 		"/host/sys/module/nf_conntrack/parameters": ReadWrite, "/host/sys/fs/cgroup": Read,
-		"/host/etc/cni/net.d": Read, "/host/cri": Read, "/var/lib/remediate": ReadWrite,
+		"/host/etc/cni/net.d": Read, "/host/cri": Read, "/host/var/log/pods": Read, "/var/lib/remediate": ReadWrite,
 		"/run/xtables.lock": Read, "/etc/remediate": Read, "/root/.kube": Read, "/tmp": ReadWrite,
 		"/usr": ReadExec, "/dev/null": ReadWrite,
 	}
