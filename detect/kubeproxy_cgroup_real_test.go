@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,13 +52,13 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 			v, _ := strconv.Atoi(os.Getenv(name))
 			return int32(v)
 		}
-		p, id, err := findKubeProxyIdentity(ctx, n)
+		p, id, err := findAmongTests(ctx, n, want("T_KP"), want("T_HOST"), want("T_IMPOSTOR"))
 		if err != nil || p.Pid != want("T_KP") || id.Method != procident.CgroupAPI || id.Pod != "kube-system/kube-proxy-x" || p.Exe != "" {
 			t.Fatalf("with the API's kube-proxy pod: %+v %s %v; want pid %s by cgroup+api, no executable read", p, id, err, os.Getenv("T_KP"))
 		}
 		t.Logf("kube-proxy: pid %d, identity %s", p.Pid, id)
 		pv.Delete("kube-system", "kube-proxy-x")
-		p, id, err = findKubeProxyIdentity(ctx, n)
+		p, id, err = findAmongTests(ctx, n, want("T_KP"), want("T_HOST"), want("T_IMPOSTOR"))
 		if err != nil || p.Pid != want("T_HOST") || id.Method != procident.HostCgroup {
 			t.Fatalf("without a kube-proxy pod: %+v %s %v; want the host one (pid %s)", p, id, err, os.Getenv("T_HOST"))
 		}
@@ -102,7 +103,7 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 			t.Fatal("the three kube-proxies never showed")
 		}
 	}
-	out := setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_KP=%d", kp.Process.Pid), fmt.Sprintf("T_HOST=%d", host.Process.Pid))
+	out := setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_KP=%d", kp.Process.Pid), fmt.Sprintf("T_HOST=%d", host.Process.Pid), fmt.Sprintf("T_IMPOSTOR=%d", impostor.Process.Pid))
 	for _, l := range strings.Split(out, "\n") {
 		if strings.Contains(l, "kube-proxy: pid") {
 			t.Log(strings.TrimSpace(l))
@@ -121,8 +122,8 @@ func TestRealKubeProxyByCgroupWithoutPtrace(t *testing.T) {
 func TestRealKubeProxyShapesWithoutPtrace(t *testing.T) {
 	if setpriv.Child() {
 		n := &node.Node{ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zap.NewNop(), Procs: procs.New("/proc"), Pods: clustertest.NewPods(time.Now())}
-		p, id, err := findKubeProxyIdentity(context.Background(), n)
 		want, _ := strconv.Atoi(os.Getenv("T_PID"))
+		p, id, err := findAmongTests(context.Background(), n, int32(want))
 		if err != nil || p.Pid != int32(want) || string(id.Shape()) != os.Getenv("T_SHAPE") || id.Unit != os.Getenv("T_UNIT") || !strings.Contains(id.RestartHow(), "systemctl restart "+os.Getenv("T_UNIT")) {
 			t.Fatalf("got pid %d %+v (%s) %v; want pid %d, %s of %s", p.Pid, id, id.Shape(), err, want, os.Getenv("T_SHAPE"), os.Getenv("T_UNIT"))
 		}
@@ -164,4 +165,23 @@ func TestRealKubeProxyShapesWithoutPtrace(t *testing.T) {
 	kp := start("kube-proxy")
 	cg.IntoUnit(t, "kube-proxy.service", kp.Process.Pid)
 	log(setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_PID=%d", kp.Process.Pid), "T_SHAPE=systemd unit", "T_UNIT=kube-proxy.service"))
+}
+
+// findAmongTests is findKubeProxyIdentity over the real process table
+// (the real Find, by every name kube-proxy runs under, the real cgroups)
+// with the candidates narrowed to this test's processes: other packages'
+// tests, run in parallel, start host processes named kube-proxy that are
+// as much "this node's" as the test's own.
+func findAmongTests(ctx context.Context, n *node.Node, pids ...int32) (procs.Process, procident.Identity, error) {
+	ps, err := n.Procs.Find(ctx, kubeProxyPrograms)
+	if err != nil {
+		return procs.Process{}, procident.Identity{}, err
+	}
+	var mine []procs.Process
+	for _, p := range ps {
+		if slices.Contains(pids, p.Pid) {
+			mine = append(mine, p)
+		}
+	}
+	return pickKubeProxy(mine, procident.PodsOf(n.Pods, n.Clock.Now()), n.Procs.SelfNetKey())
 }
