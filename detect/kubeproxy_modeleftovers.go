@@ -140,10 +140,7 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding,
 	} else {
 		d.set("kube-proxy runs in %s mode (%s)", mode, source)
 	}
-	if err != nil {
-		return out, err
-	}
-	return out, nil
+	return out, joinLeftoverErrs(out, err)
 }
 
 // joinLeftoverErrs combines the errors of the parts of one look: a part

@@ -278,6 +278,12 @@ func TestKubeProxyModeLeftoversIPVS(t *testing.T) {
 				t.Fatalf("evidence %v", ev)
 			}
 		})
+		t.Run(string(mode)+" mode, IPVS leftovers without iptables or nft to read", func(t *testing.T) {
+			n, _ := modeLeftoversNode(t, mode, "", true, tVS("TCP", "10.96.0.1", 443))
+			n.IPTables, n.NFTables = nil, nil
+			fs, err := newDetector(t, "KubeProxyModeLeftovers", n, nil).Detect(ctx)
+			wantTargets(t, "ipvs leftovers alone", fs, err, "ipvs/kube-proxy-leftovers")
+		})
 		t.Run(string(mode)+" mode, only kube-ipvs0 left", func(t *testing.T) {
 			n, _ := modeLeftoversNode(t, mode, "", true, tVS("TCP", "192.168.50.5", 80))
 			fs, err := newDetector(t, "KubeProxyModeLeftovers", n, nil).Detect(ctx)
