@@ -105,22 +105,26 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding,
 	} else {
 		mode, source = kubeproxy.Mode(d.p.ProxyMode), "from the policy"
 	}
-	var out []finding.Finding
+	var (
+		out []finding.Finding
+		ran bool // a part looked (whatever it found)
+	)
 	switch mode {
 	case kubeproxy.ModeNFTables:
 		out, err = d.iptablesLeftovers(ctx, source)
+		ran = err == nil
 	case kubeproxy.ModeIPTables, kubeproxy.ModeIPVS:
 		var rs *nftables.Ruleset
 		if rs, err = d.kubeProxyTables(ctx); err == nil {
-			out = nftLeftoverFindings(rs, mode, source)
+			out, ran = nftLeftoverFindings(rs, mode, source), true
 		}
 		if mode == kubeproxy.ModeIPVS {
 			// iptables mode's chains beside IPVS mode's (#102314).
 			snaps, serr := d.saves(ctx)
 			if serr == nil {
-				out = append(out, iptablesModeFindings(snaps, source)...)
+				out, ran = append(out, iptablesModeFindings(snaps, source)...), true
 			}
-			err = joinLeftoverErrs(out, err, serr)
+			err = joinLeftoverErrs(ran, err, serr)
 		}
 	default:
 		return nil, finding.Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
@@ -131,7 +135,7 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding,
 		// and does not hide the other part's answer.
 		f, why, ierr := d.ipvsLeftovers(ctx, mode, source)
 		if f != nil {
-			out = append(out, *f)
+			out, ran = append(out, *f), true
 		}
 		if ierr != nil {
 			why = "not read: " + ierr.Error()
@@ -140,13 +144,13 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding,
 	} else {
 		d.set("kube-proxy runs in %s mode (%s)", mode, source)
 	}
-	return out, joinLeftoverErrs(out, err)
+	return out, joinLeftoverErrs(ran, err)
 }
 
 // joinLeftoverErrs combines the errors of the parts of one look: a part
-// that could not run (a skip) does not hide what another part found; a
-// real error is returned.
-func joinLeftoverErrs(found []finding.Finding, errs ...error) error {
+// that could not run (a skip) does not hide what another part looked at
+// (ran) or found; a real error is returned.
+func joinLeftoverErrs(ran bool, errs ...error) error {
 	var skips []string
 	for _, e := range errs {
 		if e == nil {
@@ -158,7 +162,7 @@ func joinLeftoverErrs(found []finding.Finding, errs ...error) error {
 		}
 		skips = append(skips, reason)
 	}
-	if len(skips) == 0 || len(found) > 0 {
+	if len(skips) == 0 || ran {
 		return nil
 	}
 	return finding.Skip("%s", strings.Join(skips, "; "))
