@@ -20,10 +20,11 @@ import (
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
-// ipvsModeSave is kube-proxy v1.34's own iptables rules in IPVS mode (the
-// chains of pkg/proxy/ipvs/proxier.go iptablesChains and jumps, the
-// canaries and the kubelet's chains), legacy backend. Its KUBE-IPVS-FILTER
-// REJECT is IPVS mode's own.
+// ipvsModeSave sketches kube-proxy v1.34's own iptables rules in IPVS mode
+// (the chains of pkg/proxy/ipvs/proxier.go iptablesChains and jumps) with
+// the canaries and the kubelet's chains a node also has, legacy backend.
+// Its KUBE-IPVS-FILTER REJECT is IPVS mode's own. The real one, without
+// the kubelet's chains, is testdata/iptables-save-ipvs-mode.txt.
 const ipvsModeSave = `*mangle
 :PREROUTING ACCEPT [0:0]
 :KUBE-KUBELET-CANARY - [0:0]
@@ -111,9 +112,18 @@ func parseSave(t testing.TB, s string) *iptables.Ruleset {
 }
 
 func TestClassifyIPTablesModeLeftovers(t *testing.T) {
-	// IPVS mode's own rules are never leftovers.
+	// IPVS mode's own rules are never leftovers: those of the sketch
+	// above and those the real kube-proxy v1.34.4 wrote in IPVS mode (in
+	// the VM of TestVMKubeProxyIPVS, legacy backend).
 	if l := classifyIPTablesModeLeftovers(parseSave(t, ipvsModeSave)); l != nil {
 		t.Fatalf("IPVS mode's own chains taken for leftovers: %+v", l)
+	}
+	real, err := os.ReadFile("testdata/iptables-save-ipvs-mode.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := classifyIPTablesModeLeftovers(parseSave(t, string(real))); l != nil {
+		t.Fatalf("the real kube-proxy's IPVS-mode chains taken for leftovers: %+v", l)
 	}
 	// The real kube-proxy v1.34.4's iptables mode: its KUBE-SVC/SEP and
 	// KUBE-NODEPORTS chains; its kubelet/canary/masquerade chains are not
@@ -180,6 +190,9 @@ func TestIPTablesModeChain(t *testing.T) {
 }
 
 func FuzzClassifyIPTablesModeLeftovers(f *testing.F) {
+	if b, err := os.ReadFile("testdata/iptables-save-ipvs-mode.txt"); err == nil {
+		f.Add(string(b))
+	}
 	f.Add(ipvsModeSave)
 	f.Add(iptablesModeRejects)
 	f.Add("*filter\n:OUTPUT ACCEPT [0:0]\n:KUBE-SERVICES - [0:0]\n-A OUTPUT -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.0.0.1/32 -j DROP\nCOMMIT\n")

@@ -591,9 +591,9 @@ rules:
 const vmModeLeftoversPolicy = `apiVersion: remediate.dev/v1alpha1
 kind: RemediationPolicy
 mode: audit
-interval: 3s
+interval: 10s
 jitter: 0
-detectorTimeout: 5s
+detectorTimeout: 8s
 rules:
 - name: kube-proxy-mode-leftovers
   detector: {type: KubeProxyModeLeftovers, backends: [legacy]}
