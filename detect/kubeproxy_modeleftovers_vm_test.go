@@ -14,12 +14,12 @@ import (
 	"github.com/remediate-dev/remediate/internal/testing/vm"
 )
 
-// TestVMKubeProxyModeLeftoversIPVS: kube-proxy says iptables (then
+// TestVMModeLeftoversIPVS: kube-proxy says iptables (then
 // nftables) mode while the real kernel still holds IPVS mode's virtual
 // servers on Service addresses and kube-ipvs0 (the shared lab's): one
 // finding naming them, the real adapter read; a virtual server outside
 // the Service ranges (keepalived's) is only counted.
-func TestVMKubeProxyModeLeftoversIPVS(t *testing.T) {
+func TestVMModeLeftoversIPVS(t *testing.T) {
 	w := newVMWorld(t) // kube-dns and kubernetes virtual servers, kube-ipvs0
 	vm.IPVSService(t, "TCP", netip.MustParseAddrPort("192.168.77.7:80"), netip.AddrPortFrom(w.b1.V4, 5353))
 	kp := kubeproxy.NewFake(nil, 30*time.Second)
