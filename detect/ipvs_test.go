@@ -424,6 +424,43 @@ func TestIPVSStaleVirtualServer(t *testing.T) {
 		}).Detect(context.Background())
 		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80", "ipvs-vs/TCP/192.168.1.10:31999"}, "")
 	})
+	// kube-proxy's ipvs.excludeCIDRs (kubernetes/kubernetes#134147): a
+	// virtual server inside them is someone else's and never reported.
+	withKubeProxy := func(w *ipvsWorld, cz *kubeproxy.Configz, err error) {
+		kp := kubeproxy.NewFake(nil, 30*time.Second)
+		kp.SetMode(kubeproxy.ModeIPVS, nil)
+		kp.SetConfigz(cz, err)
+		w.node.KubeProxy = kp
+	}
+	t.Run("inside kube-proxy's excludeCIDRs", func(t *testing.T) {
+		w := build(t)
+		w.addVS(t, tVS("TCP", "10.96.6.6", 80)) // outside the exclusion: reported
+		withKubeProxy(w, &kubeproxy.Configz{SyncPeriod: 30 * time.Second, Mode: "ipvs", IPVSExcludeCIDRs: []string{"10.96.5.0/24", "fd00::/64"}}, nil)
+		d := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil)
+		fs, err := d.Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.6.6:80"}, "")
+		if got := fs[0].Evidence["excludeCIDRs"]; !reflect.DeepEqual(got, []string{"10.96.5.0/24", "fd00::/64"}) {
+			t.Errorf("excludeCIDRs evidence = %#v", got)
+		}
+	})
+	t.Run("excludeCIDRs unknown: reported with a note", func(t *testing.T) {
+		w := build(t)
+		withKubeProxy(w, nil, errors.New("connection refused"))
+		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80"}, "")
+		if note, _ := fs[0].Evidence["excludeCIDRs"].(string); !strings.Contains(note, "unknown") || !strings.Contains(note, "connection refused") {
+			t.Errorf("excludeCIDRs evidence = %#v", fs[0].Evidence["excludeCIDRs"])
+		}
+	})
+	t.Run("excludeCIDRs that do not parse: reported with a note", func(t *testing.T) {
+		w := build(t)
+		withKubeProxy(w, &kubeproxy.Configz{SyncPeriod: 30 * time.Second, IPVSExcludeCIDRs: []string{"10.96.5.0/24", "bogus"}}, nil)
+		fs, err := newIPVSDetector(t, "IPVSStaleVirtualServer", w.node, nil).Detect(context.Background())
+		ipvsCheckResult(t, fs, err, []string{"ipvs-vs/TCP/10.96.5.5:80"}, "")
+		if note, _ := fs[0].Evidence["excludeCIDRs"].(string); !strings.Contains(note, "not a CIDR") {
+			t.Errorf("excludeCIDRs evidence = %#v", fs[0].Evidence["excludeCIDRs"])
+		}
+	})
 	t.Run("service deleted from view makes its virtual server stale", func(t *testing.T) {
 		w := build(t)
 		w.view.DeleteService("kube-system", "kube-dns")

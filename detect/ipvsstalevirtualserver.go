@@ -8,6 +8,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -47,7 +48,7 @@ func (p *IPVSStaleVirtualServerParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("IPVSStaleVirtualServer",
-		"IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort",
+		"IPVS virtual servers in kube-proxy's address ranges that match no Service ClusterIP, external IP, load-balancer IP or NodePort (never inside kube-proxy's /configz ipvs.excludeCIDRs)",
 		newIPVSStaleVirtualServer, Targets(finding.KindIPVSVirtualServer), UsesClusterView())
 }
 
@@ -90,10 +91,21 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 	if desired.Empty() {
 		return nil, finding.Skip("the cluster view has no Services at all (not even default/kubernetes): not judging virtual servers against it")
 	}
-	d.set("%d virtual servers, each matching a Service", len(vss))
+	// kube-proxy's ipvs.excludeCIDRs: it never cleans up virtual servers
+	// there, nor is it reported here. When /configz cannot be read the
+	// findings still come, each saying the exclusions were not checked
+	// (DeleteIPVSVirtualServer refuses then).
+	qctx, cancel := kubeProxyQueryCtx(ctx)
+	excl, exclErr := kubeproxy.IPVSExcludeCIDRs(qctx, d.n.KubeProxy)
+	cancel()
+	excluded := 0
 	var out []finding.Finding
 	for _, vs := range vss {
 		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {
+			continue
+		}
+		if _, ok := ipvs.Excluded(vs.Address, excl); ok && exclErr == nil {
+			excluded++
 			continue
 		}
 		if _, ok := desired.Lookup(vs); ok {
@@ -110,6 +122,11 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 		ev := ref.Evidence()
 		ev["realServers"] = len(rss)
 		ev["reason"] = "matches no Service ClusterIP, external IP, load-balancer IP or NodePort"
+		if exclErr != nil {
+			ev["excludeCIDRs"] = "unknown: " + exclErr.Error() + " (not checked against kube-proxy's ipvs.excludeCIDRs; DeleteIPVSVirtualServer refuses until /configz answers)"
+		} else {
+			ev["excludeCIDRs"] = prefixStrings(excl)
+		}
 		out = append(out, finding.Finding{
 			Detector: "IPVSStaleVirtualServer",
 			Target:   VirtualServerTarget(vs),
@@ -122,5 +139,18 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 			break
 		}
 	}
+	if exclErr != nil {
+		d.set("%d virtual servers, each matching a Service (kube-proxy's ipvs.excludeCIDRs unknown: %v)", len(vss), exclErr)
+	} else {
+		d.set("%d virtual servers, each matching a Service or inside kube-proxy's ipvs.excludeCIDRs %v (%d there)", len(vss), prefixStrings(excl), excluded)
+	}
 	return out, nil
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync"
@@ -26,11 +27,18 @@ type KubeProxyModeLeftoversParams struct {
 	// ipvs or nftables trust the policy.
 	ProxyMode string `yaml:"proxyMode"`
 	// Backends are the iptables backends searched for KUBE-* rules in
-	// nftables mode (default both: kube-proxy cleans only the backend its
-	// own iptables binary uses when it starts in nftables mode).
+	// nftables mode and for iptables mode's rules in IPVS mode (default
+	// both: kube-proxy cleans only the backend its own iptables binary
+	// uses when it starts in nftables mode).
 	Backends []string `yaml:"backends"`
 	// SaveTimeout bounds each iptables save.
 	SaveTimeout policy.Duration `yaml:"saveTimeout"`
+	// ServiceCIDRs are the Service (and external/load-balancer) ranges:
+	// in iptables and nftables modes an IPVS virtual server inside them,
+	// or on a Service IP of the cluster view, is a leftover of IPVS mode;
+	// others (keepalived, another balancer) are not. Default the kubeadm
+	// Service CIDR 10.96.0.0/12.
+	ServiceCIDRs []string `yaml:"serviceCIDRs"`
 }
 
 // Validate implements policy.Validator.
@@ -52,27 +60,35 @@ func (p *KubeProxyModeLeftoversParams) Validate() []policy.FieldError {
 	if p.SaveTimeout.Duration <= 0 {
 		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
 	}
-	return errs
+	_, e := ipvsParsePrefixes("serviceCIDRs", p.ServiceCIDRs)
+	return append(errs, e...)
 }
 
 // SetDefaults implements registry.Defaulter.
 func (p *KubeProxyModeLeftoversParams) SetDefaults() {
-	*p = KubeProxyModeLeftoversParams{ProxyMode: "auto", Backends: []string{"legacy", "nft"}, SaveTimeout: policy.D(8 * time.Second)}
+	*p = KubeProxyModeLeftoversParams{ProxyMode: "auto", Backends: []string{"legacy", "nft"}, SaveTimeout: policy.D(8 * time.Second),
+		ServiceCIDRs: []string{"10.96.0.0/12"}}
 }
 
 func init() {
 	Define("KubeProxyModeLeftovers",
-		"rules of another kube-proxy mode left after a mode switch: KUBE-* iptables rules (either backend) while kube-proxy runs in nftables mode, or its nftables table while it runs in iptables/ipvs mode",
-		newKubeProxyModeLeftovers, Targets(finding.KindIPTablesRules, finding.KindNFTablesTable))
+		"rules of another kube-proxy mode left after a mode switch: KUBE-* iptables rules (either backend) while kube-proxy runs in nftables mode, iptables mode's chains and REJECT rules while it runs in IPVS mode, its nftables table while it runs in iptables/ipvs mode, IPVS virtual servers on Service addresses and kube-ipvs0 while it runs in iptables/nftables mode",
+		newKubeProxyModeLeftovers, Targets(finding.KindIPTablesRules, finding.KindNFTablesTable, finding.KindIPVSLeftovers))
 }
 
 func newKubeProxyModeLeftovers(p *KubeProxyModeLeftoversParams, n *node.Node) (Detector, error) {
-	return &kubeProxyModeLeftovers{p: *p, n: n}, nil
+	cidrs, errs := ipvsParsePrefixes("serviceCIDRs", p.ServiceCIDRs)
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s: %s", errs[0].Field, errs[0].Msg)
+	}
+	return &kubeProxyModeLeftovers{p: *p, n: n, serviceCIDRs: cidrs}, nil
 }
 
 type kubeProxyModeLeftovers struct {
-	p KubeProxyModeLeftoversParams
-	n *node.Node
+	p            KubeProxyModeLeftoversParams
+	n            *node.Node
+	serviceCIDRs []netip.Prefix
+	judgement
 }
 
 func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding, error) {
@@ -89,17 +105,67 @@ func (d *kubeProxyModeLeftovers) Detect(ctx context.Context) ([]finding.Finding,
 	} else {
 		mode, source = kubeproxy.Mode(d.p.ProxyMode), "from the policy"
 	}
+	var (
+		out []finding.Finding
+		ran bool // a part looked (whatever it found)
+	)
 	switch mode {
 	case kubeproxy.ModeNFTables:
-		return d.iptablesLeftovers(ctx, source)
+		out, err = d.iptablesLeftovers(ctx, source)
+		ran = err == nil
 	case kubeproxy.ModeIPTables, kubeproxy.ModeIPVS:
-		rs, err := d.kubeProxyTables(ctx)
-		if err != nil {
-			return nil, err
+		var rs *nftables.Ruleset
+		if rs, err = d.kubeProxyTables(ctx); err == nil {
+			out, ran = nftLeftoverFindings(rs, mode, source), true
 		}
-		return nftLeftoverFindings(rs, mode, source), nil
+		if mode == kubeproxy.ModeIPVS {
+			// iptables mode's chains beside IPVS mode's (#102314).
+			snaps, serr := d.saves(ctx)
+			if serr == nil {
+				out, ran = append(out, iptablesModeFindings(snaps, source)...), true
+			}
+			err = joinLeftoverErrs(ran, err, serr)
+		}
+	default:
+		return nil, finding.Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
 	}
-	return nil, finding.Skip("kube-proxy runs in %s mode (%s): no mode-switch leftovers to look for", mode, source)
+	if mode == kubeproxy.ModeIPTables || mode == kubeproxy.ModeNFTables {
+		// IPVS mode's virtual servers and kube-ipvs0. IPVS that cannot
+		// be read (no privilege, netlink error) is said in the judgement
+		// and does not hide the other part's answer.
+		f, why, ierr := d.ipvsLeftovers(ctx, mode, source)
+		if f != nil {
+			out, ran = append(out, *f), true
+		}
+		if ierr != nil {
+			why = "not read: " + ierr.Error()
+		}
+		d.set("kube-proxy runs in %s mode (%s); IPVS leftovers: %s", mode, source, why)
+	} else {
+		d.set("kube-proxy runs in %s mode (%s)", mode, source)
+	}
+	return out, joinLeftoverErrs(ran, err)
+}
+
+// joinLeftoverErrs combines the errors of the parts of one look: a part
+// that could not run (a skip) does not hide what another part looked at
+// (ran) or found; a real error is returned.
+func joinLeftoverErrs(ran bool, errs ...error) error {
+	var skips []string
+	for _, e := range errs {
+		if e == nil {
+			continue
+		}
+		reason, ok := finding.IsSkip(e)
+		if !ok {
+			return e
+		}
+		skips = append(skips, reason)
+	}
+	if len(skips) == 0 || ran {
+		return nil
+	}
+	return finding.Skip("%s", strings.Join(skips, "; "))
 }
 
 // kubeProxyTables lists only kube-proxy's two tables: in iptables mode
@@ -128,6 +194,19 @@ func (d *kubeProxyModeLeftovers) kubeProxyTables(ctx context.Context) (*nftables
 }
 
 func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source string) ([]finding.Finding, error) {
+	snaps, err := d.saves(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := iptablesLeftoverFindings(snaps)
+	for i := range out {
+		out[i].Evidence["proxyModeSource"] = source
+	}
+	return out, nil
+}
+
+// saves runs one save per family and backend of the policy, in parallel.
+func (d *kubeProxyModeLeftovers) saves(ctx context.Context) ([]*iptables.Snapshot, error) {
 	if d.n.IPTables == nil {
 		return nil, finding.Skip("%s", d.n.Why("iptables"))
 	}
@@ -178,11 +257,7 @@ func (d *kubeProxyModeLeftovers) iptablesLeftovers(ctx context.Context, source s
 	if len(snaps) == 0 {
 		return nil, finding.Skip("no iptables save command available (%s)", strings.Join(unavailable, ", "))
 	}
-	out := iptablesLeftoverFindings(snaps)
-	for i := range out {
-		out[i].Evidence["proxyModeSource"] = source
-	}
-	return out, nil
+	return snaps, nil
 }
 
 // kubeletChains are KUBE-* chains kubelet (not kube-proxy) creates; they

@@ -75,6 +75,10 @@ const (
 	KindIPVSMissingVirtualServer Kind = "ipvs-missing-virtual-server"
 	// KindIPVSTimeouts: the IPVS connection timeouts ("ipvs/timeouts").
 	KindIPVSTimeouts Kind = "ipvs-timeouts"
+	// KindIPVSLeftovers: what kube-proxy's IPVS mode left (virtual
+	// servers on Service addresses, kube-ipvs0) while it runs in another
+	// mode ("ipvs/kube-proxy-leftovers"); report only.
+	KindIPVSLeftovers Kind = "ipvs-leftovers"
 	// KindKubeProxy: kube-proxy itself, or one of its IP families
 	// ("kube-proxy/IPv4"; kubeproxy.Family).
 	KindKubeProxy Kind = "kube-proxy"

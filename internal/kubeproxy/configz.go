@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/clip"
@@ -22,6 +24,68 @@ type Configz struct {
 	// ClusterCIDR is clusterCIDR as configured (comma-separated CIDRs;
 	// "" unset), clipped to 256 bytes.
 	ClusterCIDR string
+	// IPVSExcludeCIDRs is ipvs.excludeCIDRs as configured: the ranges
+	// whose IPVS virtual servers kube-proxy's IPVS cleanup never deletes
+	// (nil: none). ExcludedCIDRs parses them.
+	IPVSExcludeCIDRs []string
+	// excludeTruncated: /configz listed more than MaxExcludeCIDRs.
+	excludeTruncated bool
+}
+
+// MaxExcludeCIDRs bounds ipvs.excludeCIDRs kept from /configz: for a
+// longer list ExcludedCIDRs is an error (its exclusions would be unknown).
+const MaxExcludeCIDRs = 1024
+
+// ExcludedCIDRs parses IPVSExcludeCIDRs as kube-proxy does (its
+// netutils.ParseCIDRs: IPv4 octets with leading zeros are decimal), each
+// masked to its network. Any entry that does not parse is an error: the
+// caller cannot know what kube-proxy excludes, and must not guess.
+func (c *Configz) ExcludedCIDRs() ([]netip.Prefix, error) {
+	if c == nil {
+		return nil, fmt.Errorf("no /configz")
+	}
+	if c.excludeTruncated {
+		return nil, fmt.Errorf("ipvs.excludeCIDRs lists more than %d CIDRs", MaxExcludeCIDRs)
+	}
+	out := make([]netip.Prefix, 0, len(c.IPVSExcludeCIDRs))
+	for _, s := range c.IPVSExcludeCIDRs {
+		p, err := ParseCIDRSloppy(s)
+		if err != nil {
+			return nil, fmt.Errorf("ipvs.excludeCIDRs: %w", err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// ParseCIDRSloppy parses a CIDR as k8s.io/utils/net.ParseCIDRSloppy does:
+// like net.ParseCIDR, but IPv4 octets may carry leading zeros (read as
+// decimal, "010.0.0.0/8" is 10.0.0.0/8). The prefix is masked.
+func ParseCIDRSloppy(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	addr, bits, ok := strings.Cut(s, "/")
+	if !ok || strings.Contains(addr, ":") {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", clip.String(s, 64))
+	}
+	octets := strings.Split(addr, ".")
+	if len(octets) != 4 {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", clip.String(s, 64))
+	}
+	for i, o := range octets {
+		t := strings.TrimLeft(o, "0")
+		if t == "" && o != "" {
+			t = "0"
+		}
+		octets[i] = t
+	}
+	p, err := netip.ParsePrefix(strings.Join(octets, ".") + "/" + bits)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not a CIDR", clip.String(s, 64))
+	}
+	return p.Masked(), nil
 }
 
 // ConfigReader is implemented by adapters that can read kube-proxy's
@@ -55,24 +119,32 @@ func ParseConfigz(body []byte) (*Configz, error) {
 		SyncPeriod    string `json:"syncPeriod"`
 		MinSyncPeriod string `json:"minSyncPeriod"`
 	}
+	type ipvsConfig struct {
+		periods
+		ExcludeCIDRs []string `json:"ExcludeCIDRs"`
+	}
+	type ipvsConfigLower struct {
+		periodsLower
+		ExcludeCIDRs []string `json:"excludeCIDRs"`
+	}
 	var cfg struct {
 		periods
-		Mode        string  `json:"Mode"`
-		ClusterCIDR string  `json:"ClusterCIDR"`
-		IPTables    periods `json:"IPTables"`
-		IPVS        periods `json:"IPVS"`
-		NFTables    periods `json:"NFTables"`
+		Mode        string     `json:"Mode"`
+		ClusterCIDR string     `json:"ClusterCIDR"`
+		IPTables    periods    `json:"IPTables"`
+		IPVS        ipvsConfig `json:"IPVS"`
+		NFTables    periods    `json:"NFTables"`
 	}
 	if err := json.Unmarshal(raw, &cfg); err != nil {
 		return nil, fmt.Errorf("configz: %w", err)
 	}
 	var lower struct {
 		periodsLower
-		Mode        string       `json:"mode"`
-		ClusterCIDR string       `json:"clusterCIDR"`
-		IPTables    periodsLower `json:"iptables"`
-		IPVS        periodsLower `json:"ipvs"`
-		NFTables    periodsLower `json:"nftables"`
+		Mode        string          `json:"mode"`
+		ClusterCIDR string          `json:"clusterCIDR"`
+		IPTables    periodsLower    `json:"iptables"`
+		IPVS        ipvsConfigLower `json:"ipvs"`
+		NFTables    periodsLower    `json:"nftables"`
 	}
 	_ = json.Unmarshal(raw, &lower) // best effort: only fills gaps
 	mode := cfg.Mode
@@ -90,7 +162,7 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	perMode := func(m string) (periods, periodsLower) {
 		switch m {
 		case "ipvs":
-			return cfg.IPVS, lower.IPVS
+			return cfg.IPVS.periods, lower.IPVS.periodsLower
 		case "nftables":
 			return cfg.NFTables, lower.NFTables
 		default:
@@ -101,6 +173,19 @@ func ParseConfigz(body []byte) (*Configz, error) {
 	sp := pick(cfg.SyncPeriod, lower.SyncPeriod, pm.SyncPeriod, pl.SyncPeriod)
 	msp := pick(cfg.MinSyncPeriod, lower.MinSyncPeriod, pm.MinSyncPeriod, pl.MinSyncPeriod)
 	out := &Configz{Mode: mode, ClusterCIDR: clip.String(pick(cfg.ClusterCIDR, lower.ClusterCIDR), 256)}
+	excl := cfg.IPVS.ExcludeCIDRs
+	if excl == nil {
+		excl = lower.IPVS.ExcludeCIDRs
+	}
+	if len(excl) > MaxExcludeCIDRs {
+		excl, out.excludeTruncated = excl[:MaxExcludeCIDRs], true
+	}
+	if len(excl) > 0 {
+		out.IPVSExcludeCIDRs = make([]string, len(excl))
+		for i, e := range excl {
+			out.IPVSExcludeCIDRs[i] = clip.String(e, 64)
+		}
+	}
 	d, err := time.ParseDuration(sp)
 	if err != nil || d <= 0 {
 		return nil, fmt.Errorf("configz: syncPeriod %q is not a positive duration", sp)
@@ -144,4 +229,20 @@ func (c *Client) Configz(ctx context.Context) (*Configz, error) {
 		c.discovered.Store(int64(cz.SyncPeriod))
 		return cz, nil
 	})
+}
+
+// IPVSExcludeCIDRs reads kube-proxy's ipvs.excludeCIDRs from its /configz
+// through kp (which must be a ConfigReader). Any failure is an error: the
+// caller decides whether to go on without them (a report, with a note) or
+// refuse (a deletion).
+func IPVSExcludeCIDRs(ctx context.Context, kp Interface) ([]netip.Prefix, error) {
+	cr, ok := kp.(ConfigReader)
+	if kp == nil || !ok {
+		return nil, fmt.Errorf("kube-proxy's /configz is not read here (no kube-proxy metrics address configured)")
+	}
+	cz, err := cr.Configz(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading kube-proxy's /configz: %w", err)
+	}
+	return cz.ExcludedCIDRs()
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -53,7 +54,7 @@ func (p *DeleteIPVSVirtualServerParams) Validate() []policy.FieldError {
 
 func init() {
 	Define("DeleteIPVSVirtualServer",
-		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it",
+		"delete a stale IPVS virtual server (from IPVSStaleVirtualServer) after re-checking that no Service in a fresh view wants it and that it is outside kube-proxy's /configz ipvs.excludeCIDRs (refuses when /configz cannot be read)",
 		newDeleteIPVSVirtualServer, Disruptive(), NeedsAPI(), ActsOn(finding.KindIPVSVirtualServer))
 }
 
@@ -113,6 +114,17 @@ func (a *deleteIPVSVirtualServer) check(ctx context.Context, f finding.Finding, 
 	}
 	if !ipvs.Managed(vs.Address, a.cidrs, a.nodeIPs, desired) {
 		return vs, nil, finding.Skip("%s is outside managedCIDRs and nodeIPs: not kube-proxy's, not deleting it", vs.Key())
+	}
+	// kube-proxy's ipvs.excludeCIDRs (kubernetes/kubernetes#134147): its
+	// own cleanup never deletes a virtual server there, nor does this.
+	// Without them, what kube-proxy was told to leave alone is unknown:
+	// refuse rather than guess.
+	excl, err := kubeproxy.IPVSExcludeCIDRs(ctx, a.n.KubeProxy)
+	if err != nil {
+		return vs, nil, finding.Skip("kube-proxy's ipvs.excludeCIDRs are unknown (%v): refusing to delete %s, which they may cover", err, vs.Key())
+	}
+	if p, ok := ipvs.Excluded(vs.Address, excl); ok {
+		return vs, nil, finding.Skip("%s is inside kube-proxy's ipvs.excludeCIDRs (%s): kube-proxy leaves it alone, not deleting it", vs.Key(), p)
 	}
 	vss, err := a.n.IPVS.VirtualServers(ctx)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -66,6 +67,11 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(proc, "net", "dev"), []byte("Inter-| Receive\n face |bytes\nkube-ipvs0: 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n"), 0o644); err != nil {
 				t.Fatal(err)
 			}
+			// kube-proxy in IPVS mode: its /configz answers, with no
+			// excludeCIDRs (DeleteIPVSVirtualServer refuses without it).
+			kp := kubeproxy.NewFake(clk, 30*time.Second)
+			kp.SetMode(kubeproxy.ModeIPVS, nil)
+			kp.SetConfigz(&kubeproxy.Configz{SyncPeriod: 30 * time.Second, Mode: "ipvs"}, nil)
 			dir := t.TempDir()
 			j, err := journal.Open(dir, 0, 0)
 			if err != nil {
@@ -81,7 +87,7 @@ func TestIPVSRulesThroughTheEngine(t *testing.T) {
 					ReplySrc: netip.MustParseAddrPort("10.244.1.21:53"), ReplyDst: netip.MustParseAddrPort("10.0.0.6:40000")},
 			}
 			e, err := remediate.New(p, remediate.Options{
-				Node:     &node.Node{Name: "node1", ProcRoot: proc, Clock: clk, IPVS: fk, Cluster: view, Conntrack: ct},
+				Node:     &node.Node{Name: "node1", ProcRoot: proc, Clock: clk, IPVS: fk, Cluster: view, Conntrack: ct, KubeProxy: kp},
 				StateDir: dir, Journal: j, Clock: clk, Once: true, LockTimeout: time.Second,
 			})
 			if err != nil {

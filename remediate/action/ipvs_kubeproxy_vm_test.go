@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -53,6 +54,15 @@ const (
 	vmNodeName     = "vmnode"
 	vmNodeIP       = "192.168.100.15"
 	vmWebVIP       = "10.96.77.77"
+	// kube-proxy's ipvs.excludeCIDRs in the guest: a virtual server there
+	// is someone else's (kubernetes/kubernetes#134147).
+	vmExcludeCIDR = "10.96.200.0/24"
+	// kube-proxy's syncPeriod in the guest: long, so that between API
+	// events it does not sync and run its own IPVS cleanup (which would
+	// race the daemon for the stale virtual server outside excludeCIDRs)
+	// while it still answers /configz. Its syncs on events are immediate
+	// (minSyncPeriod 1s).
+	vmKubeProxySyncPeriod = "10m"
 )
 
 func TestIPVSKubeProxyInVM(t *testing.T) {
@@ -344,7 +354,250 @@ func TestVMKubeProxyIPVS(t *testing.T) {
 		t.Fatalf("kube-proxy's later sync left real servers %v, want only %s", got, rs(b1))
 	}
 	t.Logf("kube-proxy thawed and agrees (it re-added the old real server for a moment first: %v)", readded)
+
+	vmExcludeCIDRsPhase(t, ctx, bin, common, dir)
+	vmModeLeftoversPhase(t, ctx, bin, common, dir, client, vip)
 }
+
+// vmExcludeCIDRsPhase (issue 37.4a): with the real kube-proxy running and
+// answering /configz (ipvs.excludeCIDRs [vmExcludeCIDR]), two virtual
+// servers no Service wants: one inside excludeCIDRs is neither reported
+// (--once) nor deleted (the daemon in enforce mode, several cycles), the
+// one outside is both.
+func vmExcludeCIDRsPhase(t *testing.T, ctx context.Context, bin string, common []string, dir string) {
+	inside := netip.MustParseAddrPort("10.96.200.7:80")
+	outside := netip.MustParseAddrPort("10.96.201.7:80")
+	for _, vs := range []netip.AddrPort{inside, outside} {
+		if out, err := exec.Command("ipvsadm", "-A", "-t", vs.String(), "-s", "rr").CombinedOutput(); err != nil {
+			t.Fatalf("ipvsadm -A -t %s: %v %s", vs, err, out)
+		}
+		vs := vs
+		t.Cleanup(func() { _ = exec.Command("ipvsadm", "-D", "-t", vs.String()).Run() })
+	}
+	body, err := httpGet("http://127.0.0.1:10249/configz")
+	if err != nil || !strings.Contains(body, vmExcludeCIDR) {
+		t.Fatalf("kube-proxy's /configz does not list %s: %v\n%s", vmExcludeCIDR, err, body)
+	}
+	t.Logf("kube-proxy's /configz: %s", lastLines(body, 3))
+	policyFile := filepath.Join(dir, "policy-vs.yaml")
+	if err := os.WriteFile(policyFile, []byte(vmIPVSVirtualServerPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{}, common...)
+	args[1] = policyFile // common is --policy <file> ...
+	outJSON := vmOnce(t, ctx, bin, args, filepath.Join(dir, "audit-vs"), 2)
+	var rep struct {
+		Findings []struct {
+			Detector, Target string
+			Evidence         map[string]any
+		} `json:"findings"`
+	}
+	if err := json.Unmarshal(outJSON, &rep); err != nil {
+		t.Fatalf("--once JSON: %v\n%s", err, outJSON)
+	}
+	var got []string
+	for _, f := range rep.Findings {
+		if f.Detector == "IPVSStaleVirtualServer" {
+			got = append(got, f.Target)
+			if fmt.Sprint(f.Evidence["excludeCIDRs"]) != "["+vmExcludeCIDR+"]" {
+				t.Errorf("%s: excludeCIDRs evidence %v, want [%s]", f.Target, f.Evidence["excludeCIDRs"], vmExcludeCIDR)
+			}
+		}
+	}
+	if want := "ipvs-vs/TCP/" + outside.String(); strings.Join(got, ",") != want {
+		t.Fatalf("--once reported %v, want only %s (not %s, inside kube-proxy's excludeCIDRs)\n%s", got, want, inside, outJSON)
+	}
+	t.Logf("--once: %v reported, %s (inside excludeCIDRs) not", got, inside)
+
+	d := exec.Command(bin, append(args, "--state-dir", filepath.Join(dir, "enforce-vs"), "--metrics-addr", "127.0.0.1:9809")...)
+	dlog, err := os.Create(filepath.Join(dir, "daemon-vs.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dlog.Close()
+	d.Stdout, d.Stderr = dlog, dlog
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = d.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = d.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = d.Process.Kill()
+			<-done
+		}
+	}()
+	start := time.Now()
+	waitFor(t, 90*time.Second, "the daemon to delete the stale virtual server outside excludeCIDRs", func() (bool, string) {
+		log, _ := os.ReadFile(dlog.Name())
+		return !vsExists(outside), fmt.Sprintf("daemon log tail:\n%s", lastLines(string(log), 25))
+	})
+	t.Logf("enforce: the daemon deleted %s %.1fs after start", outside, time.Since(start).Seconds())
+	// Several more cycles (interval 3s): the excluded one stays.
+	time.Sleep(12 * time.Second)
+	if !vsExists(inside) {
+		log, _ := os.ReadFile(dlog.Name())
+		t.Fatalf("%s, inside kube-proxy's excludeCIDRs, was deleted; daemon log tail:\n%s", inside, lastLines(string(log), 25))
+	}
+	ts, err := kubeProxyLastSync()
+	t.Logf("%s inside excludeCIDRs still there after %.0fs of enforce cycles (kube-proxy's last sync %v, %v)", inside, time.Since(start).Seconds(), ts, err)
+}
+
+// vmModeLeftoversPhase (issue 37.4b): the real kube-proxy's IPVS-mode
+// chains are no leftovers; iptables mode's no-endpoints REJECT for the
+// Service's ClusterIP, hooked from INPUT and OUTPUT as iptables mode (before
+// 1.19 also from INPUT) wrote it, and a KUBE-SVC chain are: critical. The
+// REJECT refuses the client's connections to the VIP IPVS serves
+// (kubernetes/kubernetes#102314) until they are removed.
+func vmModeLeftoversPhase(t *testing.T, ctx context.Context, bin string, common []string, dir string, client *vm.Host, vip netip.AddrPort) {
+	policyFile := filepath.Join(dir, "policy-leftovers.yaml")
+	if err := os.WriteFile(policyFile, []byte(vmModeLeftoversPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{}, common...)
+	args[1] = policyFile
+	leftovers := func(name string, wantExit int) []string {
+		outJSON := vmOnce(t, ctx, bin, args, filepath.Join(dir, name), wantExit)
+		var rep struct {
+			Findings []struct {
+				Detector, Target, Severity string
+			} `json:"findings"`
+		}
+		if err := json.Unmarshal(outJSON, &rep); err != nil {
+			t.Fatalf("--once JSON: %v\n%s", err, outJSON)
+		}
+		var got []string
+		for _, f := range rep.Findings {
+			got = append(got, f.Detector+" "+f.Target+" "+f.Severity)
+		}
+		return got
+	}
+	save, _ := exec.Command("iptables-legacy-save").CombinedOutput()
+	t.Logf("kube-proxy's IPVS-mode rules:\n%s", save)
+	if got := leftovers("leftovers-clean", 0); len(got) != 0 {
+		t.Fatalf("the real kube-proxy's IPVS-mode rules reported as leftovers: %v", got)
+	}
+	ipt := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("iptables-legacy", args...).CombinedOutput(); err != nil {
+			t.Fatalf("iptables-legacy %v: %v %s", args, err, out)
+		}
+	}
+	ipt("-t", "filter", "-N", "KUBE-SERVICES")
+	ipt("-t", "filter", "-A", "KUBE-SERVICES", "-d", vip.Addr().String()+"/32", "-p", "tcp", "-m", "comment", "--comment", "ipvs-e2e/web:http has no endpoints",
+		"-m", "tcp", "--dport", strconv.Itoa(int(vip.Port())), "-j", "REJECT", "--reject-with", "icmp-port-unreachable")
+	ipt("-t", "filter", "-I", "INPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-t", "filter", "-I", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES")
+	ipt("-t", "nat", "-N", "KUBE-SVC-VMLEFTOVER0000000")
+	ipt("-t", "nat", "-A", "KUBE-SVC-VMLEFTOVER0000000", "-j", "RETURN")
+	removed := false
+	remove := func() {
+		if removed {
+			return
+		}
+		removed = true
+		for _, c := range []string{"INPUT", "OUTPUT"} {
+			_ = exec.Command("iptables-legacy", "-t", "filter", "-D", c, "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "kubernetes service portals", "-j", "KUBE-SERVICES").Run()
+		}
+		_ = exec.Command("iptables-legacy", "-t", "filter", "-F", "KUBE-SERVICES").Run()
+		_ = exec.Command("iptables-legacy", "-t", "filter", "-X", "KUBE-SERVICES").Run()
+		_ = exec.Command("iptables-legacy", "-t", "nat", "-F", "KUBE-SVC-VMLEFTOVER0000000").Run()
+		_ = exec.Command("iptables-legacy", "-t", "nat", "-X", "KUBE-SVC-VMLEFTOVER0000000").Run()
+	}
+	defer remove()
+	refused := vm.InNS(client.NS, func() error {
+		c, err := net.DialTimeout("tcp", vip.String(), 5*time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err
+	})
+	if refused == nil {
+		t.Fatalf("the client still reaches %s through the leftover REJECT", vip)
+	}
+	t.Logf("with the leftover REJECT hooked, the client's connect to %s (IPVS serves it) fails: %v", vip, refused)
+	got := leftovers("leftovers", 2)
+	if want := "KubeProxyModeLeftovers iptables/IPv4/legacy/iptables-mode-leftovers critical"; strings.Join(got, ",") != want {
+		t.Fatalf("leftovers reported %v, want [%s]", got, want)
+	}
+	t.Logf("--once: %v", got)
+	remove()
+	name, c := vm.TCPConnect(t, client, vip)
+	_ = c.Close()
+	if got := leftovers("leftovers-removed", 0); len(got) != 0 {
+		t.Fatalf("after removing the leftovers: %v", got)
+	}
+	t.Logf("leftovers removed: the client reaches %s (%s) again and nothing is reported", vip, name)
+}
+
+// vmOnce runs `remediate --once --dry-run -o json` and wants exit code
+// wantExit (0 nothing found, 2 findings).
+func vmOnce(t *testing.T, ctx context.Context, bin string, args []string, stateDir string, wantExit int) []byte {
+	t.Helper()
+	once := exec.CommandContext(ctx, bin, append(args, "--once", "--dry-run", "-o", "json", "--state-dir", stateDir)...)
+	var stderr bytes.Buffer
+	once.Stderr = &stderr
+	out, err := once.Output()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("--once: %v", err)
+	}
+	if code != wantExit {
+		t.Fatalf("--once --dry-run exit %d, want %d\n%s\n%s", code, wantExit, out, stderr.String())
+	}
+	return out
+}
+
+func httpGet(u string) (string, error) {
+	c := http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(u)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return string(b), err
+}
+
+func vsExists(vs netip.AddrPort) bool {
+	return exec.Command("ipvsadm", "-Ln", "-t", vs.String()).Run() == nil
+}
+
+const vmIPVSVirtualServerPolicy = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: enforce
+interval: 3s
+jitter: 0
+detectorTimeout: 2s
+cluster:
+  budgetSlots: 1
+  budgetTTL: 2m
+rules:
+- name: ipvs-stale-virtual-server
+  detector: {type: IPVSStaleVirtualServer}
+  for: 4s
+  action: {type: DeleteIPVSVirtualServer, maxPerCycle: 1, cycleWindow: 2s}
+  cooldown: 30m
+  rateLimit: {max: 3, per: 1h}
+  maxAttempts: 1
+  verifyAfter: 2s
+`
+
+const vmModeLeftoversPolicy = `apiVersion: remediate.dev/v1alpha1
+kind: RemediationPolicy
+mode: audit
+interval: 10s
+jitter: 0
+detectorTimeout: 8s
+rules:
+- name: kube-proxy-mode-leftovers
+  detector: {type: KubeProxyModeLeftovers, backends: [legacy]}
+`
 
 const vmIPVSPolicy = `apiVersion: remediate.dev/v1alpha1
 kind: RemediationPolicy
@@ -407,9 +660,10 @@ healthzBindAddress: 127.0.0.1:10256
 conntrack:
   maxPerCore: 0
 ipvs:
-  syncPeriod: 10s
+  syncPeriod: %s
   minSyncPeriod: 1s
-`, vmNodeName, filepath.Join(files, "kube-proxy.kubeconfig"))), 0o644); err != nil {
+  excludeCIDRs: [%s]
+`, vmNodeName, filepath.Join(files, "kube-proxy.kubeconfig"), vmKubeProxySyncPeriod, vmExcludeCIDR)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	k := &guestKubeProxy{log: filepath.Join(dir, "kube-proxy.log")}

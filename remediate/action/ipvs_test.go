@@ -15,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster/clustertest"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
+	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
 )
@@ -23,6 +24,7 @@ var ipvsT0 = time.Date(2026, 11, 21, 12, 0, 0, 0, time.UTC)
 
 type ipvsActWorld struct {
 	ipvs  *ipvs.Fake
+	kp    *kubeproxy.Fake
 	view  *clustertest.Fake
 	clock *testingclock.FakePassiveClock
 	node  *node.Node
@@ -47,7 +49,8 @@ func ipvsEP(addr, proto, name string, ready, serving, terminating bool) cluster.
 func newIPVSActWorld(t *testing.T) *ipvsActWorld {
 	t.Helper()
 	w := &ipvsActWorld{ipvs: ipvs.NewFake(), view: clustertest.New(ipvsT0), clock: testingclock.NewFakePassiveClock(ipvsT0)}
-	w.node = &node.Node{Name: "node1", Clock: w.clock, IPVS: w.ipvs, Cluster: w.view}
+	w.kp = ipvsKubeProxy()
+	w.node = &node.Node{Name: "node1", Clock: w.clock, IPVS: w.ipvs, Cluster: w.view, KubeProxy: w.kp}
 	w.view.SetService(cluster.Service{Namespace: "default", Name: "kubernetes", ClusterIPs: []string{"10.96.0.1"},
 		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
 		cluster.Endpoint{Address: "10.200.0.1", Port: 6443, Protocol: "TCP", PortName: "https", Ready: true, Serving: true})
@@ -77,6 +80,15 @@ func newIPVSActWorld(t *testing.T) *ipvsActWorld {
 	must(w.ipvs.AddRealServer(stale, ipvs.RealServer{Address: netip.MustParseAddr("10.244.3.3"), Port: 8080, Weight: 1}))
 	must(w.ipvs.AddVirtualServer(ipvs.VirtualServer{Address: netip.MustParseAddr("172.16.0.1"), Protocol: ipvs.TCP, Port: 80}))
 	return w
+}
+
+// ipvsKubeProxy is kube-proxy in IPVS mode whose /configz lists
+// excludeCIDRs (none: it answers, with no exclusions).
+func ipvsKubeProxy(excludeCIDRs ...string) *kubeproxy.Fake {
+	kp := kubeproxy.NewFake(nil, 30*time.Second)
+	kp.SetMode(kubeproxy.ModeIPVS, nil)
+	kp.SetConfigz(&kubeproxy.Configz{SyncPeriod: 30 * time.Second, Mode: "ipvs", IPVSExcludeCIDRs: excludeCIDRs}, nil)
+	return kp
 }
 
 func rsFinding(vs ipvs.VirtualServer, addr string) finding.Finding {
@@ -326,6 +338,10 @@ func TestDeleteIPVSRealServerPerCycleLimitAndJSONEvidence(t *testing.T) {
 	}
 }
 
+func ipvsKubeProxyConfigz(excludeCIDRs ...string) *kubeproxy.Configz {
+	return &kubeproxy.Configz{SyncPeriod: 30 * time.Second, Mode: "ipvs", IPVSExcludeCIDRs: excludeCIDRs}
+}
+
 func TestDeleteIPVSVirtualServer(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
@@ -353,6 +369,17 @@ func TestDeleteIPVSVirtualServer(t *testing.T) {
 			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "kubernetes is not configured"},
 		{name: "IPVS unavailable", prep: func(w *ipvsActWorld) { w.ipvs.SetUnavailable("no ip_vs module") },
 			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "IPVS unavailable"},
+		// kube-proxy's ipvs.excludeCIDRs (kubernetes/kubernetes#134147)
+		{name: "inside kube-proxy's excludeCIDRs", prep: func(w *ipvsActWorld) { w.kp.SetConfigz(ipvsKubeProxyConfigz("fd00::/64", "10.96.5.0/24"), nil) },
+			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "inside kube-proxy's ipvs.excludeCIDRs (10.96.5.0/24)"},
+		{name: "outside kube-proxy's excludeCIDRs", prep: func(w *ipvsActWorld) { w.kp.SetConfigz(ipvsKubeProxyConfigz("10.96.6.0/24"), nil) },
+			finding: vsFinding("TCP", "10.96.5.5", 80)},
+		{name: "/configz unreadable", prep: func(w *ipvsActWorld) { w.kp.SetConfigz(nil, errors.New("connection refused")) },
+			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "ipvs.excludeCIDRs are unknown (reading kube-proxy's /configz: connection refused): refusing to delete TCP/10.96.5.5:80"},
+		{name: "excludeCIDRs that do not parse", prep: func(w *ipvsActWorld) { w.kp.SetConfigz(ipvsKubeProxyConfigz("10.96.6.0/24", "soon"), nil) },
+			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "ipvs.excludeCIDRs are unknown"},
+		{name: "no kube-proxy adapter", prep: func(w *ipvsActWorld) { w.node.KubeProxy = nil },
+			finding: vsFinding("TCP", "10.96.5.5", 80), wantSkip: "/configz is not read here"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -34,7 +34,7 @@ func vmActNode(t *testing.T, eps ...string) (*node.Node, *clustertest.Fake) {
 		Ports: []cluster.ServicePort{{Name: "https", Protocol: "TCP", Port: 443}}},
 		cluster.Endpoint{Address: "10.0.9.9", Port: 6443, Protocol: "TCP", PortName: "https", Ready: true, Serving: true})
 	setDNS(view, eps...)
-	return &node.Node{Name: "vm", ProcRoot: "/proc", IPVS: real, Cluster: view}, view
+	return &node.Node{Name: "vm", ProcRoot: "/proc", IPVS: real, Cluster: view, KubeProxy: ipvsKubeProxy()}, view
 }
 
 func setDNS(view *clustertest.Fake, eps ...string) {
@@ -172,7 +172,7 @@ func TestVMDeleteIPVSVirtualServer(t *testing.T) {
 	_, err = act().Execute(ctx, vsFinding("TCP", "10.96.5.5", 80))
 	wantSkip(t, err, "disconnected")
 	view.SetFreshness(cluster.Freshness{Synced: true, Connected: true, LastEvent: time.Now()})
-	empty := &node.Node{Name: "vm", ProcRoot: "/proc", IPVS: n.IPVS, Cluster: clustertest.New(time.Now())}
+	empty := &node.Node{Name: "vm", ProcRoot: "/proc", IPVS: n.IPVS, Cluster: clustertest.New(time.Now()), KubeProxy: n.KubeProxy}
 	_, err = newIPVSAction(t, "DeleteIPVSVirtualServer", empty, nil).Execute(ctx, vsFinding("TCP", "10.96.5.5", 80))
 	wantSkip(t, err, "no Services at all")
 	for _, s := range []string{"10.96.0.10:53", "172.16.0.1:80", "10.96.5.5:80"} {
