@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/portmap"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -83,23 +83,9 @@ func newHostPorts(p *HostPortsParams, n *node.Node) (Detector, error) {
 	return &hostPorts{p: *p, n: n}, nil
 }
 
-// HostPortDNAT is one hostPort DNAT found in the node's rules.
-type HostPortDNAT struct {
-	Family   iptables.Family
-	Protocol string // tcp, udp, sctp (lower case)
-	HostPort int32
-	// HostIP is the destination the rule is bound to, "" for any.
-	HostIP   string
-	DestIP   string
-	DestPort int32
-	// Source says where it was found: "iptables-legacy", "iptables-nft",
-	// "nftables".
-	Source string
-}
-
 // HostPortRules is what one cycle read of the portmap rules.
 type HostPortRules struct {
-	DNATs []HostPortDNAT
+	DNATs []portmap.DNAT
 	// Unknown are the families some source of which could not be read
 	// (a save failed or timed out): a mapping not found there is unknown,
 	// not missing.
@@ -149,12 +135,6 @@ func ipFamily(s string) iptables.Family {
 	}
 }
 
-// sameIP compares two textual addresses.
-func sameIP(a, b string) bool {
-	x, y := net.ParseIP(a), net.ParseIP(b)
-	return x != nil && y != nil && x.Equal(y)
-}
-
 // ClassifyHostPorts returns the hostPort mappings of pods that have no
 // DNAT in rules, and how many mappings were checked. A pod counts when
 // it runs (phase Running, not terminating, not host-network: a
@@ -197,7 +177,7 @@ func ClassifyHostPorts(pods []cluster.Pod, rules HostPortRules, now time.Time, m
 					continue
 				}
 				checked++
-				if hasDNAT(rules.DNATs, fam, hp, hostIP, podIP) {
+				if portmap.Has(rules.DNATs, fam, hp.Protocol, hp.HostPort, hostIP, podIP, hp.ContainerPort) {
 					continue
 				}
 				missing = append(missing, MissingHostPort{Pod: cluster.PodRef{Namespace: p.Namespace, Name: p.Name}, Container: hp.Container,
@@ -207,203 +187,6 @@ func ClassifyHostPorts(pods []cluster.Pod, rules HostPortRules, now time.Time, m
 	}
 	sort.SliceStable(missing, func(i, j int) bool { return missing[i].Pod.String() < missing[j].Pod.String() })
 	return missing, checked
-}
-
-func hasDNAT(dnats []HostPortDNAT, fam iptables.Family, hp cluster.HostPort, hostIP, podIP string) bool {
-	for _, d := range dnats {
-		if d.Family == fam && strings.EqualFold(d.Protocol, hp.Protocol) && d.HostPort == hp.HostPort &&
-			d.DestPort == hp.ContainerPort && sameIP(d.DestIP, podIP) && (d.HostIP == "" || sameIP(d.HostIP, hostIP)) {
-			return true
-		}
-	}
-	return false
-}
-
-// portmap's iptables chains.
-const (
-	portmapDNATChain = "CNI-HOSTPORT-DNAT"
-	portmapNFTTable  = "cni_hostport"
-)
-
-// IPTablesHostPortDNATs returns the hostPort DNATs of portmap in one
-// iptables rule set: the DNAT rules of the chains CNI-HOSTPORT-DNAT jumps
-// to, when the nat table's PREROUTING or OUTPUT jumps to
-// CNI-HOSTPORT-DNAT (unreachable rules forward nothing). present says
-// whether CNI-HOSTPORT-DNAT exists at all.
-func IPTablesHostPortDNATs(rs *iptables.Ruleset, fam iptables.Family, source string) (dnats []HostPortDNAT, present bool) {
-	if rs == nil {
-		return nil, false
-	}
-	nat := rs.Table("nat")
-	top := nat.Chain(portmapDNATChain)
-	if top == nil {
-		return nil, false
-	}
-	reached := false
-	for _, from := range []string{"PREROUTING", "OUTPUT"} {
-		if c := nat.Chain(from); c != nil {
-			for _, r := range c.Rules {
-				if r.Target == portmapDNATChain {
-					reached = true
-				}
-			}
-		}
-	}
-	if !reached {
-		return nil, true
-	}
-	done := map[string]bool{}
-	for _, jr := range top.Rules {
-		if jr.Target == "" || done[jr.Target] {
-			continue
-		}
-		done[jr.Target] = true
-		c := nat.Chain(jr.Target)
-		if c == nil {
-			continue
-		}
-		for _, r := range c.Rules {
-			if d, ok := parseDNATRule(r.Args, r.Target); ok {
-				d.Family, d.Source = fam, source
-				dnats = append(dnats, d)
-			}
-		}
-	}
-	return dnats, true
-}
-
-// parseDNATRule reads a portmap DNAT rule's arguments ("-p tcp -m tcp
-// --dport 8080 -j DNAT --to-destination 10.244.0.5:80", with "-d
-// HOSTIP/32" for a hostIP). A rule with a negation, a port range or
-// without protocol, port or destination is not one.
-func parseDNATRule(args []string, target string) (HostPortDNAT, bool) {
-	var d HostPortDNAT
-	if target != "DNAT" {
-		return d, false
-	}
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		if a == "!" {
-			return d, false
-		}
-		if i+1 >= len(args) {
-			continue
-		}
-		v := args[i+1]
-		switch a {
-		case "-p", "--protocol":
-			d.Protocol = strings.ToLower(v)
-			i++
-		case "--dport", "--destination-port":
-			n, err := strconv.ParseUint(v, 10, 16)
-			if err != nil || n == 0 {
-				return d, false
-			}
-			d.HostPort = int32(n)
-			i++
-		case "-d", "--destination":
-			ip, ok := hostAddr(v)
-			if !ok {
-				return d, false
-			}
-			d.HostIP = ip
-			i++
-		case "--to-destination":
-			ip, port, ok := splitDest(v)
-			if !ok {
-				return d, false
-			}
-			d.DestIP, d.DestPort = ip, port
-			i++
-		}
-	}
-	return d, d.Protocol != "" && d.HostPort != 0 && d.DestIP != "" && d.DestPort != 0
-}
-
-// hostAddr is a single address ("1.2.3.4", "1.2.3.4/32", "fd00::1/128").
-func hostAddr(v string) (string, bool) {
-	if a, bits, ok := strings.Cut(v, "/"); ok {
-		if bits != "32" && bits != "128" {
-			return "", false
-		}
-		v = a
-	}
-	ip := net.ParseIP(v)
-	if ip == nil {
-		return "", false
-	}
-	return ip.String(), true
-}
-
-// splitDest reads "10.244.0.5:80" or "[fd00::5]:80" (one address, one port).
-func splitDest(v string) (string, int32, bool) {
-	h, p, err := net.SplitHostPort(v)
-	if err != nil {
-		return "", 0, false
-	}
-	ip := net.ParseIP(h)
-	n, err := strconv.ParseUint(p, 10, 16)
-	if ip == nil || err != nil || n == 0 {
-		return "", 0, false
-	}
-	return ip.String(), int32(n), true
-}
-
-// NFTHostPortDNATs returns the hostPort DNATs of portmap's nftables table
-// (`table ip cni_hostport`: "tcp dport 8080 dnat to 10.0.0.2:80", with
-// "ip daddr HOSTIP" for a hostIP) in any of its chains.
-func NFTHostPortDNATs(t *nftables.Table, fam iptables.Family) []HostPortDNAT {
-	if t == nil {
-		return nil
-	}
-	var out []HostPortDNAT
-	for _, c := range t.Chains {
-		for _, r := range c.Rules {
-			if r == nil || r.NAT == nil || r.NAT.Kind != "dnat" {
-				continue
-			}
-			ip := net.ParseIP(r.NAT.Addr)
-			port, err := strconv.ParseUint(r.NAT.Port, 10, 16)
-			if ip == nil || err != nil || port == 0 {
-				continue
-			}
-			d := HostPortDNAT{Family: fam, DestIP: ip.String(), DestPort: int32(port), Source: "nftables"}
-			ok := true
-			for _, m := range r.Matches {
-				if m.Op != "==" {
-					ok = false
-					break
-				}
-				proto, field, _ := strings.Cut(m.Left, " ")
-				switch {
-				case field == "dport" && (proto == "tcp" || proto == "udp" || proto == "sctp"):
-					n, err := strconv.ParseUint(m.Right, 10, 16)
-					if err != nil || n == 0 {
-						ok = false
-					}
-					d.Protocol, d.HostPort = proto, int32(n)
-				case field == "daddr" && (proto == "ip" || proto == "ip6"):
-					a, good := hostAddr(m.Right)
-					if !good {
-						ok = false
-					}
-					d.HostIP = a
-				}
-			}
-			if ok && d.Protocol != "" && d.HostPort != 0 {
-				out = append(out, d)
-			}
-		}
-	}
-	return out
-}
-
-// portmapNFTFamily maps an iptables family to portmap's nftables table family.
-func portmapNFTFamily(f iptables.Family) nftables.Family {
-	if f == iptables.IPv6 {
-		return nftables.FamilyIP6
-	}
-	return nftables.FamilyIP
 }
 
 // readHostPortRules reads portmap's rules of both families from both
@@ -432,7 +215,7 @@ func (d *hostPorts) readHostPortRules(ctx context.Context) (rules HostPortRules,
 					}
 					return
 				}
-				dn, present := IPTablesHostPortDNATs(s.Rules, fam, "iptables-"+string(be))
+				dn, present := portmap.FromIPTables(s.Rules, fam, "iptables-"+string(be))
 				rules.DNATs = append(rules.DNATs, dn...)
 				portmapSeen = portmapSeen || present
 			}(fam, be)
@@ -443,22 +226,22 @@ func (d *hostPorts) readHostPortRules(ctx context.Context) (rules HostPortRules,
 				defer wg.Done()
 				sctx, cancel := context.WithTimeout(ctx, d.p.SaveTimeout.Duration)
 				defer cancel()
-				s, err := d.n.NFTables.ListTable(sctx, portmapNFTFamily(fam), portmapNFTTable)
+				s, err := d.n.NFTables.ListTable(sctx, portmap.NFTFamily(fam), portmap.NFTTable)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
 					if !errors.Is(err, nftables.ErrNoTable) && !errors.Is(err, nftables.ErrUnavailable) {
-						rules.Unknown[fam] = fmt.Sprintf("nft list table %s %s: %v", portmapNFTFamily(fam), portmapNFTTable, err)
+						rules.Unknown[fam] = fmt.Sprintf("nft list table %s %s: %v", portmap.NFTFamily(fam), portmap.NFTTable, err)
 					}
 					return
 				}
 				if s == nil || s.Ruleset == nil {
 					return
 				}
-				t := s.Ruleset.Table(portmapNFTFamily(fam), portmapNFTTable)
+				t := s.Ruleset.Table(portmap.NFTFamily(fam), portmap.NFTTable)
 				if t != nil {
 					portmapSeen = true
-					rules.DNATs = append(rules.DNATs, NFTHostPortDNATs(t, fam)...)
+					rules.DNATs = append(rules.DNATs, portmap.FromNFT(t, fam)...)
 				}
 			}(fam)
 		}
