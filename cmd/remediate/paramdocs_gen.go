@@ -29,6 +29,8 @@ var paramDocs = map[string]string{
 	"action.RaiseConntrackMaxParams.MemoryFraction":              "MemoryFraction of node memory the table may use at BytesPerEntry per entry: a second bound on the new maximum.",
 	"action.RaiseConntrackMaxParams.RaiseHashsize":               "RaiseHashsize also raises the nf_conntrack hashsize to max/4 (as kube-proxy does), never lowering it.",
 	"action.RaiseConntrackMaxParams.Step":                        "Step, when > 0, is added instead of multiplying (Factor is then ignored).",
+	"action.RecreateHostPortPodParams.PollInterval":              "PollInterval between checks (default 2s).",
+	"action.RecreateHostPortPodParams.VerifyTimeout":             "VerifyTimeout bounds the wait, after the delete, for the controller's replacement pod to be Ready and, when it runs on this node, for its hostPort DNAT to be in portmap's rules. Keep it under actionTimeout (default 50s).",
 	"action.RestartKubeProxyParams.LabelSelector":                "LabelSelector selecting kube-proxy pods.",
 	"action.RestartKubeProxyParams.Namespace":                    "Namespace of the kube-proxy pods.",
 	"action.RestartKubeProxyParams.PollInterval":                 "PollInterval between checks of the replacement pod.",
