@@ -354,9 +354,14 @@ func (d *hostPorts) Detect(ctx context.Context) ([]finding.Finding, error) {
 		if seen {
 			why = "portmap's chains exist but not this pod's rule (removed by hand, or by a CNI DEL of another sandbox)"
 		}
+		subject := finding.Subject{Kind: finding.KindPod}
+		if p != nil {
+			subject.Pod = &finding.Pod{UID: p.UID}
+		}
 		out = append(out, finding.Finding{
 			Detector: "HostPorts",
 			Target:   ms[0].Pod.String(),
+			Subject:  subject,
 			Severity: finding.Critical,
 			Message: fmt.Sprintf("pod %s/%s (%s) has no hostPort DNAT for %s: %s; the CNI portmap plugin writes them only when the sandbox is created, so the hostPort stays dead until the pod's sandbox is recreated (delete the pod so its controller replaces it)",
 				ms[0].Pod.Namespace, ms[0].Pod.Name, owner, strings.Join(names, ", "), why),

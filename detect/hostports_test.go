@@ -162,6 +162,9 @@ func TestHostPortsDetect(t *testing.T) {
 		!strings.Contains(fs[1].Message, "IPv4 8080/TCP -> 10.244.0.5:80") || !strings.Contains(fs[1].Message, "ReplicaSet web-1-rs") {
 		t.Fatalf("after flush: %+v", fs)
 	}
+	if sp := fs[1].Subject.Pod; sp == nil || sp.UID != "uid-web-1" || fs[1].Subject.Kind != finding.KindPod {
+		t.Errorf("subject %+v: the remedy needs the judged pod's UID", fs[1].Subject)
+	}
 	// portmap's nftables backend serves the same mappings.
 	if err := nft.SetRuleset(portmapNFT); err != nil {
 		t.Fatal(err)

@@ -25,6 +25,16 @@ type Subject struct {
 	Conntrack *Conntrack
 	// Agent holds the facts of a node agent target (KindNodeAgent).
 	Agent *Agent
+	// Pod holds the facts of a pod target (KindPod) when its detector
+	// knows them.
+	Pod *Pod
+}
+
+// Pod is what an action on a pod target reads of it.
+type Pod struct {
+	// UID is the UID of the pod the detector judged: another UID now
+	// means the pod was replaced since (same name: a StatefulSet's).
+	UID string
 }
 
 // Process is what the ordering and KillProcess read of a process target

@@ -108,8 +108,8 @@ func (a *recreateHostPortPod) check(p *corev1.Pod, f finding.Finding) error {
 	case p.DeletionTimestamp != nil:
 		return finding.Skip("pod %s is already terminating", key)
 	}
-	if uid, _ := f.Evidence["uid"].(string); uid != "" && uid != string(p.UID) {
-		return finding.Skip("pod %s is uid %s now, not the pod (uid %s) the finding judged: replaced since", key, p.UID, uid)
+	if sp := f.Subject.Pod; sp != nil && sp.UID != "" && sp.UID != string(p.UID) {
+		return finding.Skip("pod %s is uid %s now, not the pod (uid %s) the finding judged: replaced since", key, p.UID, sp.UID)
 	}
 	if len(hostPortsOf(p)) == 0 {
 		return fmt.Errorf("refusing: pod %s has no container port with a hostPort", key)

@@ -93,7 +93,7 @@ func TestRecreateHostPortPodRefusals(t *testing.T) {
 		{target: "pod/app/web-1", uid: "old", skip: "replaced since"},
 		{target: "iptables/IPv4/kube-chains-absent", err: "not a pod target"},
 	} {
-		f := finding.Finding{Target: tc.target, Subject: finding.Subject{Kind: finding.KindPod}, Evidence: map[string]any{"uid": tc.uid}}
+		f := finding.Finding{Target: tc.target, Subject: finding.Subject{Kind: finding.KindPod, Pod: &finding.Pod{UID: tc.uid}}}
 		_, err := a.Plan(ctx, f)
 		reason, skipped := finding.IsSkip(err)
 		switch {
@@ -109,7 +109,7 @@ func TestRecreateHostPortPodRefusals(t *testing.T) {
 	if l, _ := cs.CoreV1().Pods("app").List(ctx, metav1.ListOptions{}); len(l.Items) != 5 {
 		t.Errorf("%d pods left, want 5", len(l.Items))
 	}
-	pl, err := a.Plan(ctx, finding.Finding{Target: "pod/app/web-1", Subject: finding.Subject{Kind: finding.KindPod}, Evidence: map[string]any{"uid": "w"}})
+	pl, err := a.Plan(ctx, finding.Finding{Target: "pod/app/web-1", Subject: finding.Subject{Kind: finding.KindPod, Pod: &finding.Pod{UID: "w"}}})
 	if err != nil || !strings.Contains(pl.Summary, "delete pod app/web-1 (uid w, ReplicaSet web-rs)") {
 		t.Errorf("plan: %+v %v", pl, err)
 	}
@@ -138,7 +138,7 @@ func replicaSetController(t *testing.T, cs *fake.Clientset, ip string) {
 
 func TestRecreateHostPortPodExecute(t *testing.T) {
 	ctx := context.Background()
-	f := finding.Finding{Target: "pod/app/web-1", Subject: finding.Subject{Kind: finding.KindPod}, Evidence: map[string]any{"uid": "w"}}
+	f := finding.Finding{Target: "pod/app/web-1", Subject: finding.Subject{Kind: finding.KindPod, Pod: &finding.Pod{UID: "w"}}}
 
 	// The new sandbox gets its DNAT (portmap ran at its CNI ADD).
 	cs := fake.NewClientset(hostPortAppPod("web-1", "n1", "w", "10.244.0.5", "ReplicaSet"))
