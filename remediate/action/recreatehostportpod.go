@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/utils/clock"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
@@ -86,17 +87,32 @@ func (a *recreateHostPortPod) resolve(ctx context.Context, f finding.Finding) (*
 	if err != nil {
 		return nil, fmt.Errorf("refusing: %w", err)
 	}
-	p, err := a.n.Kube.CoreV1().Pods(ref.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, finding.Skip("pod %s/%s is gone", ref.Namespace, ref.Name)
-	}
+	p, err := a.getPod(ctx, ref.Namespace, ref.Name)
 	if err != nil {
-		return nil, fmt.Errorf("reading pod %s/%s: %w", ref.Namespace, ref.Name, err)
+		return nil, err
+	}
+	if p == nil {
+		return nil, finding.Skip("pod %s/%s is gone", ref.Namespace, ref.Name)
 	}
 	if err := a.check(p, f); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// getPod reads one pod by a LIST with a metadata.name field selector: the
+// chart grants list and watch on pods, not get. nil when there is none.
+func (a *recreateHostPortPod) getPod(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	l, err := a.n.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String()})
+	if err != nil {
+		return nil, fmt.Errorf("reading pod %s/%s: %w", ns, name, err)
+	}
+	for i := range l.Items {
+		if l.Items[i].Name == name {
+			return &l.Items[i], nil
+		}
+	}
+	return nil, nil
 }
 
 // check is the pure refusal of resolve.
@@ -249,7 +265,7 @@ func (a *recreateHostPortPod) waitDNAT(ctx context.Context, t *time.Ticker, p *c
 				p.Namespace, p.Name, a.p.VerifyTimeout.Duration, strings.Join(missing, ", "))
 		case <-t.C:
 		}
-		if q, err := a.n.Kube.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{}); err == nil && q.UID == p.UID {
+		if q, err := a.getPod(ctx, p.Namespace, p.Name); err == nil && q != nil && q.UID == p.UID {
 			p = q // its IPs, as reported now
 		}
 	}

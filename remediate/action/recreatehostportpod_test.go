@@ -2,15 +2,19 @@ package action
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -81,6 +85,10 @@ func TestRecreateHostPortPodRefusals(t *testing.T) {
 		hostPortAppPod("web-1", "n1", "w", "10.244.0.5", "ReplicaSet"),
 		mirror, noPorts,
 	)
+	// The chart grants list and watch on pods, not get (deploy/.../rbac.yaml).
+	cs.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New("no get in the chart's ClusterRole"))
+	})
 	a := newRecreate(t, &node.Node{Name: "n1", Kube: cs}, time.Second)
 	for _, tc := range []struct {
 		target, uid, err, skip string
