@@ -41,6 +41,24 @@ type Pod struct {
 	Scheduled    Condition `json:"scheduled"`
 	// Containers are the init and regular containers' statuses.
 	Containers []ContainerStatus `json:"containers,omitempty"`
+	// IPs are the pod's IPs (status.podIPs), empty before its sandbox
+	// has a network or for a pod the kubelet has not reported.
+	IPs []string `json:"ips,omitempty"`
+	// HostPorts are the container ports of the pod's regular containers
+	// that have a hostPort (what the kubelet hands the CNI as port
+	// mappings).
+	HostPorts []HostPort `json:"hostPorts,omitempty"`
+}
+
+// HostPort is one container port with a hostPort.
+type HostPort struct {
+	Container     string `json:"container"`
+	HostPort      int32  `json:"hostPort"`
+	ContainerPort int32  `json:"containerPort"`
+	// Protocol is TCP, UDP or SCTP (TCP when the spec leaves it empty).
+	Protocol string `json:"protocol"`
+	// HostIP is the host address the port is bound to, "" for all.
+	HostIP string `json:"hostIP,omitempty"`
 }
 
 // Condition is one pod condition: Status "True", "False" or "" (absent),

@@ -31,6 +31,16 @@ type Subject struct {
 	// One target may carry several (a stale IPVS real server is also a
 	// dead backend's conntrack entries). Read them with RefOf.
 	Refs []Ref
+	// Pod holds the facts of a pod target (KindPod) when its detector
+	// knows them.
+	Pod *Pod
+}
+
+// Pod is what an action on a pod target reads of it.
+type Pod struct {
+	// UID is the UID of the pod the detector judged: another UID now
+	// means the pod was replaced since (same name: a StatefulSet's).
+	UID string
 }
 
 // Ref is an adapter's typed reference to what a finding is about; the

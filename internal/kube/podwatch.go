@@ -194,5 +194,26 @@ func ToPod(p *corev1.Pod) cluster.Pod {
 	}
 	add(p.Status.InitContainerStatuses, true)
 	add(p.Status.ContainerStatuses, false)
+	for _, ip := range p.Status.PodIPs {
+		if ip.IP != "" {
+			out.IPs = append(out.IPs, ip.IP)
+		}
+	}
+	if len(out.IPs) == 0 && p.Status.PodIP != "" {
+		out.IPs = []string{p.Status.PodIP}
+	}
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.HostPort == 0 {
+				continue
+			}
+			proto := string(cp.Protocol)
+			if proto == "" {
+				proto = string(corev1.ProtocolTCP)
+			}
+			out.HostPorts = append(out.HostPorts, cluster.HostPort{Container: intern(c.Name), HostPort: cp.HostPort,
+				ContainerPort: cp.ContainerPort, Protocol: intern(proto), HostIP: cp.HostIP})
+		}
+	}
 	return out
 }

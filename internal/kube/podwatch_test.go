@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +71,29 @@ func TestToPod(t *testing.T) {
 	p.Annotations["kubernetes.io/config.mirror"] = strings.Repeat("f", 65)
 	if got := ToPod(p).MirrorOf; got != "" {
 		t.Errorf("an oversized annotation kept: %q", got)
+	}
+}
+
+func TestToPodHostPorts(t *testing.T) {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "web"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{
+			{Name: "web", Ports: []corev1.ContainerPort{{ContainerPort: 80, HostPort: 8080}, {ContainerPort: 9090}}},
+			{Name: "dns", Ports: []corev1.ContainerPort{{ContainerPort: 53, HostPort: 5353, Protocol: corev1.ProtocolUDP, HostIP: "192.0.2.10"}}},
+		}},
+		Status: corev1.PodStatus{PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}, {IP: "fd00::5"}}},
+	}
+	c := ToPod(p)
+	if len(c.IPs) != 2 || c.IPs[1] != "fd00::5" {
+		t.Errorf("IPs %v", c.IPs)
+	}
+	want := []cluster.HostPort{{Container: "web", HostPort: 8080, ContainerPort: 80, Protocol: "TCP"},
+		{Container: "dns", HostPort: 5353, ContainerPort: 53, Protocol: "UDP", HostIP: "192.0.2.10"}}
+	if len(c.HostPorts) != 2 || c.HostPorts[0] != want[0] || c.HostPorts[1] != want[1] {
+		t.Errorf("HostPorts %+v, want %+v", c.HostPorts, want)
+	}
+	p.Status.PodIPs = nil
+	if c := ToPod(p); len(c.IPs) != 1 || c.IPs[0] != "10.244.0.5" {
+		t.Errorf("PodIP only: %v", c.IPs)
 	}
 }

@@ -81,6 +81,10 @@ func TestNodeEnforce(t *testing.T) {
 	// (g) in audit: a restore stuck behind a held xtables lock reported
 	// with its holder, an impostor and a busy restore beside it.
 	t.Run("g-audit-hung-restore", func(t *testing.T) { hungRestoreAudit(t, n) })
+	// (h) in audit (issue 37): a firewall flush of both backends (nat,
+	// mangle, filter); kube-proxy rebuilds its chains, the hostPort DNAT of
+	// a Deployment's pod stays gone and is reported.
+	t.Run("h-audit-host-ports", func(t *testing.T) { hostPortsAudit(t, n) })
 
 	// helm upgrade --set enforce=true: the policy ConfigMap's name carries
 	// the mode (remediate-policy-enforce), so the DaemonSet rolls its pod;
@@ -136,6 +140,8 @@ func lanePolicyValues(t *testing.T, edit func(pol map[string]any)) string {
 	setRule(t, pol, "restart-unready-cni-agent", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "cni-config", map[string]any{"for": "0s"}, nil)
 	setRule(t, pol, "pods-network-not-ready", map[string]any{"for": "0s"}, map[string]any{"minAge": "30s"})
+	// (h): a pod's sandbox 10s old counts (shipped 1m), no `for`.
+	setRule(t, pol, "host-ports", map[string]any{"for": "0s"}, map[string]any{"minAge": "10s"})
 	// The real kubelet v1.34 retried the stuck pod's sandbox once in ~3 min
 	// (kubelet_run_podsandbox_errors_total 0 -> 1, lane run of 2026-11-26):
 	// the lane judges any error (the shipped 2 in 10m needs longer).
