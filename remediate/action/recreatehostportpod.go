@@ -53,7 +53,7 @@ func (p *RecreateHostPortPodParams) Validate() []policy.FieldError {
 func init() {
 	Define("RecreateHostPortPod",
 		"deletes a controller-owned pod of this node whose hostPort DNAT is missing (HostPorts) so that its controller replaces it and the new sandbox gets portmap's DNAT; never a bare or static pod; waits for the replacement to be Ready and, on this node, for its DNAT",
-		newRecreateHostPortPod, Disruptive(), ActsOn(finding.KindPod))
+		newRecreateHostPortPod, Disruptive(), NeedsAPI(), ActsOn(finding.KindPod))
 }
 
 type recreateHostPortPod struct {
