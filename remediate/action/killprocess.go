@@ -31,9 +31,9 @@ type KillProcessParams struct {
 	// SIGKILL before reporting failure (a process in D state dies only
 	// when it leaves the kernel).
 	KillWait policy.Duration `yaml:"killWait"`
-	// MinHoldTime applies to lock-holder findings (evidence
-	// "holdSeconds", from XtablesLockContention): the holder is killed
-	// only when it has held the lock at least this long.
+	// MinHoldTime applies to lock-holder findings (from
+	// XtablesLockContention, the hold time it measured): the holder is
+	// killed only when it has held the lock at least this long.
 	MinHoldTime policy.Duration `yaml:"minHoldTime"`
 	// Programs are the executables (basenames of /proc/<pid>/exe) a
 	// target must run where its executable is readable (CAP_SYS_PTRACE: a
