@@ -20,72 +20,12 @@ import (
 	"github.com/remediate-dev/remediate/internal/node"
 )
 
-// ipvsModeSave sketches kube-proxy v1.34's own iptables rules in IPVS mode
+// ipvsModeSave() sketches kube-proxy v1.34's own iptables rules in IPVS mode
 // (the chains of pkg/proxy/ipvs/proxier.go iptablesChains and jumps) with
 // the canaries and the kubelet's chains a node also has, legacy backend.
 // Its KUBE-IPVS-FILTER REJECT is IPVS mode's own. The real one, without
-// the kubelet's chains, is internal/iptables/testdata/iptables-save-ipvs-mode.txt.
-const ipvsModeSave = `*mangle
-:PREROUTING ACCEPT [0:0]
-:KUBE-KUBELET-CANARY - [0:0]
-:KUBE-PROXY-CANARY - [0:0]
-COMMIT
-*filter
-:INPUT ACCEPT [0:0]
-:FORWARD ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:KUBE-FIREWALL - [0:0]
-:KUBE-FORWARD - [0:0]
-:KUBE-IPVS-FILTER - [0:0]
-:KUBE-IPVS-OUT-FILTER - [0:0]
-:KUBE-KUBELET-CANARY - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:KUBE-PROXY-CANARY - [0:0]
-:KUBE-PROXY-FIREWALL - [0:0]
-:KUBE-SOURCE-RANGES-FIREWALL - [0:0]
--A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODE-PORT
--A INPUT -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
--A INPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-FILTER
--A INPUT -j KUBE-FIREWALL
--A FORWARD -m comment --comment "kube-proxy firewall rules" -j KUBE-PROXY-FIREWALL
--A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
--A OUTPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-OUT-FILTER
--A OUTPUT -j KUBE-FIREWALL
--A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment "block incoming localnet connections" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP
--A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
--A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
--A KUBE-IPVS-FILTER -m set --match-set KUBE-LOAD-BALANCER dst,dst -j RETURN
--A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
--A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
--A KUBE-NODE-PORT -m comment --comment "Kubernetes health check node port" -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j ACCEPT
--A KUBE-SOURCE-RANGES-FIREWALL -j DROP
-COMMIT
-*nat
-:PREROUTING ACCEPT [0:0]
-:INPUT ACCEPT [0:0]
-:OUTPUT ACCEPT [0:0]
-:POSTROUTING ACCEPT [0:0]
-:KUBE-KUBELET-CANARY - [0:0]
-:KUBE-LOAD-BALANCER - [0:0]
-:KUBE-MARK-MASQ - [0:0]
-:KUBE-NODE-PORT - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-PROXY-CANARY - [0:0]
-:KUBE-SERVICES - [0:0]
--A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
--A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
--A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
--A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
--A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
--A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
--A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
--A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
--A KUBE-SERVICES ! -s 10.0.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT
--A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
-COMMIT
-`
+// the kubelet's chains, is testdata/iptables-save-ipvs-mode.txt.
+var ipvsModeSave = testdataOnce("../internal/iptables/testdata/ipvs-mode-sketch.txt")
 
 // iptablesModeRejects is what iptables mode leaves in the filter table
 // for a Service without endpoints (kubernetes/kubernetes#102314).
@@ -134,13 +74,13 @@ func modeLeftoversNode(t *testing.T, mode kubeproxy.Mode, save string, kubeIPVS0
 func TestKubeProxyModeLeftoversIPVS(t *testing.T) {
 	ctx := context.Background()
 	t.Run("IPVS mode, its own rules only", func(t *testing.T) {
-		n, _ := modeLeftoversNode(t, kubeproxy.ModeIPVS, ipvsModeSave, true, tVS("TCP", "10.96.0.1", 443))
+		n, _ := modeLeftoversNode(t, kubeproxy.ModeIPVS, ipvsModeSave(), true, tVS("TCP", "10.96.0.1", 443))
 		fs, err := newDetector(t, "KubeProxyModeLeftovers", n, nil).Detect(ctx)
 		wantTargets(t, "clean IPVS mode", fs, err)
 	})
 	t.Run("IPVS mode, iptables mode's REJECT hooked", func(t *testing.T) {
 		// the rejects' filter table beside IPVS mode's nat table
-		nat := ipvsModeSave[strings.Index(ipvsModeSave, "*nat"):]
+		nat := ipvsModeSave()[strings.Index(ipvsModeSave(), "*nat"):]
 		n, _ := modeLeftoversNode(t, kubeproxy.ModeIPVS, iptablesModeRejects+nat, true)
 		fs, err := newDetector(t, "KubeProxyModeLeftovers", n, nil).Detect(ctx)
 		wantTargets(t, "rejects", fs, err, "iptables/IPv4/legacy/iptables-mode-leftovers")

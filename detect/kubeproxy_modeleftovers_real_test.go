@@ -46,7 +46,7 @@ func TestRealKubeProxyModeLeftoversIPVSMode(t *testing.T) {
 
 	// IPVS mode's own rules in both backends: nothing. (Without its
 	// ipsets, which a fresh namespace lacks: their rules are dropped.)
-	ipvsMode := mutate(t, ipvsModeSave, func(rs *iptables.Ruleset) {
+	ipvsMode := mutate(t, ipvsModeSave(), func(rs *iptables.Ruleset) {
 		for _, tb := range rs.Tables {
 			for _, c := range tb.Chains {
 				rs.DeleteRules(tb.Name, c.Name, func(r iptables.Rule) bool {
