@@ -104,6 +104,9 @@ type Identity struct {
 	Program string
 	// Refused says why no identity could be established.
 	Refused string
+	// Served, when set, says the process was found serving kube-proxy's
+	// ports (Listening.KubeProxy), not by its name.
+	Served *Served
 }
 
 // Shape is how the node runs the process: what restarting it takes.
@@ -188,6 +191,13 @@ func (id Identity) OK() bool { return id.Method != "" }
 
 // String is the identity for messages.
 func (id Identity) String() string {
+	if id.Served != nil {
+		return id.str() + "; " + id.Served.String()
+	}
+	return id.str()
+}
+
+func (id Identity) str() string {
 	switch id.Method {
 	case CgroupAPI:
 		s := fmt.Sprintf("%s (pod %s, %s, uid %s", id.Method, id.Pod, id.Owner, id.PodUID)
@@ -235,6 +245,9 @@ func (id Identity) Evidence(ev map[string]any) {
 	}
 	if how := id.RestartHow(); how != "" {
 		ev["restartHow"] = how
+	}
+	if id.Served != nil {
+		ev["identityListener"] = id.Served.String()
 	}
 }
 
@@ -306,6 +319,13 @@ func Of(p procs.Process, pods Pods, agents []cluster.Agent) Identity {
 // readable (ptrace), must be a kube-proxy (or k3s's) too. The identity
 // is returned with Refused set when p is not.
 func KubeProxy(p procs.Process, pods Pods, selfNetKey uint64) Identity {
+	return judgeKubeProxy(p, pods, selfNetKey, false)
+}
+
+// judgeKubeProxy is KubeProxy; served says p was found serving kube-proxy's
+// ports (Listening.KubeProxy): its name and executable's name are then
+// not checked (a renamed binary serving the ports is kube-proxy).
+func judgeKubeProxy(p procs.Process, pods Pods, selfNetKey uint64, served bool) Identity {
 	id := Of(p, pods, []cluster.Agent{cluster.KubeProxyAgent()})
 	if !id.OK() {
 		return id
@@ -327,6 +347,9 @@ func KubeProxy(p procs.Process, pods Pods, selfNetKey uint64) Identity {
 	}
 	if p.NetKey != 0 && selfNetKey != 0 && p.NetKey != selfNetKey {
 		id.Method, id.Refused = "", fmt.Sprintf("pid %d runs in another network namespace (net/dev inode %d, this node's is %d)", p.Pid, p.NetKey, selfNetKey)
+		return id
+	}
+	if served {
 		return id
 	}
 	if p.Exe != "" && embedded && !slices.Contains(embeddedExecutables, filepath.Base(p.Exe)) {
