@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/internal/sockdiag"
@@ -66,10 +67,10 @@ func TestRealKubeProxyByItsPorts(t *testing.T) {
 	nsKey := waitProc(t, pr, int32(sleeper.Pid()), "sleep").NetKey
 	noPods := procident.PodsFrom(nil)
 
-	// start runs bin (named by its path) with kube-proxy's flags, moved
-	// into the unit's cgroup before it execs, and waits until it serves
-	// both ports.
-	start := func(name, bin, unit string) *controlplane.Process {
+	// startIn runs bin (named by its path) with kube-proxy's flags, moved
+	// by into to its cgroup before it execs, and waits until it serves
+	// both ports; start moves it into a unit's cgroup.
+	startIn := func(t *testing.T, name, bin string, into func(pid int)) *controlplane.Process {
 		t.Helper()
 		cmd := cp.NetNS.Command("sh", "-c", `read go; exec "$0" "$@"`, bin, "--config", kp.ConfigPath, "--v", "2")
 		cmd.Env = kp.Env()
@@ -78,7 +79,7 @@ func TestRealKubeProxyByItsPorts(t *testing.T) {
 			t.Fatal(err)
 		}
 		p := controlplane.StartProcess(t, name, t.TempDir(), cmd)
-		tr.IntoUnit(t, unit, p.Pid())
+		into(p.Pid())
 		fmt.Fprintln(in, "go")
 		for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(250 * time.Millisecond) {
 			ls, err := listening.Sockets(ctx, ports...)
@@ -90,9 +91,12 @@ func TestRealKubeProxyByItsPorts(t *testing.T) {
 			}
 		}
 	}
+	start := func(t *testing.T, name, bin, unit string) *controlplane.Process {
+		return startIn(t, name, bin, func(pid int) { tr.IntoUnit(t, unit, pid) })
+	}
 
 	t.Run("systemd unit beside an impostor", func(t *testing.T) {
-		real := start("kube-proxy-unit", filepath.Join(cp.BinDir, "kube-proxy"), "kube-proxy.service")
+		real := start(t, "kube-proxy-unit", filepath.Join(cp.BinDir, "kube-proxy"), "kube-proxy.service")
 		defer real.Stop(t)
 		impostor := copyOf(t, "/bin/sleep", "kube-proxy")
 		imp := controlplane.StartProcess(t, "impostor", t.TempDir(), cp.NetNS.Command(impostor, "3600"))
@@ -125,6 +129,23 @@ func TestRealKubeProxyByItsPorts(t *testing.T) {
 		withoutPtrace(t, nsPath, p.Pid, procident.ShapeSystemdUnit)
 	})
 
+	t.Run("renamed binary in a DaemonSet pod", func(t *testing.T) {
+		const uid = "7a7a7a7a-1111-2222-3333-444444444444"
+		bin := copyOf(t, filepath.Join(cp.BinDir, "kube-proxy"), "proxy-server")
+		p := startIn(t, "proxy-server", bin, func(pid int) { tr.Into(t, uid, "", pid) })
+		defer p.Stop(t)
+		pods := procident.PodsFrom([]cluster.Pod{{Namespace: "kube-system", Name: "kube-proxy-n1", UID: uid,
+			Labels: map[string]string{"k8s-app": "kube-proxy"}, ControllerKind: "DaemonSet", ControllerName: "kube-proxy"}})
+		got, id, err := listening.KubeProxy(ctx, ports, pods, nsKey)
+		if err != nil || got.Pid != int32(p.Pid()) || id.Method != procident.CgroupAPI || id.Shape() != procident.ShapeDaemonSetPod || id.Pod != "kube-system/kube-proxy-n1" {
+			t.Fatalf("by its ports: pid %d %s %v, want proxy-server %d of kube-proxy's pod", got.Pid, id, err, p.Pid())
+		}
+		if named := procident.KubeProxy(got, pods, nsKey); named.OK() {
+			t.Fatalf("by its executable's name %s is kube-proxy: %s", got.Exe, named)
+		}
+		t.Logf("%s", id)
+	})
+
 	t.Run("k3s-server and its restore", func(t *testing.T) {
 		k3sBin := copyOf(t, filepath.Join(cp.BinDir, "kube-proxy"), "k3s-server")
 		// A containerd shim in k3s's cgroup, as on a k3s node (started
@@ -139,7 +160,7 @@ func TestRealKubeProxyByItsPorts(t *testing.T) {
 		defer shim.Stop(t)
 		tr.IntoUnit(t, "k3s.service", shim.Pid())
 		fmt.Fprintln(in, "go")
-		k3s := start("k3s-server", k3sBin, "k3s.service")
+		k3s := start(t, "k3s-server", k3sBin, "k3s.service")
 		defer k3s.Stop(t)
 		p, id, err := listening.KubeProxy(ctx, ports, noPods, nsKey)
 		if err != nil || p.Pid != int32(k3s.Pid()) {
