@@ -119,6 +119,9 @@ func (l Listening) KubeProxy(ctx context.Context, ports []uint16, pods Pods, sel
 	if l.Sockets == nil || l.Cgroups == nil || l.Procs == nil {
 		return procs.Process{}, Identity{}, fmt.Errorf("%w: listening sockets or cgroups not readable here", ErrCannotTell)
 	}
+	if len(ports) == 0 {
+		return procs.Process{}, Identity{}, fmt.Errorf("%w: no kube-proxy port known (metricsURL, healthzURL)", ErrCannotTell)
+	}
 	ls, err := l.Sockets(ctx, ports...)
 	if err != nil {
 		return procs.Process{}, Identity{}, fmt.Errorf("listing the sockets listening on %v: %w", ports, err)

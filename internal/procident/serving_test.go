@@ -122,6 +122,9 @@ func TestListeningKubeProxy(t *testing.T) {
 			}
 		})
 	}
+	if _, _, err := (Listening{Sockets: sockets(listener(10249, 10)), Cgroups: cgs, Procs: fp}).KubeProxy(context.Background(), nil, noPods, 7); !errors.Is(err, ErrCannotTell) {
+		t.Fatalf("no ports: %v, want ErrCannotTell (never every listener)", err)
+	}
 	// With descriptors readable, the holder of the socket settles a
 	// cgroup of two.
 	fp.Remove(501)
