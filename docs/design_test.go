@@ -35,6 +35,7 @@ type demand struct{ file, test, mentions string }
 var demands = []demand{
 	{"detect/<type>.go", "TestDetectorFilesNamedAfterTheirTypes", `"detect"`},
 	{"detect/<type>.go", "TestDetectorsHoldNoModel", `"detect"`},
+	{"detect/<type>.go", "TestDetectorFilesStandAlone", `"detect"`},
 	{"detect/clusterview_test.go", "TestUsesClusterViewDeclared", "UsesClusterView"},
 	{"remediate/action/<type>.go", "TestAPIReadersDeclare", `parseDir(t, ".")`},
 	{"internal/node/node.go", "TestAPIReadersDeclare", "apiFields()"},
