@@ -36,7 +36,7 @@ type dataplaneDrift struct {
 }
 
 func (d *dataplaneDrift) Detect(ctx context.Context) ([]finding.Finding, error) {
-	obs, err := observe(ctx, d.n, d.p)
+	obs, err := observeDataplane(ctx, d.n, d.p)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ func (d *kubeProxyDeaf) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if _, err := kubeProxyOf(d.n); err != nil {
 		return nil, err
 	}
-	obs, err := observe(ctx, d.n, d.p)
+	obs, err := observeDataplane(ctx, d.n, d.p)
 	if err != nil {
 		return nil, err
 	}

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -94,20 +92,6 @@ type iptablesVersionSkew struct {
 
 func newIPTablesVersionSkew(p *IPTablesVersionSkewParams, n *node.Node) (Detector, error) {
 	return &iptablesVersionSkew{p: *p, n: n, installs: iptables.NewInstallReader(iptables.DefaultInstallMemo, n.Clock)}, nil
-}
-
-func sameFile(a, b string) (bool, error) {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false, err
-	}
-	fb, err := os.Stat(b)
-	if err != nil {
-		return false, err
-	}
-	sa, ok1 := fa.Sys().(*syscall.Stat_t)
-	sb, ok2 := fb.Sys().(*syscall.Stat_t)
-	return ok1 && ok2 && sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
 func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]finding.Finding, error) {

@@ -129,7 +129,11 @@ type observationSlot struct {
 // detection interval.
 const observationMaxAge = time.Second
 
-func observe(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*driftObservation, error) {
+// observeDataplane returns the comparison of n's dataplane with the
+// cluster view under p: the one the detectors of this cycle share
+// (sharedObservation), made anew (observeNow) when it is older than
+// observationMaxAge or failed.
+func observeDataplane(ctx context.Context, n *node.Node, p DataplaneDriftParams) (*driftObservation, error) {
 	k := observationKey{n, fmt.Sprintf("%v/%s/%s/%s", p.Families, p.ProxyMode, p.Backend, p.SaveTimeout)}
 	sharedObservation.Lock()
 	slot := sharedObservation.m[k]

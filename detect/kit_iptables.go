@@ -2,8 +2,10 @@ package detect
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/node"
@@ -117,4 +119,18 @@ func notInstalled(cmds []string) string {
 
 func iptablesTarget(f iptables.Family, b iptables.Backend, what string) string {
 	return "iptables/" + string(f) + "/" + string(b) + "/" + what
+}
+
+func sameFile(a, b string) (bool, error) {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false, err
+	}
+	fb, err := os.Stat(b)
+	if err != nil {
+		return false, err
+	}
+	sa, ok1 := fa.Sys().(*syscall.Stat_t)
+	sb, ok2 := fb.Sys().(*syscall.Stat_t)
+	return ok1 && ok2 && sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }

@@ -138,3 +138,6 @@ func readCNI(ctx context.Context, n *node.Node) cni.Dir {
 	}
 	return cni.Read(n.CNIConfDir, n.CNIBinDir)
 }
+
+// maxEventsPerPod bounds the sandbox Events taken from one pod.
+const maxEventsPerPod = 20

@@ -217,7 +217,7 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 	// DataplaneDrift compares them (shared with it in the cycle).
 	var dp DataplaneDriftParams
 	dp.SetDefaults()
-	obs, err := observe(ctx, d.n, dp)
+	obs, err := observeDataplane(ctx, d.n, dp)
 	if err != nil {
 		reason := err.Error()
 		if r, ok := finding.IsSkip(err); ok {

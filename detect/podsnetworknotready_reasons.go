@@ -7,9 +7,6 @@ import (
 	"github.com/remediate-dev/remediate/internal/cluster"
 )
 
-// maxEventsPerPod bounds the sandbox Events taken from one pod.
-const maxEventsPerPod = 20
-
 // sandboxFailures reads the kubelet's sandbox Events of the oldest stuck
 // pods (at most MaxEventPods; host-network pods need no CNI and are
 // skipped), classifies their messages and adds, under

@@ -44,8 +44,9 @@ func detectorUnit(name string, files map[string]*ast.File) string {
 // package-level declaration (func, type, var, const) of another detector's
 // files; what two detectors share lives in the kit, where a newcomer finds
 // it, and each detector is read alone, its file and its companions (issue
-// 40, point 1). Methods are reached through a value, whose type or maker
-// such a use names.
+// 40, point 1). The kit and the contract stand below the detectors: they
+// name no detector's declaration either. Methods are reached through a
+// value, whose type or maker such a use names.
 func TestDetectorFilesStandAlone(t *testing.T) {
 	files := map[string]*ast.File{}
 	eachSource(t, []string{"detect"}, 30, nil, func(fset *token.FileSet, f *ast.File) {
@@ -53,6 +54,10 @@ func TestDetectorFilesStandAlone(t *testing.T) {
 	})
 	uses := crossDetectorUses(files)
 	for _, u := range uses {
+		if sharedDetectFile(u.user) {
+			t.Errorf("detect/%s names %s of detect/%s, a detector's file: the kit and the contract stand below the detectors; move it to the kit", u.user, u.name, u.owner)
+			continue
+		}
 		t.Errorf("detect/%s names %s of detect/%s, another detector's file: move it to a kit_*.go file (or to %s, if only it uses it)", u.user, u.name, u.owner, u.user)
 	}
 	if len(uses) > 0 {
@@ -64,8 +69,8 @@ func TestDetectorFilesStandAlone(t *testing.T) {
 // file, or a companion, naming another detector's function, type, constant
 // and variable (once per name however often named); and lets be the kit
 // and the contract, a detector's own declarations and its companions', a
-// local that shadows another file's name, a field or method selected by
-// that name, and a kit file naming a detector's.
+// local that shadows another file's name, and a field or method selected
+// by that name; a kit file naming a detector's is found too.
 func TestCrossDetectorUsesFound(t *testing.T) {
 	srcs := map[string]string{
 		"detect.go":     "package detect\ntype Detector interface{}\nfunc Define() {}",
@@ -105,7 +110,7 @@ func twoOwn() {}`,
 	for _, u := range crossDetectorUses(files) {
 		got = append(got, u.String())
 	}
-	want := "two.go>one@one.go two.go>oneHelper@one.go two.go>oneLimit@one.go two.go>oneSeen@one.go two_part.go>oneSeen@one.go"
+	want := "kit_params.go>oneLimit@one.go two.go>one@one.go two.go>oneHelper@one.go two.go>oneLimit@one.go two.go>oneSeen@one.go two_part.go>oneSeen@one.go"
 	if strings.Join(got, " ") != want {
 		t.Errorf("found %v, want %s", got, want)
 	}
@@ -119,6 +124,7 @@ func (u crossUse) String() string { return fmt.Sprintf("%s>%s@%s", u.user, u.nam
 
 // crossDetectorUses finds, in files (one package, by file name), each
 // package-level name a detector file takes from another detector's files,
+// or a kit or contract file from a detector's,
 // once per user and name, sorted. The parser resolves a file's own
 // declarations and locals; what it leaves unresolved is the package's
 // other files' (or the universe's).
@@ -150,9 +156,6 @@ func crossDetectorUses(files map[string]*ast.File) []crossUse {
 	seen := map[crossUse]bool{}
 	var out []crossUse
 	for name, f := range files {
-		if sharedDetectFile(name) {
-			continue
-		}
 		for _, id := range f.Unresolved {
 			o, ok := owner[id.Name]
 			if !ok || sharedDetectFile(o) || detectorUnit(o, files) == detectorUnit(name, files) {
