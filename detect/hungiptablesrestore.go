@@ -67,19 +67,9 @@ func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detecto
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
-	if d.n.Procs == nil {
-		return nil, finding.Skip("%s", d.n.Why("procs"))
-	}
-	found, err := d.n.Procs.Find(ctx, d.p.Names)
+	found, old, now, err := findOld(ctx, d.n, d.p.Names, d.p.MinAge.Duration, nil)
 	if err != nil {
-		return nil, fmt.Errorf("scanning processes: %w", err)
-	}
-	now := d.n.Clock.Now()
-	var old []procs.Process
-	for _, p := range found {
-		if p.Age(now) >= d.p.MinAge.Duration {
-			old = append(old, p)
-		}
+		return nil, err
 	}
 	d.set("%d iptables-restore running, none for %s or longer", len(found), d.p.MinAge.Duration)
 	if len(old) == 0 {
@@ -91,15 +81,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	old = old[:0]
-	var busy []string
-	for _, pr := range judged {
-		if pr.advancing() {
-			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
-			continue
-		}
-		old = append(old, pr.cur)
-	}
+	busy, old := splitBusy(judged)
 	if len(busy) > 0 {
 		d.set("%d iptables-restore running for %s or longer, %d of them making progress, not hung (%s)", len(judged), d.p.MinAge.Duration, len(busy), strings.Join(busy, "; "))
 	}

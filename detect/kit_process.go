@@ -11,6 +11,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/clip"
 	"github.com/remediate-dev/remediate/internal/cluster"
+	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -157,6 +158,16 @@ func orUnknown(s string) string {
 // processEvidence is the evidence every process finding carries; "pid" and
 // "createTimeMs" identify the process for actions.
 func processEvidence(p procs.Process, now time.Time) map[string]any {
+	ev := processSummary(p, now)
+	ev["blocked"] = p.Blocked()
+	ev["ppid"] = p.PPid
+	ev["parentName"] = p.ParentName
+	return ev
+}
+
+// processSummary is a process in a list of processes: who it is, how old
+// and in which state.
+func processSummary(p procs.Process, now time.Time) map[string]any {
 	return map[string]any{
 		"pid":          p.Pid,
 		"createTimeMs": p.CreateTimeMs,
@@ -164,9 +175,6 @@ func processEvidence(p procs.Process, now time.Time) map[string]any {
 		"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
 		"ageSeconds":   durSeconds(p.Age(now)),
 		"state":        p.State,
-		"blocked":      p.Blocked(),
-		"ppid":         p.PPid,
-		"parentName":   p.ParentName,
 	}
 }
 
@@ -174,14 +182,27 @@ func processEvidence(p procs.Process, now time.Time) map[string]any {
 func processSummaries(ps []procs.Process, now time.Time) []map[string]any {
 	out := make([]map[string]any, 0, len(ps))
 	for _, p := range ps {
-		out = append(out, map[string]any{
-			"pid":          p.Pid,
-			"createTimeMs": p.CreateTimeMs,
-			"name":         p.Name(),
-			"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
-			"ageSeconds":   durSeconds(p.Age(now)),
-			"state":        p.State,
-		})
+		out = append(out, processSummary(p, now))
 	}
 	return out
+}
+
+// findOld scans the processes named names (argv[0] basenames) and returns
+// them all, and those running for minAge or longer that keep accepts (nil:
+// all), with the time they were judged at.
+func findOld(ctx context.Context, n *node.Node, names []string, minAge time.Duration, keep func(procs.Process) bool) (found, old []procs.Process, now time.Time, err error) {
+	if n.Procs == nil {
+		return nil, nil, now, finding.Skip("%s", n.Why("procs"))
+	}
+	found, err = n.Procs.Find(ctx, names)
+	if err != nil {
+		return nil, nil, now, fmt.Errorf("scanning processes: %w", err)
+	}
+	now = n.Clock.Now()
+	for _, p := range found {
+		if p.Age(now) >= minAge && (keep == nil || keep(p)) {
+			old = append(old, p)
+		}
+	}
+	return found, old, now, nil
 }
