@@ -283,6 +283,13 @@ func serviceChains(rs *iptables.Ruleset) int {
 	return c
 }
 
+// The detectors learn the mode in one of three ways, by what they do when
+// kube-proxy cannot say: resolveKubeProxyMode reads the node's marks (the
+// drift comparison, which matters most when kube-proxy is frozen);
+// resolveProxyMode goes on with the mode unknown (the iptables detectors,
+// whose checks hold in either iptables-based mode); kubeProxyMode skips
+// (the nftables detectors). skipUnlessMode skips only a known other mode.
+
 // proxyMode is kube-proxy's mode as this cycle knows it.
 type proxyMode struct {
 	mode  string // iptables, ipvs, nftables, ... or "" when unknown
