@@ -62,17 +62,8 @@ func (p *CNIAgentChainsParams) Validate() []policy.FieldError {
 		}
 	}
 	errs = append(errs, validateFamilies(p.Families)...)
-	if len(p.Backends) == 0 {
-		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
-	}
-	for i, b := range p.Backends {
-		if b != string(iptables.Legacy) && b != string(iptables.NFT) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
-		}
-	}
-	if p.SaveTimeout.Duration <= 0 {
-		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
-	}
+	errs = append(errs, validateBackends(p.Backends)...)
+	errs = append(errs, validateSaveTimeout(p.SaveTimeout)...)
 	if p.ForgetAfter.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "forgetAfter", Msg: "must be >= 0 (0 = never)"})
 	}

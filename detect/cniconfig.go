@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"strings"
 
-	"github.com/remediate-dev/remediate/internal/cni"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/policy"
@@ -43,15 +42,6 @@ type cniConfig struct {
 
 func newCNIConfig(p *CNIConfigParams, n *node.Node) (Detector, error) {
 	return &cniConfig{p: *p, n: n}, nil
-}
-
-// readCNI is the node's CNI configuration: the cycle's shared read
-// (node.CNI) when wired, else a read of its own.
-func readCNI(ctx context.Context, n *node.Node) cni.Dir {
-	if n.CNI != nil {
-		return n.CNI.Read(ctx)
-	}
-	return cni.Read(n.CNIConfDir, n.CNIBinDir)
 }
 
 func (d *cniConfig) Detect(ctx context.Context) ([]finding.Finding, error) {

@@ -6,19 +6,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/remediate-dev/remediate/internal/clip"
-	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
-
-// RestoreNames are the argv[0] basenames of the iptables restore binaries,
-// the default of HungIPTablesRestore's names (procs.RestoreNames; kept here
-// for compatibility).
-var RestoreNames = procs.RestoreNames
 
 // HungIPTablesRestoreParams are the thresholds of HungIPTablesRestore.
 type HungIPTablesRestoreParams struct {
@@ -41,7 +34,7 @@ type HungIPTablesRestoreParams struct {
 
 // SetDefaults sets the defaults of HungIPTablesRestore (registry.Defaulter).
 func (p *HungIPTablesRestoreParams) SetDefaults() {
-	*p = HungIPTablesRestoreParams{Names: append([]string(nil), RestoreNames...), MinAge: policy.D(time.Minute),
+	*p = HungIPTablesRestoreParams{Names: append([]string(nil), procs.RestoreNames...), MinAge: policy.D(time.Minute),
 		Programs: append([]string(nil), procs.NetfilterPrograms...)}
 }
 
@@ -52,19 +45,6 @@ func (p *HungIPTablesRestoreParams) Validate() []policy.FieldError {
 	errs = append(errs, validateNames("programs", p.Programs)...)
 	if p.MinAge.Duration <= 0 {
 		errs = append(errs, policy.FieldError{Field: "minAge", Msg: "must be > 0"})
-	}
-	return errs
-}
-
-func validateNames(field string, names []string) []policy.FieldError {
-	var errs []policy.FieldError
-	if len(names) == 0 {
-		errs = append(errs, policy.FieldError{Field: field, Msg: "must name at least one program"})
-	}
-	for i, n := range names {
-		if n == "" || strings.ContainsRune(n, '/') {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("%s[%d]", field, i), Msg: "must be a program name (argv[0] basename), not empty or a path"})
-		}
 	}
 	return errs
 }
@@ -87,19 +67,9 @@ func newHungIPTablesRestore(p *HungIPTablesRestoreParams, n *node.Node) (Detecto
 }
 
 func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
-	if d.n.Procs == nil {
-		return nil, finding.Skip("%s", d.n.Why("procs"))
-	}
-	found, err := d.n.Procs.Find(ctx, d.p.Names)
+	found, old, now, err := findOld(ctx, d.n, d.p.Names, d.p.MinAge.Duration, nil)
 	if err != nil {
-		return nil, fmt.Errorf("scanning processes: %w", err)
-	}
-	now := d.n.Clock.Now()
-	var old []procs.Process
-	for _, p := range found {
-		if p.Age(now) >= d.p.MinAge.Duration {
-			old = append(old, p)
-		}
+		return nil, err
 	}
 	d.set("%d iptables-restore running, none for %s or longer", len(found), d.p.MinAge.Duration)
 	if len(old) == 0 {
@@ -111,15 +81,7 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	old = old[:0]
-	var busy []string
-	for _, pr := range judged {
-		if pr.advancing() {
-			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
-			continue
-		}
-		old = append(old, pr.cur)
-	}
+	busy, old := splitBusy(judged)
 	if len(busy) > 0 {
 		d.set("%d iptables-restore running for %s or longer, %d of them making progress, not hung (%s)", len(judged), d.p.MinAge.Duration, len(busy), strings.Join(busy, "; "))
 	}
@@ -200,49 +162,6 @@ func (d *hungRestore) Detect(ctx context.Context) ([]finding.Finding, error) {
 	return out, nil
 }
 
-// outOfReach returns why a process matching by name is not a target ("" when
-// it is), after recording its identity in ev (procident.Target): a
-// process of kube-proxy's or an allowlisted CNI agent's pod on this node
-// (its cgroup's pod UID, per the API: "identity: cgroup+api") or a host
-// process ("host-cgroup": in no pod's cgroup, which only root on the host
-// can arrange; with CAP_NET_ADMIN it is root on the host already), with
-// CAP_NET_ADMIN, in the node's network namespace unless it holds or waits
-// on the node's xtables lock (ev["holdsXtablesLock"],
-// ev["waitsOnXtablesLock"]); where its executable is readable
-// (CAP_SYS_PTRACE) a real iptables/nft program too (",exe"). A process in
-// any other pod's cgroup never is; one in a pod's cgroup while the pod
-// view is absent or stale cannot be told, and is not.
-func outOfReach(p procs.Process, programs []string, n *node.Node, pods procident.Pods, ev map[string]any) string {
-	self := n.Procs.SelfNetKey()
-	ev["exe"] = clip.String(p.Exe, 512)
-	ev["capNetAdmin"] = p.CapEff&procs.CapNetAdmin != 0
-	if p.NetNS != "" {
-		ev["netns"] = p.NetNS
-	}
-	ev["netKey"], ev["nodeNetKey"] = p.NetKey, self
-	onLock := ev["holdsXtablesLock"] == true || ev["waitsOnXtablesLock"] == true
-	id := procident.Target(p, pods, procident.Agents(cluster.DefaultCNIAgents()), programs, self, onLock)
-	id.Evidence(ev)
-	if !id.OK() {
-		ev["notATarget"] = id.Refused
-		return id.Refused
-	}
-	if p.Exe != "" {
-		ev["identity"] = string(id.Method) + ",exe"
-	}
-	if id.Method == procident.HostCgroup {
-		ev["identityNote"] = "a host process (in no pod's cgroup) with CAP_NET_ADMIN: root on the host already"
-	}
-	return ""
-}
-
-func orUnknown(s string) string {
-	if s == "" {
-		return "unknown"
-	}
-	return s
-}
-
 func heldBy(l procs.FileLocks) string {
 	if len(l.Holders) == 0 {
 		return fmt.Sprintf(" (holder not visible; /proc/locks pid %v)", l.LockPIDs)
@@ -252,40 +171,4 @@ func heldBy(l procs.FileLocks) string {
 		s = append(s, fmt.Sprintf("%s (pid %d)", h.Name(), h.Pid))
 	}
 	return " held by " + strings.Join(s, ", ")
-}
-
-// processEvidence is the evidence every process finding carries; "pid" and
-// "createTimeMs" identify the process for actions.
-func processEvidence(p procs.Process, now time.Time) map[string]any {
-	return map[string]any{
-		"pid":          p.Pid,
-		"createTimeMs": p.CreateTimeMs,
-		"name":         p.Name(),
-		"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
-		"ageSeconds":   durSeconds(p.Age(now)),
-		"state":        p.State,
-		"blocked":      p.Blocked(),
-		"ppid":         p.PPid,
-		"parentName":   p.ParentName,
-	}
-}
-
-// processSummaries is a short JSON-friendly list of processes.
-func processSummaries(ps []procs.Process, now time.Time) []map[string]any {
-	out := make([]map[string]any, 0, len(ps))
-	for _, p := range ps {
-		out = append(out, map[string]any{
-			"pid":          p.Pid,
-			"createTimeMs": p.CreateTimeMs,
-			"name":         p.Name(),
-			"cmdline":      clip.Join(p.Cmdline, " ", clip.Max),
-			"ageSeconds":   durSeconds(p.Age(now)),
-			"state":        p.State,
-		})
-	}
-	return out
-}
-
-func durSeconds(d time.Duration) float64 {
-	return float64(d.Round(time.Millisecond)) / float64(time.Second)
 }

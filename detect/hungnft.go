@@ -77,19 +77,11 @@ type hungNFT struct {
 }
 
 func (d *hungNFT) Detect(ctx context.Context) ([]finding.Finding, error) {
-	if d.n.Procs == nil {
-		return nil, finding.Skip("%s", d.n.Why("procs"))
-	}
-	found, err := d.n.Procs.Find(ctx, d.p.Names)
+	found, old, now, err := findOld(ctx, d.n, d.p.Names, d.p.MinAge.Duration, func(p procs.Process) bool {
+		return slices.Contains(d.p.Parents, p.ParentName)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("scanning processes: %w", err)
-	}
-	now := d.n.Clock.Now()
-	var old []procs.Process
-	for _, pr := range found {
-		if pr.Age(now) >= d.p.MinAge.Duration && slices.Contains(d.p.Parents, pr.ParentName) {
-			old = append(old, pr)
-		}
+		return nil, err
 	}
 	d.set("%d nft running, none a child of %s for %s or longer", len(found), strings.Join(d.p.Parents, ", "), d.p.MinAge.Duration)
 	if len(old) == 0 {
@@ -102,12 +94,7 @@ func (d *hungNFT) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err != nil {
 		return nil, err
 	}
-	var busy []string
-	for _, pr := range judged {
-		if pr.advancing() {
-			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
-		}
-	}
+	busy, _ := splitBusy(judged)
 	if len(busy) > 0 {
 		d.set("%d nft children of %s running for %s or longer, %d of them making progress, not hung (%s)", len(judged), strings.Join(d.p.Parents, ", "), d.p.MinAge.Duration, len(busy), strings.Join(busy, "; "))
 	}

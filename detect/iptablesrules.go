@@ -94,14 +94,7 @@ func (p *IPTablesRulesParams) SetDefaults() {
 func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
 	errs = append(errs, validateFamilies(p.Families)...)
-	if len(p.Backends) == 0 {
-		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
-	}
-	for i, b := range p.Backends {
-		if b != string(iptables.Legacy) && b != string(iptables.NFT) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
-		}
-	}
+	errs = append(errs, validateBackends(p.Backends)...)
 	errs = append(errs, validateProxyMode(p.ProxyMode)...)
 	if p.MaxKubeRules < 0 {
 		errs = append(errs, policy.FieldError{Field: "maxKubeRules", Msg: "must be >= 0 (0 = off)"})
@@ -112,22 +105,11 @@ func (p *IPTablesRulesParams) Validate() []policy.FieldError {
 	if p.MaxSaveDutyCycle < 0 || p.MaxSaveDutyCycle > 1 {
 		errs = append(errs, policy.FieldError{Field: "maxSaveDutyCycle", Msg: "must be between 0 (off) and 1"})
 	}
-	if p.SaveTimeout.Duration <= 0 {
-		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
-	} else if p.MaxSaveDuration.Duration >= p.SaveTimeout.Duration {
+	errs = append(errs, validateSaveTimeout(p.SaveTimeout)...)
+	if p.SaveTimeout.Duration > 0 && p.MaxSaveDuration.Duration >= p.SaveTimeout.Duration {
 		errs = append(errs, policy.FieldError{Field: "maxSaveDuration", Msg: "must be below saveTimeout"})
 	}
 	return errs
-}
-
-// validateProxyMode checks a proxyMode parameter (see
-// IPTablesRulesParams.ProxyMode).
-func validateProxyMode(m string) []policy.FieldError {
-	switch m {
-	case "", "auto", "iptables", "ipvs", "nftables", "kernelspace":
-		return nil
-	}
-	return []policy.FieldError{{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs, nftables or empty (unknown), not %q", m)}}
 }
 
 func init() {
@@ -224,7 +206,7 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if d.n.IPTables == nil {
 		return nil, finding.Skip("%s", d.n.Why("iptables"))
 	}
-	mode := d.proxyMode(ctx)
+	mode := resolveProxyMode(ctx, d.n, d.p.ProxyMode)
 	if mode.mode == string(kubeproxy.ModeNFTables) {
 		return nil, finding.Skip("kube-proxy runs in nftables mode (%s): its Service rules are nftables, checked by KubeProxyNFTablesIntegrity; KUBE-* iptables rules left over are reported by KubeProxyModeLeftovers", mode.note)
 	}
@@ -331,46 +313,6 @@ func (d *iptablesRules) Detect(ctx context.Context) ([]finding.Finding, error) {
 	}
 	d.set("%d rule sets saved and checked%s", saved, notInstalled(unavailable))
 	return out, nil
-}
-
-func notInstalled(cmds []string) string {
-	if len(cmds) == 0 {
-		return ""
-	}
-	return " (not installed: " + strings.Join(cmds, ", ") + ")"
-}
-
-func iptablesTarget(f iptables.Family, b iptables.Backend, what string) string {
-	return "iptables/" + string(f) + "/" + string(b) + "/" + what
-}
-
-// proxyMode is kube-proxy's mode as this cycle knows it.
-type proxyMode struct {
-	mode  string // iptables, ipvs, nftables, ... or "" when unknown
-	check bool   // run the KUBE-SERVICES jump check
-	note  string // where the mode came from, or why it is unknown
-}
-
-func (d *iptablesRules) proxyMode(ctx context.Context) proxyMode {
-	return resolveProxyMode(ctx, d.n, d.p.ProxyMode)
-}
-
-// resolveProxyMode is kube-proxy's mode as configured ("auto": as
-// kube-proxy's /proxyMode says).
-func resolveProxyMode(ctx context.Context, n *node.Node, configured string) proxyMode {
-	if configured != "auto" {
-		return proxyMode{mode: configured, check: configured == "iptables" || configured == "ipvs", note: "from the policy"}
-	}
-	if n.KubeProxy == nil {
-		return proxyMode{check: true, note: "kube-proxy mode unknown: " + n.Why("kube-proxy")}
-	}
-	qctx, cancel := kubeProxyQueryCtx(ctx) // a frozen kube-proxy must not eat the saves' time
-	defer cancel()
-	m, err := n.KubeProxy.ProxyMode(qctx)
-	if err != nil {
-		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
-	}
-	return proxyMode{mode: string(m), check: m == kubeproxy.ModeIPTables || m == kubeproxy.ModeIPVS, note: "from kube-proxy /proxyMode"}
 }
 
 func (d *iptablesRules) checkSnapshot(s *iptables.Snapshot, mode proxyMode) []finding.Finding {

@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
-	"github.com/remediate-dev/remediate/internal/procident"
-	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 )
 
@@ -76,9 +71,7 @@ func (p *IPTablesVersionSkewParams) Validate() []policy.FieldError {
 		}
 	}
 	errs = append(errs, validateFamilies(p.Families)...)
-	if p.SaveTimeout.Duration <= 0 {
-		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
-	}
+	errs = append(errs, validateSaveTimeout(p.SaveTimeout)...)
 	return errs
 }
 
@@ -99,94 +92,6 @@ type iptablesVersionSkew struct {
 
 func newIPTablesVersionSkew(p *IPTablesVersionSkewParams, n *node.Node) (Detector, error) {
 	return &iptablesVersionSkew{p: *p, n: n, installs: iptables.NewInstallReader(iptables.DefaultInstallMemo, n.Clock)}, nil
-}
-
-// iptablesParty is one place iptables is installed and used: the host,
-// kube-proxy's container, a CNI agent's container.
-type iptablesParty struct {
-	// Who: "host", "kube-proxy", "cni/<name>".
-	Who string
-	Pid int32
-	In  iptables.Install
-	Err error
-}
-
-func (p iptablesParty) known() bool { return p.Err == nil }
-
-// evidence renders the party for a finding.
-func (p iptablesParty) evidence() map[string]any {
-	m := map[string]any{"who": p.Who, "root": p.In.Root}
-	if p.Pid > 0 {
-		m["pid"] = p.Pid
-	}
-	if p.Err != nil {
-		m["error"] = p.Err.Error()
-		return m
-	}
-	m["iptables"] = p.In.Describe()
-	m["backend"], m["backendSource"] = string(p.In.Backend), p.In.BackendSource
-	m["version"], m["versionSource"] = p.In.Version, p.In.VersionSource
-	m["links"] = p.In.Links
-	if p.In.Wrapper {
-		m["wrapper"] = true
-	}
-	return m
-}
-
-// readIPTablesParties reads the iptables of the host, kube-proxy (the one
-// pickKubeProxy chooses) and the running CNI agents (by process name, the
-// lowest PID of each), each from its own root, through r's memo.
-func readIPTablesParties(ctx context.Context, n *node.Node, r *iptables.InstallReader, cniAgents []string) (host iptablesParty, kp *iptablesParty, cni []iptablesParty, notes []string) {
-	host = readPartyIPTables(r, "host", 0, hostRoot(n))
-	if same, _ := sameFile(hostRoot(n), filepath.Join(n.ProcRoot, "self", "root")); same {
-		notes = append(notes, "the host root "+hostRoot(n)+" is this daemon's own root (it runs on the host, or without hostPID)")
-	}
-	if n.Procs == nil {
-		notes = append(notes, "kube-proxy and CNI agent processes not looked up: "+n.Why("procs"))
-		return host, nil, nil, notes
-	}
-	// One look-up for kube-proxy and the agents.
-	names := append([]string{"kube-proxy"}, cniAgents...)
-	ps, err := n.Procs.Find(ctx, names)
-	if err != nil {
-		notes = append(notes, "listing processes: "+err.Error())
-		return host, nil, nil, notes
-	}
-	var kps []procs.Process
-	seen := map[string]bool{}
-	for _, p := range ps {
-		name := p.Name()
-		if name == "kube-proxy" {
-			kps = append(kps, p)
-			continue
-		}
-		if seen[name] {
-			continue // one per agent: the lowest PID
-		}
-		seen[name] = true
-		cni = append(cni, readPartyIPTables(r, "cni/"+name, p.Pid, processRoot(n, p.Pid)))
-	}
-	if p, _, err := pickKubeProxy(kps, procident.PodsOf(n.Pods, n.Clock.Now()), n.Procs.SelfNetKey()); err != nil {
-		notes = append(notes, err.Error())
-	} else {
-		party := readPartyIPTables(r, "kube-proxy", p.Pid, processRoot(n, p.Pid))
-		kp = &party
-	}
-	return host, kp, cni, notes
-}
-
-func sameFile(a, b string) (bool, error) {
-	fa, err := os.Stat(a)
-	if err != nil {
-		return false, err
-	}
-	fb, err := os.Stat(b)
-	if err != nil {
-		return false, err
-	}
-	sa, ok1 := fa.Sys().(*syscall.Stat_t)
-	sb, ok2 := fb.Sys().(*syscall.Stat_t)
-	return ok1 && ok2 && sa.Dev == sb.Dev && sa.Ino == sb.Ino, nil
 }
 
 func (d *iptablesVersionSkew) Detect(ctx context.Context) ([]finding.Finding, error) {

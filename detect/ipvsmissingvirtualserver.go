@@ -98,7 +98,7 @@ func (d *ipvsMissingVirtualServer) Detect(ctx context.Context) ([]finding.Findin
 		ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
 		out = append(out, finding.Finding{
 			Detector: "IPVSMissingVirtualServer",
-			Target:   VirtualServerTarget(fe.VS),
+			Target:   ipvs.VirtualRef{VS: fe.VS}.Target(),
 			Severity: finding.Critical,
 			Message: fmt.Sprintf("no IPVS virtual server for %s %s of %s (%d endpoints): kube-proxy is not programming it",
 				fe.Kind, fe.VS.Key(), fe.SP.ServiceName(), len(fe.SP.Expected)),

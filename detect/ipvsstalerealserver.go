@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 
 	"github.com/remediate-dev/remediate/internal/conntrack"
 	"github.com/remediate-dev/remediate/internal/finding"
@@ -53,12 +52,6 @@ func newIPVSStaleRealServer(p *IPVSStaleRealServerParams, n *node.Node) (Detecto
 	return &ipvsStaleRealServer{p: *p, n: n}, nil
 }
 
-// RealServerTarget is the finding target of a real server of a virtual
-// server: "ipvs-rs/UDP/10.96.0.10:53/10.244.0.12:53".
-func RealServerTarget(vs ipvs.VirtualServer, rs ipvs.RealServer) string {
-	return ipvs.RealRef{VS: vs, RS: rs}.Target()
-}
-
 func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
@@ -92,7 +85,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, er
 			if class == ipvs.BackendExpected {
 				continue
 			}
-			if Draining(vs, rs) && !d.p.IncludeDraining {
+			if ipvs.Draining(vs, rs) && !d.p.IncludeDraining {
 				continue
 			}
 			bad = append(bad, stale{rs, class})
@@ -118,7 +111,7 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, er
 			ev["expectedEndpoints"] = ipvsExpectedList(fe.SP)
 			out = append(out, finding.Finding{
 				Detector: "IPVSStaleRealServer",
-				Target:   RealServerTarget(vs, b.rs),
+				Target:   ipvs.RealRef{VS: vs, RS: b.rs}.Target(),
 				Severity: sev,
 				Message: fmt.Sprintf("IPVS %s (%s %s) sends to %s, which is %s",
 					vs.Key(), fe.SP.ServiceName(), fe.Kind, b.rs.AddrPort(), b.class),
@@ -131,16 +124,4 @@ func (d *ipvsStaleRealServer) Detect(ctx context.Context) ([]finding.Finding, er
 		}
 	}
 	return out, nil
-}
-
-// Draining is ipvs.Draining (kept for compatibility).
-func Draining(vs ipvs.VirtualServer, rs ipvs.RealServer) bool { return ipvs.Draining(vs, rs) }
-
-func ipvsExpectedList(sp *ipvs.ServicePort) []string {
-	out := make([]string, 0, len(sp.Expected))
-	for ap := range sp.Expected {
-		out = append(out, ap.String())
-	}
-	sort.Strings(out)
-	return out
 }

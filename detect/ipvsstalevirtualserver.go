@@ -70,15 +70,6 @@ func newIPVSStaleVirtualServer(pp *IPVSStaleVirtualServerParams, n *node.Node) (
 	return &ipvsStaleVirtualServer{p: p, n: n, cidrs: cidrs, nodeIPs: ips}, nil
 }
 
-// VirtualServerTarget is the finding target of a virtual server:
-// "ipvs-vs/UDP/10.96.0.10:53".
-func VirtualServerTarget(vs ipvs.VirtualServer) string { return ipvs.VirtualRef{VS: vs}.Target() }
-
-// Managed is ipvs.Managed (kept for compatibility).
-func Managed(addr netip.Addr, cidrs []netip.Prefix, nodeIPs []netip.Addr, d *ipvs.Desired) bool {
-	return ipvs.Managed(addr, cidrs, nodeIPs, d)
-}
-
 func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding, error) {
 	if err := ipvsPrecheck(ctx, d.n, d.p.RequireIPVSMode, true); err != nil {
 		return nil, err
@@ -101,7 +92,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 	excluded := 0
 	var out []finding.Finding
 	for _, vs := range vss {
-		if vs.FWMark != 0 || !Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {
+		if vs.FWMark != 0 || !ipvs.Managed(vs.Address, d.cidrs, d.nodeIPs, desired) {
 			continue
 		}
 		if _, ok := ipvs.Excluded(vs.Address, excl); ok && exclErr == nil {
@@ -129,7 +120,7 @@ func (d *ipvsStaleVirtualServer) Detect(ctx context.Context) ([]finding.Finding,
 		}
 		out = append(out, finding.Finding{
 			Detector: "IPVSStaleVirtualServer",
-			Target:   VirtualServerTarget(vs),
+			Target:   ipvs.VirtualRef{VS: vs}.Target(),
 			Severity: finding.Warning,
 			Message:  fmt.Sprintf("IPVS virtual server %s (%d real servers) matches no Service", vs.Key(), len(rss)),
 			Evidence: ev,

@@ -167,7 +167,7 @@ func TestRealKubeProxyShapesWithoutPtrace(t *testing.T) {
 	log(setpriv.Run(t, setpriv.DefaultCaps, fmt.Sprintf("T_PID=%d", kp.Process.Pid), "T_SHAPE=systemd unit", "T_UNIT=kube-proxy.service"))
 }
 
-// findAmongTests is findKubeProxyIdentity over the real process table
+// findAmongTests is findKubeProxy over the real process table
 // (the real Find, by every name kube-proxy runs under, the real cgroups)
 // with the candidates narrowed to this test's processes: other packages'
 // tests, run in parallel, start host processes named kube-proxy that are

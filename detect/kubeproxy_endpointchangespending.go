@@ -67,11 +67,7 @@ func newKubeProxyEndpointChangesPending(p *KubeProxyEndpointChangesPendingParams
 }
 
 func (d *kubeProxyPending) Detect(ctx context.Context) ([]finding.Finding, error) {
-	kp, err := kubeProxyOf(d.n)
-	if err != nil {
-		return nil, err
-	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	kp, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}

@@ -103,11 +103,7 @@ type kubeProxyChurn struct {
 }
 
 func (d *kubeProxyChurn) Detect(ctx context.Context) ([]finding.Finding, error) {
-	kp, err := kubeProxyOf(d.n)
-	if err != nil {
-		return nil, err
-	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	_, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}
@@ -158,11 +154,7 @@ type kubeProxyAPIErrors struct {
 }
 
 func (d *kubeProxyAPIErrors) Detect(ctx context.Context) ([]finding.Finding, error) {
-	kp, err := kubeProxyOf(d.n)
-	if err != nil {
-		return nil, err
-	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	_, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}

@@ -134,7 +134,7 @@ func (d *kubeProxyFrozen) Detect(ctx context.Context) ([]finding.Finding, error)
 		d.set("kube-proxy's endpoints fail without timing out (/metrics: %s; /healthz: %s): not frozen", errText(merr), errText(herr))
 		return nil, nil
 	}
-	p, id, err := findKubeProxyIdentity(ctx, d.n)
+	p, id, err := findKubeProxy(ctx, d.n)
 	if err != nil {
 		d.silent, d.since = procs.Ref{}, time.Time{}
 		return nil, finding.Skip("kube-proxy answers nothing, but its process cannot be told (KubeProxyUnreachable reports the silence): %v", err)
@@ -217,7 +217,7 @@ func (d *kubeProxyFrozen) finding(ctx context.Context, p procs.Process, merr, he
 	// DataplaneDrift compares them (shared with it in the cycle).
 	var dp DataplaneDriftParams
 	dp.SetDefaults()
-	obs, err := observe(ctx, d.n, dp)
+	obs, err := observeDataplane(ctx, d.n, dp)
 	if err != nil {
 		reason := err.Error()
 		if r, ok := finding.IsSkip(err); ok {

@@ -71,7 +71,7 @@ func TestRealKubeProxyOfAnotherNetNS(t *testing.T) {
 
 	c, addr := refusingKubeProxy(t)
 	n := &node.Node{Clock: clocktesting.NewFakeClock(captureHealthy), Log: zap.NewNop(), KubeProxy: c, ProcRoot: "/proc", Procs: pr}
-	if kp, err := findKubeProxy(ctx, n); err == nil {
+	if kp, _, err := findKubeProxy(ctx, n); err == nil {
 		t.Skipf("a kube-proxy of this node runs on this machine (pid %d): cannot test its absence", kp.Pid)
 	} else if !errors.Is(err, errNoNodeKubeProxy) || !strings.Contains(err.Error(), "runs in another network namespace") {
 		t.Fatalf("findKubeProxy with kube-proxy only in %s: %v, want none of this node's", ns, err)
@@ -84,7 +84,7 @@ func TestRealKubeProxyOfAnotherNetNS(t *testing.T) {
 	here := exec.Command(kpBin, "600")
 	netnstest.StartGroup(t, here)
 	waitExec(here.Process.Pid)
-	kp, err := findKubeProxy(ctx, n)
+	kp, _, err := findKubeProxy(ctx, n)
 	if err != nil || kp.Pid != int32(here.Process.Pid) {
 		t.Fatalf("findKubeProxy with one in this node's namespace: %+v, %v; want pid %d", kp, err, here.Process.Pid)
 	}

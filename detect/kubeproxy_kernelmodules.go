@@ -54,11 +54,7 @@ func (p *KubeProxyKernelModulesParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
 	errs = append(errs, validateProxyMode(p.ProxyMode)...)
 	errs = append(errs, validateFamilies(p.Families)...)
-	switch p.Backend {
-	case "auto", "legacy", "nft":
-	default:
-		errs = append(errs, policy.FieldError{Field: "backend", Msg: fmt.Sprintf("must be auto, legacy or nft, not %q", p.Backend)})
-	}
+	errs = append(errs, validateOneOf("backend", p.Backend, "auto", "legacy", "nft")...)
 	if p.ReuseFor.Duration < 0 {
 		errs = append(errs, policy.FieldError{Field: "reuseFor", Msg: "must be >= 0"})
 	}

@@ -44,22 +44,9 @@ type KubeProxyModeLeftoversParams struct {
 // Validate implements policy.Validator.
 func (p *KubeProxyModeLeftoversParams) Validate() []policy.FieldError {
 	var errs []policy.FieldError
-	switch p.ProxyMode {
-	case "auto", "iptables", "ipvs", "nftables":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto, iptables, ipvs or nftables, not %q", p.ProxyMode)})
-	}
-	if len(p.Backends) == 0 {
-		errs = append(errs, policy.FieldError{Field: "backends", Msg: "must list legacy and/or nft"})
-	}
-	for i, b := range p.Backends {
-		if b != string(iptables.Legacy) && b != string(iptables.NFT) {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("backends[%d]", i), Msg: fmt.Sprintf("must be legacy or nft, not %q", b)})
-		}
-	}
-	if p.SaveTimeout.Duration <= 0 {
-		errs = append(errs, policy.FieldError{Field: "saveTimeout", Msg: "must be > 0"})
-	}
+	errs = append(errs, validateOneOf("proxyMode", p.ProxyMode, "auto", "iptables", "ipvs", "nftables")...)
+	errs = append(errs, validateBackends(p.Backends)...)
+	errs = append(errs, validateSaveTimeout(p.SaveTimeout)...)
 	_, e := ipvsParsePrefixes("serviceCIDRs", p.ServiceCIDRs)
 	return append(errs, e...)
 }

@@ -65,7 +65,7 @@ func (d *kubeProxyRuleBloat) Detect(ctx context.Context) ([]finding.Finding, err
 	if err := skipUnlessMode(ctx, kp, kubeproxy.ModeIPTables, "KubeProxyRuleBloat"); err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	_, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}

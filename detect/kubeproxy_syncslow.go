@@ -73,11 +73,7 @@ func newKubeProxySyncSlow(p *KubeProxySyncSlowParams, n *node.Node) (Detector, e
 }
 
 func (d *kubeProxySyncSlow) Detect(ctx context.Context) ([]finding.Finding, error) {
-	kp, err := kubeProxyOf(d.n)
-	if err != nil {
-		return nil, err
-	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	kp, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}

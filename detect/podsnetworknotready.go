@@ -60,16 +60,6 @@ func (p *PodsNetworkNotReadyParams) Validate() []policy.FieldError {
 	return append(errs, validateAgents(p.Agents)...)
 }
 
-func validateAgents(agents []cluster.Agent) []policy.FieldError {
-	var errs []policy.FieldError
-	for i, a := range agents {
-		if err := a.Validate(); err != nil {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("agents[%d]", i), Msg: err.Error()})
-		}
-	}
-	return errs
-}
-
 func init() {
 	Define("PodsNetworkNotReady",
 		"pods of this node without a sandbox/network (PodReadyToStartContainers False, or ContainerCreating) for longer than minAge: one node finding counting them, with why (the kubelet's sandbox Events classified: IPAM exhausted, plugin missing, config, CNI agent unreachable, xtables lock) and the CNI agent's, the xtables lock's and kube-proxy's state",
@@ -86,62 +76,11 @@ func newPodsNetworkNotReady(p *PodsNetworkNotReadyParams, n *node.Node) (Detecto
 	return &podsNetwork{p: *p, n: n}, nil
 }
 
-// podView returns the node's pod view, or a skip saying why there is none
-// to trust.
-func podView(n *node.Node) (cluster.PodView, error) {
-	if n.Pods == nil {
-		return nil, finding.Skip("%s", n.Why("kubernetes"))
-	}
-	f := n.Pods.Freshness()
-	if !f.Synced {
-		if f.LastError != nil {
-			return nil, finding.Skip("the watch of this node's pods has not synced yet (%v)", f.LastError)
-		}
-		return nil, finding.Skip("the watch of this node's pods has not synced yet")
-	}
-	if !f.Connected {
-		// Stale pods are no evidence either way: unknown is not absent.
-		return nil, finding.Skip("the watch of this node's pods is disconnected (%v)", f.LastError)
-	}
-	return n.Pods, nil
-}
-
 // stuckPod is a pod without sandbox/network, since when and why.
 type stuckPod struct {
 	pod   *cluster.Pod
 	since time.Time
 	why   string
-}
-
-// networkNotReady says whether a pod is waiting for its sandbox and
-// network, since when (API server clock) and by which sign. The kubelet
-// (1.29+) sets PodReadyToStartContainers False until the sandbox exists and
-// the CNI plugin has configured its network; older kubelets only show the
-// containers waiting in ContainerCreating.
-func networkNotReady(p *cluster.Pod) (time.Time, string, bool) {
-	if p.Terminating || p.Phase == "Succeeded" || p.Phase == "Failed" {
-		return time.Time{}, "", false
-	}
-	if p.SandboxReady.IsFalse() {
-		since := p.SandboxReady.Since
-		if since.IsZero() {
-			since = p.Created
-		}
-		return since, "PodReadyToStartContainers=False", true
-	}
-	if p.SandboxReady.Status != "" {
-		return time.Time{}, "", false // True: sandbox and network are there
-	}
-	for _, c := range p.Containers {
-		if c.WaitingReason == "ContainerCreating" {
-			since := p.Scheduled.Since
-			if since.IsZero() {
-				since = p.Created
-			}
-			return since, "ContainerCreating", true
-		}
-	}
-	return time.Time{}, "", false
 }
 
 func (d *podsNetwork) Detect(ctx context.Context) ([]finding.Finding, error) {
@@ -277,15 +216,4 @@ func (d *podsNetwork) correlate(ctx context.Context, pods []cluster.Pod, ev map[
 		return ""
 	}
 	return "; " + strings.Join(parts, "; ")
-}
-
-// lastTerminated is the container whose previous run ended last.
-func lastTerminated(p *cluster.Pod) cluster.ContainerStatus {
-	var out cluster.ContainerStatus
-	for _, c := range p.Containers {
-		if c.LastTerminatedReason != "" && (out.LastTerminatedReason == "" || c.LastTerminatedAt.After(out.LastTerminatedAt)) {
-			out = c
-		}
-	}
-	return out
 }

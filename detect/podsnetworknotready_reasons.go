@@ -5,65 +5,7 @@ import (
 	"fmt"
 
 	"github.com/remediate-dev/remediate/internal/cluster"
-	"github.com/remediate-dev/remediate/internal/cni"
 )
-
-// maxEventsPerPod bounds the sandbox Events taken from one pod.
-const maxEventsPerPod = 20
-
-// FailureCorrelates names, per sandbox failure kind, the detector whose
-// finding shows the cause on this node (none for Unknown).
-var FailureCorrelates = map[cni.FailureKind]string{
-	cni.FailureIPAMExhausted:    "HostLocalIPAM",
-	cni.FailurePluginMissing:    "CNIConfig",
-	cni.FailureConfig:           "CNIConfig",
-	cni.FailureAgentUnreachable: "CNIAgentUnhealthy",
-	cni.FailureXtablesLock:      "XtablesLockContention",
-}
-
-// sandboxTally is what the kubelet's sandbox Events of some pods say.
-type sandboxTally struct {
-	tally cni.FailureTally
-	// read and failed count the pods whose Events were read or could not
-	// be (firstErr says why), withEvents those with any sandbox Event.
-	read, failed, withEvents int
-	firstErr                 error
-}
-
-// tallySandboxEvents reads the kubelet's sandbox Events of pods, in their
-// order (host-network pods need no CNI and are skipped), at most max pods
-// tried, stopping when ctx ends, and classifies their messages (shared by
-// PodsNetworkNotReady and KubeletPodStartup).
-func tallySandboxEvents(ctx context.Context, ev cluster.PodEvents, pods []*cluster.Pod, max int) sandboxTally {
-	var t sandboxTally
-	for _, p := range pods {
-		if t.read+t.failed >= max {
-			break
-		}
-		if p.HostNetwork {
-			continue
-		}
-		evs, err := ev.SandboxEvents(ctx, p, maxEventsPerPod)
-		if err != nil {
-			t.failed++
-			if t.firstErr == nil {
-				t.firstErr = err
-			}
-			if ctx.Err() != nil {
-				break
-			}
-			continue
-		}
-		t.read++
-		if len(evs) > 0 {
-			t.withEvents++
-		}
-		for _, e := range evs {
-			t.tally.Add(e.Message, e.Count, e.Last.Unix())
-		}
-	}
-	return t
-}
 
 // sandboxFailures reads the kubelet's sandbox Events of the oldest stuck
 // pods (at most MaxEventPods; host-network pods need no CNI and are

@@ -326,6 +326,6 @@ func TestMissingXtablesLockFile(t *testing.T) {
 	}
 }
 
-// The second read of a process first seen old (progress.go) waits
+// The second read of a process first seen old (kit_progress.go) waits
 // progressProbe: short in tests.
 func init() { progressProbe = 20 * time.Millisecond }

@@ -35,6 +35,7 @@ type demand struct{ file, test, mentions string }
 var demands = []demand{
 	{"detect/<type>.go", "TestDetectorFilesNamedAfterTheirTypes", `"detect"`},
 	{"detect/<type>.go", "TestDetectorsHoldNoModel", `"detect"`},
+	{"detect/<type>.go", "TestDetectorFilesStandAlone", `"detect"`},
 	{"detect/clusterview_test.go", "TestUsesClusterViewDeclared", "UsesClusterView"},
 	{"remediate/action/<type>.go", "TestAPIReadersDeclare", `parseDir(t, ".")`},
 	{"internal/node/node.go", "TestAPIReadersDeclare", "apiFields()"},
@@ -378,4 +379,37 @@ func sortedTestNames(m map[string]testFunc) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// TestDesignListsTheKit: docs/DESIGN.md's code layout names every file of
+// detect/'s kit (detect/kit_*.go, what more than one detector uses), and
+// no kit file that is not there: a newcomer looking for a shared helper
+// reads that table.
+func TestDesignListsTheKit(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "detect", "kit_*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var have []string
+	for _, f := range files {
+		if !strings.HasSuffix(f, "_test.go") {
+			have = append(have, filepath.Base(f))
+		}
+	}
+	if len(have) < 5 {
+		t.Fatalf("only %d kit files in detect/: is the glob broken?", len(have))
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`(kit_[a-z0-9_]+\\.go)`").FindAllStringSubmatch(read(t, design), -1) {
+		named[m[1]] = true
+	}
+	for _, f := range have {
+		if !named[f] {
+			t.Errorf("%s does not name detect/%s: add it to the kit's table (Code layout)", design, f)
+		}
+		delete(named, f)
+	}
+	for f := range named {
+		t.Errorf("%s names the kit file %s, which detect/ does not have", design, f)
+	}
 }

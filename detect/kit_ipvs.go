@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"sort"
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/ipvs"
@@ -123,4 +124,13 @@ func ipvsMaxFindingsErr(n int) []policy.FieldError {
 		return []policy.FieldError{{Field: "maxFindings", Msg: "must be at least 1"}}
 	}
 	return nil
+}
+
+func ipvsExpectedList(sp *ipvs.ServicePort) []string {
+	out := make([]string, 0, len(sp.Expected))
+	for ap := range sp.Expected {
+		out = append(out, ap.String())
+	}
+	sort.Strings(out)
+	return out
 }

@@ -14,8 +14,9 @@ import (
 )
 
 // This file holds what the nftables detectors (KubeProxyNFTablesIntegrity,
-// NFTablesShadowing, KubeProxyModeLeftovers) share: the adapter, kube-proxy's
-// mode and the IP families it serves.
+// NFTablesShadowing, KubeProxyModeLeftovers, DataplaneDrift) share: the
+// adapter, a listing too large to see (blind), the mode parameters and the
+// IP families kube-proxy serves.
 
 // subsystemNFTables is the node.Unavailable key of the nftables adapter.
 const subsystemNFTables = "nftables"
@@ -97,35 +98,7 @@ type NFTablesModeParams struct {
 }
 
 func (p NFTablesModeParams) validate() []policy.FieldError {
-	var errs []policy.FieldError
-	switch p.ProxyMode {
-	case "auto", "nftables":
-	default:
-		errs = append(errs, policy.FieldError{Field: "proxyMode", Msg: fmt.Sprintf("must be auto or nftables, not %q", p.ProxyMode)})
-	}
-	for i, f := range p.Families {
-		if f != "IPv4" && f != "IPv6" {
-			errs = append(errs, policy.FieldError{Field: fmt.Sprintf("families[%d]", i), Msg: fmt.Sprintf("must be IPv4 or IPv6, not %q", f)})
-		}
-	}
-	return errs
-}
-
-// kubeProxyMode returns kube-proxy's mode per the policy, or an error
-// (a Skip) when it cannot be told.
-func kubeProxyMode(ctx context.Context, n *node.Node, policyMode string) (kubeproxy.Mode, string, error) {
-	if policyMode == "nftables" {
-		return kubeproxy.ModeNFTables, "from the policy", nil
-	}
-	kp, err := kubeProxyOf(n)
-	if err != nil {
-		return "", "", finding.Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
-	}
-	m, err := kp.ProxyMode(ctx)
-	if err != nil {
-		return "", "", finding.Skip("kube-proxy mode unknown (KubeProxyUnreachable reports it): %v", err)
-	}
-	return m, "from kube-proxy /proxyMode", nil
+	return append(validateOneOf("proxyMode", p.ProxyMode, "auto", "nftables"), validateFamilyNames(p.Families)...)
 }
 
 // servedFamilies returns the IP families kube-proxy serves, sorted, and
@@ -139,11 +112,7 @@ func servedFamilies(ctx context.Context, n *node.Node, p NFTablesModeParams) ([]
 		sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 		return out, "from the policy", nil
 	}
-	kp, err := kubeProxyOf(n)
-	if err != nil {
-		return nil, "", err
-	}
-	sc, err := kubeProxyScrape(ctx, n, kp)
+	_, sc, err := kubeProxyScrape(ctx, n)
 	if err != nil {
 		return nil, "", err
 	}

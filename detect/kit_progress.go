@@ -162,3 +162,17 @@ func (w *progressWatch) forget() {
 	w.seen = nil
 	w.mu.Unlock()
 }
+
+// splitBusy names the processes of judged that made progress ("pid 12:
+// 1.20 s of CPU in 30 s (since the last cycle)"): old, not hung; and
+// returns the latest read of the others.
+func splitBusy(judged []progress) (busy []string, stalled []procs.Process) {
+	for _, pr := range judged {
+		if pr.advancing() {
+			busy = append(busy, fmt.Sprintf("pid %d: %s", pr.cur.Pid, pr))
+			continue
+		}
+		stalled = append(stalled, pr.cur)
+	}
+	return busy, stalled
+}

@@ -15,7 +15,7 @@ import (
 
 // This file holds the one body of the windowed failure-counter detectors,
 // KubeProxyRestoreFailures (kubeproxy_restorefailures.go) and
-// KubeProxyNFTablesFailures (kubeproxy_nftfailures.go). Each counts, per IP
+// KubeProxyNFTablesFailures (kubeproxy_nftablesfailures.go). Each counts, per IP
 // family, two of kube-proxy's failure counters over a window: a major one
 // (the rules are not being updated: critical) and a minor one (a warning).
 // What differs between them is a failureSpec and their parameter block.
@@ -107,7 +107,7 @@ func (d *failureDetector) Detect(ctx context.Context) ([]finding.Finding, error)
 	if err := d.s.skip(ctx, kp); err != nil {
 		return nil, err
 	}
-	sc, err := kubeProxyScrape(ctx, d.n, kp)
+	_, sc, err := kubeProxyScrape(ctx, d.n)
 	if err != nil {
 		return nil, err
 	}
@@ -161,4 +161,48 @@ func (s *failureSpec) decide(f kubeproxy.Family, major, minor float64, covered t
 			s.minorParam:    l.minor,
 		},
 	}
+}
+
+// failureCounters is what a windowed failure-counter detector
+// (KubeProxyRestoreFailures, KubeProxyNFTablesFailures) says about its two
+// counters: how to read them from a family, whether a family exports them,
+// and the skip reason when no family does.
+type failureCounters struct {
+	get      func(*kubeproxy.FamilyMetrics) (a, b *float64)
+	exported func(*kubeproxy.FamilyMetrics) bool
+	absent   string
+}
+
+// failureWindow is the window of a failure-counter detector: the policy's,
+// else 4 x kube-proxy's syncPeriod.
+func failureWindow(policyWindow time.Duration, kp kubeproxy.Interface) time.Duration {
+	if policyWindow != 0 {
+		return policyWindow
+	}
+	return 4 * kp.SyncPeriod()
+}
+
+// findings records the scrape in c and returns decide's findings for each
+// family's increases over span. kube-proxy 1.29-1.32 export plain counters
+// from the start, so none exported there means kube-proxy is in another
+// mode (a Skip with fc.absent); from 1.33 the per-family vectors appear
+// with their first increment (absent = zero). The caller serialises access.
+func (c *counterWindows) findings(sc *kubeproxy.Scrape, span time.Duration, fc failureCounters,
+	decide func(f kubeproxy.Family, a, b float64, covered time.Duration) *finding.Finding) ([]finding.Finding, error) {
+	exported := false
+	for _, fm := range sc.Metrics.Families {
+		if fc.exported(fm) {
+			exported = true
+		}
+	}
+	if !exported && !sc.Metrics.Labelled {
+		return nil, finding.Skip("%s", fc.absent)
+	}
+	var out []finding.Finding
+	for _, inc := range c.add(sc, span, fc.get) {
+		if fd := decide(inc.family, inc.a, inc.b, inc.covered); fd != nil {
+			out = append(out, *fd)
+		}
+	}
+	return out, nil
 }

@@ -34,14 +34,6 @@ const causeWindowMin = 30 * time.Second
 // cpuSampleMin is the least time between two CPU samples.
 const cpuSampleMin = time.Second
 
-// lastOf returns the newest sample of a window.
-func lastOf[T any](w window[T]) (sample[T], bool) {
-	if len(w.samples) == 0 {
-		return sample[T]{}, false
-	}
-	return w.samples[len(w.samples)-1], true
-}
-
 // podCIDRTTL is how long the Node's podCIDRs are reused.
 const podCIDRTTL = 5 * time.Minute
 
@@ -204,7 +196,7 @@ func (w *causeWatch) rank(ctx context.Context, n *node.Node, sc *kubeproxy.Scrap
 // cgroup started, on the first sample). The caller holds mu.
 func (w *causeWatch) throttling(ctx context.Context, n *node.Node, span time.Duration) (*causes.Throttling, error) {
 	if w.kp == nil {
-		p, err := findKubeProxy(ctx, n)
+		p, _, err := findKubeProxy(ctx, n)
 		if err != nil {
 			return nil, err
 		}

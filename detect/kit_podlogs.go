@@ -55,7 +55,7 @@ func logSources(ctx context.Context, n *node.Node) (out []logSource, why []strin
 	pods := n.Pods.NodePods()
 	var kp *cluster.Pod
 	if n.Procs != nil {
-		if _, id, err := findKubeProxyIdentity(ctx, n); err == nil && id.Method == procident.CgroupAPI {
+		if _, id, err := findKubeProxy(ctx, n); err == nil && id.Method == procident.CgroupAPI {
 			for i := range pods {
 				if pods[i].UID == id.PodUID || pods[i].MirrorOf == id.PodUID {
 					kp = &pods[i]

@@ -7,7 +7,10 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/iptables"
@@ -16,6 +19,75 @@ import (
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 )
+
+// This file holds what the kube-proxy detectors (kubeproxy_*.go) and the
+// others asking kube-proxy share: access to the adapter, its scrape, and
+// kube-proxy's proxy mode (the policy's, kube-proxy's answer, or read
+// from the node).
+
+// subsystemKubeProxy is the node.Unavailable key of the kube-proxy adapter.
+const subsystemKubeProxy = "kube-proxy"
+
+// kubeProxyOf returns the node's kube-proxy adapter or a Skip saying why
+// there is none.
+func kubeProxyOf(n *node.Node) (kubeproxy.Interface, error) {
+	if n.KubeProxy == nil {
+		return nil, finding.Skip("%s", n.Why(subsystemKubeProxy))
+	}
+	return n.KubeProxy, nil
+}
+
+// kubeProxyScrape returns the node's kube-proxy adapter (kubeProxyOf) and
+// reads kube-proxy's metrics. When kube-proxy cannot be
+// read (unreachable, or an unusable answer) the detector cannot tell: that
+// is a Skip naming the cause, not an error, because KubeProxyUnreachable
+// reports it as its own finding and the engine keeps the rule's state as
+// it was ("unknown is not absent").
+func kubeProxyScrape(ctx context.Context, n *node.Node) (kubeproxy.Interface, *kubeproxy.Scrape, error) {
+	kp, err := kubeProxyOf(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	sc, err := kp.Metrics(ctx)
+	if err != nil {
+		return nil, nil, kubeProxyReadError("metrics", err)
+	}
+	if sc.Metrics != nil && sc.Metrics.IgnoredFamilies > 0 && ignoredFamiliesWarned.CompareAndSwap(false, true) && n != nil && n.Log != nil {
+		n.Log.Warn("kube-proxy metrics carry ip_family values other than IPv4/IPv6; those series are ignored (warned once)",
+			zap.Int("ignoredSamples", sc.Metrics.IgnoredFamilies))
+	}
+	return kp, sc, nil
+}
+
+// ignoredFamiliesWarned makes the warning about unknown IP families once
+// per process: a broken endpoint repeats it every scrape.
+var ignoredFamiliesWarned atomic.Bool
+
+// kubeProxyReadError turns a failed read into a Skip when it is kube-proxy's
+// side (see kubeProxyScrape), else wraps it.
+func kubeProxyReadError(what string, err error) error {
+	if e, ok := kubeproxy.AsError(err); ok {
+		return finding.Skip("cannot read kube-proxy %s (see KubeProxyUnreachable): %v", what, e)
+	}
+	return fmt.Errorf("reading kube-proxy %s: %w", what, err)
+}
+
+// skipUnlessMode returns a Skip when kube-proxy is known to run in a mode
+// other than want. An unknown mode (the endpoint failed) does not skip: the
+// metrics themselves then decide.
+func skipUnlessMode(ctx context.Context, kp kubeproxy.Interface, want kubeproxy.Mode, what string) error {
+	m, err := kp.ProxyMode(ctx)
+	if err == nil && m != want {
+		return finding.Skip("kube-proxy runs in %s mode; %s applies to %s mode only", m, what, want)
+	}
+	return nil
+}
+
+// seconds converts a kube-proxy timestamp gauge (Unix seconds) to a time.
+func seconds(v float64) time.Time {
+	sec := int64(v)
+	return time.Unix(sec, int64((v-float64(sec))*1e9))
+}
 
 // kube-proxy's proxy mode, asked or read from the node.
 //
@@ -209,4 +281,53 @@ func serviceChains(rs *iptables.Ruleset) int {
 		}
 	}
 	return c
+}
+
+// The detectors learn the mode in one of three ways, by what they do when
+// kube-proxy cannot say: resolveKubeProxyMode reads the node's marks (the
+// drift comparison, which matters most when kube-proxy is frozen);
+// resolveProxyMode goes on with the mode unknown (the iptables detectors,
+// whose checks hold in either iptables-based mode); kubeProxyMode skips
+// (the nftables detectors). skipUnlessMode skips only a known other mode.
+
+// proxyMode is kube-proxy's mode as this cycle knows it.
+type proxyMode struct {
+	mode  string // iptables, ipvs, nftables, ... or "" when unknown
+	check bool   // run the KUBE-SERVICES jump check
+	note  string // where the mode came from, or why it is unknown
+}
+
+// resolveProxyMode is kube-proxy's mode as configured ("auto": as
+// kube-proxy's /proxyMode says).
+func resolveProxyMode(ctx context.Context, n *node.Node, configured string) proxyMode {
+	if configured != "auto" {
+		return proxyMode{mode: configured, check: configured == "iptables" || configured == "ipvs", note: "from the policy"}
+	}
+	if n.KubeProxy == nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + n.Why("kube-proxy")}
+	}
+	qctx, cancel := kubeProxyQueryCtx(ctx) // a frozen kube-proxy must not eat the saves' time
+	defer cancel()
+	m, err := n.KubeProxy.ProxyMode(qctx)
+	if err != nil {
+		return proxyMode{check: true, note: "kube-proxy mode unknown: " + err.Error()}
+	}
+	return proxyMode{mode: string(m), check: m == kubeproxy.ModeIPTables || m == kubeproxy.ModeIPVS, note: "from kube-proxy /proxyMode"}
+}
+
+// kubeProxyMode returns kube-proxy's mode per the policy, or an error
+// (a Skip) when it cannot be told.
+func kubeProxyMode(ctx context.Context, n *node.Node, policyMode string) (kubeproxy.Mode, string, error) {
+	if policyMode == "nftables" {
+		return kubeproxy.ModeNFTables, "from the policy", nil
+	}
+	kp, err := kubeProxyOf(n)
+	if err != nil {
+		return "", "", finding.Skip("kube-proxy mode unknown: %s", n.Why(subsystemKubeProxy))
+	}
+	m, err := kp.ProxyMode(ctx)
+	if err != nil {
+		return "", "", finding.Skip("kube-proxy mode unknown (KubeProxyUnreachable reports it): %v", err)
+	}
+	return m, "from kube-proxy /proxyMode", nil
 }
