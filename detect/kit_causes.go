@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/iptables"
 	"github.com/remediate-dev/remediate/internal/kubeproxy"
 	"github.com/remediate-dev/remediate/internal/node"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -281,10 +283,9 @@ func lockWindow(ctx context.Context, n *node.Node, kp *procs.Process, span time.
 		// kube-proxy's own or its child (its iptables-restore), by what
 		// the holder cannot choose when kube-proxy's process is known: its
 		// parent, or kube-proxy's pod's cgroup; by name otherwise.
-		isKP := h.Name() == "kube-proxy" || h.ParentName == "kube-proxy"
+		isKP := slices.Contains(procident.ProxyPrograms, h.Name()) || slices.Contains(procident.ProxyPrograms, h.ParentName)
 		if kp != nil {
-			isKP = h.Pid == kp.Pid || h.PPid == kp.Pid ||
-				kp.Cgroup.Place == procs.CgroupPod && h.Cgroup.Place == procs.CgroupPod && h.Cgroup.PodUID == kp.Cgroup.PodUID
+			isKP = procident.OwnProcess(h, *kp)
 		}
 		out.Holders = append(out.Holders, causes.LockHolder{Program: h.Name(), PID: h.Pid, KubeProxy: isKP, Holds: 1})
 	}

@@ -43,7 +43,7 @@ func processRoot(n *node.Node, pid int32) string {
 var errNoNodeKubeProxy = errors.New("no kube-proxy of this node")
 
 // kubeProxyPrograms are the names this node's kube-proxy may run under.
-var kubeProxyPrograms = append([]string{"kube-proxy"}, procident.EmbeddedProxyPrograms...)
+var kubeProxyPrograms = procident.ProxyPrograms
 
 // findKubeProxy returns this node's kube-proxy (pickKubeProxy among the
 // processes named kube-proxy) and how its identity was established (for
@@ -54,13 +54,26 @@ func findKubeProxy(ctx context.Context, n *node.Node) (procs.Process, procident.
 	if n.Procs == nil {
 		return procs.Process{}, procident.Identity{}, errors.New(n.Why("procs"))
 	}
+	pods := procident.PodsOf(n.Pods, n.Clock.Now())
+	// First the process serving kube-proxy's ports, whatever its name
+	// (sock_diag's cgroup of the listening socket: issue 37).
+	if n.Listening != nil {
+		p, id, err := n.Listening.KubeProxy(ctx, n.KubeProxyPorts, pods, n.Procs.SelfNetKey())
+		switch {
+		case err == nil:
+			return p, id, nil
+		case errors.Is(err, procident.ErrServedByOther):
+			return procs.Process{}, id, fmt.Errorf("%w: %v", errNoNodeKubeProxy, err)
+		}
+		// Not served, or its server cannot be told: by name.
+	}
 	// kube-proxy in a pod, a static pod or a systemd unit, or k3s with
 	// kube-proxy inside it.
 	ps, err := n.Procs.Find(ctx, kubeProxyPrograms)
 	if err != nil {
 		return procs.Process{}, procident.Identity{}, fmt.Errorf("looking for kube-proxy's process: %w", err)
 	}
-	return pickKubeProxy(ps, procident.PodsOf(n.Pods, n.Clock.Now()), n.Procs.SelfNetKey())
+	return pickKubeProxy(ps, pods, n.Procs.SelfNetKey())
 }
 
 // pickKubeProxy chooses this node's kube-proxy among the processes named

@@ -23,6 +23,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/probe"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 	"github.com/remediate-dev/remediate/policy"
 	"github.com/remediate-dev/remediate/remediate"
@@ -93,6 +94,12 @@ func (w *wiring) Node(p *policy.Policy) (*node.Node, error) {
 	} else {
 		n.Procs = procs.New(w.o.procRoot)
 		warnPIDNamespace(w.log, n.Procs)
+		if l, err := procident.NewListening(w.o.cgroupRoot, n.Procs); err != nil {
+			w.log.Info("kube-proxy is found by its name only", zap.Error(err))
+		} else {
+			n.Listening = l
+			n.KubeProxyPorts = procident.PortsOf(p.KubeProxy.MetricsURL, p.KubeProxy.HealthzURL)
+		}
 		if w.lockWatch.Load() == nil {
 			lw := lockwatch.New(lockwatch.Config{ProcRoot: w.o.procRoot, LockFile: w.o.xtablesLock,
 				Procs: n.Procs, Log: w.log.Named("lockwatch")})

@@ -23,9 +23,11 @@
 package lockwatch
 
 import (
+	"slices"
 	"sort"
 	"time"
 
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -234,5 +236,5 @@ type Reader interface {
 func procFrom(p procs.Process, now time.Time) Proc {
 	name := p.Name()
 	return Proc{Pid: p.Pid, CreateTimeMs: p.CreateTimeMs, Program: name, Parent: p.ParentName,
-		KubeProxy: name == "kube-proxy" || p.ParentName == "kube-proxy", Since: now, Until: now}
+		KubeProxy: slices.Contains(procident.ProxyPrograms, name) || slices.Contains(procident.ProxyPrograms, p.ParentName), Since: now, Until: now}
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/remediate-dev/remediate/internal/nftables"
 	"github.com/remediate-dev/remediate/internal/podlogs"
 	"github.com/remediate-dev/remediate/internal/probe"
+	"github.com/remediate-dev/remediate/internal/procident"
 	"github.com/remediate-dev/remediate/internal/procs"
 )
 
@@ -60,6 +61,11 @@ type Node struct {
 	// Procs reads processes and file locks through ProcRoot and signals
 	// processes (subsystem "procs").
 	Procs procs.Interface
+	// Listening finds the process serving kube-proxy's ports
+	// KubeProxyPorts (sock_diag and the unified cgroup hierarchy); nil
+	// when those cannot be read (kube-proxy is then found by name).
+	Listening      *procident.Listening
+	KubeProxyPorts []uint16
 	// XtablesLockWatch measures every hold of XtablesLock between cycles
 	// (inotify-woken sampling, started by the first detector that reads
 	// it and stopped at exit); nil when not wired (holds are then only
