@@ -178,3 +178,143 @@ func TestE2EKubeProxyLogCauses(t *testing.T) {
 		t.Errorf("lock messages finding %+v", lockF)
 	}
 }
+
+// TestE2EKubeProxyMissingExtensionCause replays kubernetes/kubernetes#142068
+// with the real kube-proxy v1.34.4 (iptables-legacy mode): its iptables
+// cannot load the nfacct match (XTABLES_LIBDIR is a copy of the host's
+// extension directory without libxt_nfacct.so, as an image built without
+// it), so every restore of its rules fails with iptables' own "Couldn't
+// load match `nfacct'" while the kernel has xt_nfacct. The restore
+// failures' finding names that as its top likely cause, quoting the real
+// line, and says the kernel has the match: the image lacks the extension.
+func TestE2EKubeProxyMissingExtensionCause(t *testing.T) {
+	const syncPeriod = 10 * time.Second
+	ext, _ := filepath.Glob("/usr/lib/*/xtables/libxt_nfacct.so")
+	if len(ext) != 1 {
+		t.Skipf("the host's iptables has no single nfacct extension to leave out: %v", ext)
+	}
+	libDir := t.TempDir()
+	entries, err := os.ReadDir(filepath.Dir(ext[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() == "libxt_nfacct.so" {
+			continue
+		}
+		if err := os.Symlink(filepath.Join(filepath.Dir(ext[0]), e.Name()), filepath.Join(libDir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cp := controlplane.Shared(t)
+	ns := cp.Namespace("podlogs-nfacct")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	createWebService(ctx, t, cp, ns)
+	kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{SyncPeriod: syncPeriod})
+	// The healthy kube-proxy programs nfacct rules on this kernel: the
+	// replay needs them.
+	save, err := cp.NetNS.Command("iptables-legacy-save", "-t", "filter").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(save), "-m nfacct") {
+		t.Skip("kube-proxy programs no nfacct rule here (no nfnetlink_acct in this kernel)")
+	}
+
+	logRoot := t.TempDir()
+	pod := cluster.Pod{Namespace: "kube-system", Name: "kube-proxy-nfacct", UID: "3f1e2d4c-0000-4000-8000-podlogse2e02",
+		Labels: map[string]string{"k8s-app": "kube-proxy"}, ControllerKind: "DaemonSet", ControllerName: "kube-proxy",
+		Containers: []cluster.ContainerStatus{{Name: "kube-proxy", Ready: true}}}
+	dir := filepath.Join(logRoot, pod.Namespace+"_"+pod.Name+"_"+pod.UID, "kube-proxy")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pods := clustertest.NewPods(time.Now())
+	pods.Set(pod)
+	client := kp.Client(kubeproxy.Options{SyncPeriod: syncPeriod, Timeout: 2 * time.Second, CacheTTL: time.Second})
+	n := &node.Node{Name: kp.NodeName, ProcRoot: "/proc", Clock: clock.RealClock{}, Log: zap.NewNop(), KubeProxy: client,
+		Pods: pods, PodLogs: podlogs.Dir{Root: logRoot},
+		Unavailable: map[string]string{node.SubsystemHostRoot: "not needed"}}
+	d := newDetector(t, "KubeProxyRestoreFailures", n, func(p any) {
+		if p, ok := p.(*KubeProxyRestoreFailuresParams); ok {
+			p.Window.Duration = 4 * syncPeriod
+		}
+	})
+
+	kp.RestartWithEnv("XTABLES_LIBDIR=" + libDir)
+	// The log from the restarted process on: the new kube-proxy's lines.
+	cri := &criLog{src: kp.LogPath, dst: filepath.Join(dir, "0.log")}
+	if fi, err := os.Stat(kp.LogPath); err == nil {
+		cri.off = fi.Size()
+	}
+	start := time.Now()
+	// The restarted kube-proxy's first restore fails; kube-proxy v1.34.4
+	// logs "Sync failed" retryingTime="10s" but (observed here) restores
+	// again only on the next change: the detector's first run is its
+	// baseline, then an endpoint is added and each later change fails.
+	for {
+		raw, err := os.ReadFile(kp.LogPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Count(string(raw), "Couldn't load match `nfacct'") >= 1 {
+			break
+		}
+		if time.Since(start) > 2*time.Minute {
+			t.Fatalf("the restarted kube-proxy logged no nfacct failure in %v", time.Since(start).Round(time.Second))
+		}
+		time.Sleep(time.Second)
+	}
+	cri.sync(t)
+	if _, err := d.Detect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	addEndpoint(ctx, t, cp, ns, "10.244.0.9")
+	var f *finding.Finding
+	for f == nil {
+		if time.Since(start) > 3*time.Minute {
+			t.Fatalf("no restore-failures finding naming nfacct after %v", time.Since(start).Round(time.Second))
+		}
+		time.Sleep(2 * time.Second)
+		cri.sync(t)
+		fs, err := d.Detect(ctx)
+		if err != nil {
+			t.Logf("+%v: %v", time.Since(start).Round(time.Second), err)
+			continue
+		}
+		for i := range fs {
+			top, _ := fs[i].Evidence[causes.EvidenceTop].(string)
+			t.Logf("+%v %s: top cause %q", time.Since(start).Round(time.Second), fs[i].Target, top)
+			if strings.Contains(top, "nfacct") {
+				f = &fs[i]
+			}
+		}
+	}
+	likely := f.Evidence[causes.EvidenceLikely].([]causes.Cause)
+	top := f.Evidence[causes.EvidenceTop].(string)
+	t.Logf("after %v: %s\n  top cause: %s", time.Since(start).Round(time.Second), f.Message, top)
+	if likely[0].Kind != causes.LogMissingExtension || !strings.Contains(top, `cannot load match "nfacct"`) ||
+		!strings.Contains(top, "kube-proxy pod kube-system/kube-proxy-nfacct container kube-proxy") {
+		t.Errorf("likely causes %+v: want log-missing-extension (match nfacct, kube-proxy's pod) first", likely)
+	}
+	// The kernel has the match (it is in /proc/net/ip_tables_matches, or
+	// built in): the finding says the image lacks the extension.
+	if !strings.Contains(top, "the kernel has it") {
+		t.Errorf("top cause %q: want the kernel's xt_nfacct named present", top)
+	}
+	// The quote is a line the real kube-proxy wrote.
+	raw, err := os.ReadFile(kp.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted := false
+	for _, l := range strings.Split(string(raw), "\n") {
+		if strings.Contains(l, "Couldn't load match `nfacct'") && strings.Contains(top, podlogs.Quote(l)) {
+			quoted = true
+		}
+	}
+	if !quoted {
+		t.Errorf("top cause %q quotes no line of kube-proxy's log naming nfacct", top)
+	}
+}

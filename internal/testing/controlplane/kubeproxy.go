@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -179,6 +180,15 @@ func (kp *KubeProxy) Restart() {
 	kp.cp.t.Helper()
 	kp.Stop(kp.cp.t)
 	kp.start()
+}
+
+// RestartWithEnv is Restart with extra environment variables for the new
+// process (and its iptables children), such as XTABLES_LIBDIR pointing at
+// a directory that lacks an extension: a kube-proxy whose image lacks it.
+func (kp *KubeProxy) RestartWithEnv(extra ...string) {
+	kp.cp.t.Helper()
+	kp.env = append(slices.Clip(kp.env), extra...)
+	kp.Restart()
 }
 
 // Env is the environment kube-proxy runs with (PATH with the legacy
