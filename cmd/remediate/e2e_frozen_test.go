@@ -85,6 +85,7 @@ func createLateService(ctx context.Context, t *testing.T, cp *controlplane.Contr
 // mode was read from. On main DataplaneDrift skipped ("cannot read
 // kube-proxy proxy mode").
 func TestE2EFrozenKubeProxyDriftOnce(t *testing.T) {
+	parallelE2E(t)
 	const (
 		grace    = 90 * time.Second // 3 x the example's syncPeriod (30s): /configz does not answer
 		interval = 30 * time.Second // the example's
@@ -212,6 +213,7 @@ rules:
 // evidence, and verified; the restarted kube-proxy programs the Service.
 // A kube-proxy that answers is never restarted (first phase).
 func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
+	parallelE2E(t)
 	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
