@@ -7,6 +7,12 @@ BIN := bin/remediate
 STATICCHECK_VERSION := v0.7.0
 # Tests that need real kernels and control planes take a while on 2 cores.
 TEST_TIMEOUT ?= 25m
+# How many tests marked parallel one package runs at a time (go test
+# -parallel; its default is the number of cores). Only end-to-end tests
+# that mostly wait are marked (cmd/remediate's TestE2E*, each with a
+# control plane of its own, booted one at a time: parallelE2E in
+# cmd/remediate/e2e_parallel_test.go); 4 of them overlap their waits.
+TEST_PARALLEL ?= 4
 PKGS := ./...
 
 .PHONY: all build run test hostdeps test-vm test-node pod-cost lint bench bench-load bench-load-cluster bench-fleet fuzz clean image stress-procs
@@ -83,7 +89,7 @@ run: build
 test: hostdeps helm-bin
 	@tools/testlanes.sh
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory controlplane-bins; fi
-	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+	REMEDIATE_CONTROLPLANE_BIN=$(CONTROLPLANE_BIN) REMEDIATE_HELM=$(HELM_BIN)/helm $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) $(PKGS)
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-vm; fi
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory test-node; fi
 

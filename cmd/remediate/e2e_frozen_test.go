@@ -76,8 +76,9 @@ func createLateService(ctx context.Context, t *testing.T, cp *controlplane.Contr
 }
 
 // TestE2EFrozenKubeProxyDriftOnce freezes the real kube-proxy v1.34.4
-// (SIGSTOP by PID) in iptables mode and then in nftables mode, creates a
-// Service, and runs `remediate --once` with the shipped
+// (SIGSTOP by PID) in iptables mode and, beside it on a control plane of
+// its own, in nftables mode, creates a Service, and runs `remediate
+// --once` with the shipped
 // examples/audit.yaml (proxyMode auto, syncPeriod 30s, so a grace of 90 s)
 // every interval (30 s, the example's): the same report carries
 // KubeProxyUnreachable and DataplaneDrift naming the Service, within grace
@@ -85,11 +86,11 @@ func createLateService(ctx context.Context, t *testing.T, cp *controlplane.Contr
 // mode was read from. On main DataplaneDrift skipped ("cannot read
 // kube-proxy proxy mode").
 func TestE2EFrozenKubeProxyDriftOnce(t *testing.T) {
+	parallelE2E(t)
 	const (
 		grace    = 90 * time.Second // 3 x the example's syncPeriod (30s): /configz does not answer
 		interval = 30 * time.Second // the example's
 	)
-	cp := controlplane.Start(t, controlplane.Options{})
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -100,27 +101,14 @@ func TestE2EFrozenKubeProxyDriftOnce(t *testing.T) {
 	}
 	for _, mode := range []string{"iptables", "nftables"} {
 		t.Run(mode, func(t *testing.T) {
+			// Each mode waits out the grace on a control plane of its
+			// own, beside the other (parallelE2E).
+			parallelE2E(t)
+			cp := controlplane.Start(t, controlplane.Options{})
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			defer cancel()
 			kp := cp.StartKubeProxy(controlplane.KubeProxyOptions{NodeName: "node-" + mode, Mode: mode, SyncPeriod: 10 * time.Second})
-			t.Cleanup(func() {
-				// The next mode starts on a clean node: kube-proxy's own
-				// cleanup of every mode's rules.
-				_ = kp.Signal(syscall.SIGCONT)
-				kp.Stop(t)
-				cmd := cp.NetNS.Command(filepath.Join(cp.BinDir, "kube-proxy"), "--cleanup")
-				cmd.Env = kp.Env()
-				if out, err := cmd.CombinedOutput(); err != nil {
-					t.Logf("kube-proxy --cleanup: %v\n%s", err, out)
-				}
-				// And its nat chains in any case (the marks of iptables mode).
-				flush := exec.Command("ip", "netns", "exec", cp.NetNS.Name, "iptables-legacy-restore", "-w", "5")
-				flush.Env = kp.Env()
-				flush.Stdin = strings.NewReader("*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
-				if out, err := flush.CombinedOutput(); err != nil {
-					t.Errorf("flushing the nat table: %v\n%s", err, out)
-				}
-			})
+			t.Cleanup(func() { _ = kp.Signal(syscall.SIGCONT) }) // stopped by PID after
 			freezeKubeProxy(t, kp)
 			ns := "frozen-" + mode
 			created := createLateService(ctx, t, cp, ns)
@@ -212,6 +200,7 @@ rules:
 // evidence, and verified; the restarted kube-proxy programs the Service.
 // A kube-proxy that answers is never restarted (first phase).
 func TestE2ERestartFrozenKubeProxyByEngine(t *testing.T) {
+	parallelE2E(t)
 	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

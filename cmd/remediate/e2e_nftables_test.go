@@ -64,6 +64,7 @@ var nftE2EDetectors = []string{"KubeProxyNFTablesIntegrity", "NFTablesShadowing"
 // cycle and from `remediate --once`; kube-proxy restarted (what
 // RestartKubeProxy does) → the table is rebuilt and the finding clears.
 func TestE2EKubeProxyNFTablesMode(t *testing.T) {
+	parallelE2E(t)
 	const (
 		syncPeriod = 10 * time.Second
 		interval   = 2 * time.Second

@@ -39,6 +39,7 @@ rules:
 // kube-proxy DaemonSet pod the API lists on the node. The daemon's
 // XtablesLockMessages finding names that pod and quotes the real line.
 func TestE2EOnceQuotesKubeProxyLockLog(t *testing.T) {
+	parallelE2E(t)
 	cp := controlplane.Start(t, controlplane.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -162,12 +162,13 @@ rules:
 // whose RestartNodeAgent is a dry run naming the pod's UID (nothing
 // deleted); with the kubelet's status fixed, exit 0 with both checks ok.
 func TestE2EPodFindingsOnce(t *testing.T) {
+	parallelE2E(t)
 	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	now := time.Now()
-	t.Setenv("POD_NAMESPACE", deploytest.Namespace) // as in the DaemonSet's pod (kubectl remediate runs --once there)
+	podNS := "POD_NAMESPACE=" + deploytest.Namespace // as in the DaemonSet's pod (kubectl remediate runs --once there)
 
 	var stuck []string
 	for i := 0; i < 11; i++ {
@@ -200,7 +201,7 @@ func TestE2EPodFindingsOnce(t *testing.T) {
 	once := func(t *testing.T) (int, e2eReport) {
 		t.Helper()
 		var rep e2eReport
-		code := onceInNetNS(ctx, t, cp, self, &rep, "--dry-run", "--policy", pol, "--kubeconfig", kubeconfig,
+		code := onceInNetNSEnv(ctx, t, cp, self, &rep, []string{podNS}, "--dry-run", "--policy", pol, "--kubeconfig", kubeconfig,
 			"--state-dir", filepath.Join(dir, "state"), "--node-name", "node1", "--proc-root", "/proc")
 		return code, rep
 	}
@@ -340,6 +341,7 @@ rules:
 // target, and the rule's cooldown (1 hour, per target) blocks a second
 // restart: no delete, no second journal intent.
 func TestE2ERestartNodeAgentByEngine(t *testing.T) {
+	parallelE2E(t)
 	cp, auditLog, kubeconfig := startPodsControlPlane(t)
 	admin := cp.Client
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -41,6 +41,7 @@ import (
 //     still answer directly;
 //   - the rule removed: the findings clear at the next run.
 func TestE2EServicePathProbeIPv6(t *testing.T) {
+	parallelE2E(t)
 	const testNS = "probe-e2e6"
 	cp := controlplane.Start(t, controlplane.Options{ServiceCIDR: controlplane.ServiceCIDR6,
 		ExtraAPIServerArgs: []string{"--bind-address", "::"}})

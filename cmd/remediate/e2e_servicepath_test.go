@@ -50,6 +50,7 @@ import (
 //   - the canary's backend down (both fail): a backend-problem warning,
 //     not the dataplane finding; back up: clears.
 func TestE2EServicePathProbe(t *testing.T) {
+	parallelE2E(t)
 	const testNS = "probe-e2e"
 	cp := controlplane.Start(t, controlplane.Options{ExtraAPIServerArgs: []string{"--bind-address", "0.0.0.0"}})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -362,7 +363,12 @@ var saveCounters = regexp.MustCompile(`\[\d+:\d+\]|(?m)^#.*$`)
 // output, failing the test on error.
 func netnsRun(t *testing.T, cp *controlplane.ControlPlane, args ...string) string {
 	t.Helper()
-	out, err := cp.NetNS.Command(args[0], args[1:]...).CombinedOutput()
+	cmd := cp.NetNS.Command(args[0], args[1:]...)
+	// iptables-legacy's lock file is the control plane's, not the host's
+	// /run/xtables.lock: the rules are the namespace's, and the tests
+	// running beside this one (parallelE2E) take the host's lock.
+	cmd.Env = append(os.Environ(), "XTABLES_LOCKFILE="+filepath.Join(cp.Dir, "xtables.lock"))
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s: %v: %s", strings.Join(args, " "), err, out)
 	}
@@ -375,8 +381,15 @@ func netnsRun(t *testing.T, cp *controlplane.ControlPlane, args ...string) strin
 // exit code.
 func onceInNetNS(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, bin string, rep any, args ...string) int {
 	t.Helper()
+	return onceInNetNSEnv(ctx, t, cp, bin, rep, nil, args...)
+}
+
+// onceInNetNSEnv is onceInNetNS with env (NAME=value) added to the
+// binary's environment: a parallel test cannot t.Setenv.
+func onceInNetNSEnv(ctx context.Context, t *testing.T, cp *controlplane.ControlPlane, bin string, rep any, env []string, args ...string) int {
+	t.Helper()
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", cp.NetNS.Name, bin, "--once", "-o", "json"}, args...)...)
-	cmd.Env = append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1")
+	cmd.Env = append(append(os.Environ(), "REMEDIATE_TEST_AS_MAIN=1"), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	start := time.Now()

@@ -172,6 +172,7 @@ rules:
 // (remediate_detector_skipped 1): on main a 429 counted as an answer, so
 // the view was never stale.
 func TestE2ECyclesDoNotWaitOnAPI(t *testing.T) {
+	parallelE2E(t)
 	cp := controlplane.Start(t, controlplane.Options{})
 	proxy, kc := startAPIProxy(t, cp, "127.0.0.1:16443", cp.AdminKubeconfig)
 	self, err := os.Executable()
@@ -247,6 +248,7 @@ rules:
 // budget. Under the default budget the same cluster is held and the check
 // is not skipped for it (on main there was no budget: the flag is unknown).
 func TestE2EClusterViewBudget(t *testing.T) {
+	parallelE2E(t)
 	cp := controlplane.Start(t, controlplane.Options{})
 	ctx := context.Background()
 	const ns = "hc-budget"

@@ -9,6 +9,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 )
 
+// MirrorAnnotation is the annotation the kubelet puts on a static pod's
+// mirror (kubelet/types.ConfigMirrorAnnotationKey): its value is the static
+// pod's UID, the one the kubelet runs it under and names its containers'
+// cgroups with (Pod.MirrorOf).
+const MirrorAnnotation = "kubernetes.io/config.mirror"
+
 // Pod is the part of a Pod on this node the detectors and actions use:
 // identity, labels (agent selectors match on them), the owner, and the
 // status a kubelet writes. Times are the API server's clock.
@@ -24,7 +30,7 @@ type Pod struct {
 	// DaemonSet's); empty for a bare or static pod.
 	ControllerName string `json:"controllerName,omitempty"`
 	// MirrorOf is, for a static pod's mirror, the static pod's UID (its
-	// kubernetes.io/config.mirror annotation): the UID the kubelet runs it
+	// MirrorAnnotation): the UID the kubelet runs it
 	// under and names its cgroup with, not the mirror's UID. Empty for
 	// any other pod.
 	MirrorOf string    `json:"mirrorOf,omitempty"`

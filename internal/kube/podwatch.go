@@ -162,8 +162,8 @@ func ToPod(p *corev1.Pod) cluster.Pod {
 	if c := metav1.GetControllerOf(p); c != nil {
 		out.ControllerKind, out.ControllerName = intern(c.Kind), intern(c.Name)
 	}
-	// The kubelet's mirror of a static pod (kubelet/types.ConfigMirrorAnnotationKey).
-	if m := p.Annotations["kubernetes.io/config.mirror"]; m != "" && len(m) <= 64 {
+	// The kubelet's mirror of a static pod.
+	if m := p.Annotations[cluster.MirrorAnnotation]; m != "" && len(m) <= 64 {
 		out.MirrorOf = m
 	}
 	for _, c := range p.Status.Conditions {

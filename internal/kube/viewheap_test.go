@@ -9,9 +9,7 @@ import (
 	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
+
+	"github.com/remediate-dev/remediate/internal/testing/memstat"
 )
 
 // listServer answers the cluster view's requests as a kube-apiserver
@@ -157,32 +157,6 @@ func (s *listServer) writeSlice(w *bufio.Writer, i, rv int) {
 	w.WriteString(`],"ports":[{"name":"http","protocol":"TCP","port":8080}]}`)
 }
 
-// heapPeak samples the heap's live and not yet swept objects
-// (runtime/metrics' /memory/classes/heap/objects:bytes, HeapAlloc) every
-// millisecond until stop is called, which returns the highest sample.
-func heapPeak() (stop func() uint64) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	var peak uint64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
-			metrics.Read(sample)
-			peak = max(peak, sample[0].Value.Uint64())
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return func() uint64 { close(done); wg.Wait(); return peak }
-}
-
 // TestViewSyncHeapBounded: a large cluster view synced under a small
 // memory budget, against an apiserver that refuses the streaming list
 // (client-go then LISTs; at resourceVersion 0 the watch cache serves the
@@ -230,7 +204,7 @@ func TestViewSyncHeapBounded(t *testing.T) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	base := ms.HeapAlloc
-	stop := heapPeak()
+	stop := memstat.HeapObjectsPeak()
 	start := time.Now()
 	v.Start(ctx)
 	if !v.WaitForSync(ctx) {
@@ -251,7 +225,7 @@ func TestViewSyncHeapBounded(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	burstBase := ms.HeapAlloc
-	stopBurst := heapPeak()
+	stopBurst := memstat.HeapObjectsPeak()
 	close(srv.burst)
 	deadline := time.Now().Add(60 * time.Second)
 	for v.Generation() < gen+uint64(srv.slices) {

@@ -130,7 +130,7 @@ func (a *recreateHostPortPod) check(p *corev1.Pod, f finding.Finding) error {
 	if len(hostPortsOf(p)) == 0 {
 		return fmt.Errorf("refusing: pod %s has no container port with a hostPort", key)
 	}
-	if _, mirror := p.Annotations["kubernetes.io/config.mirror"]; mirror {
+	if _, mirror := p.Annotations[cluster.MirrorAnnotation]; mirror {
 		return fmt.Errorf("refusing: pod %s is a static pod's mirror: deleting it does not recreate its sandbox (move the manifest out of the kubelet's staticPodPath and back)", key)
 	}
 	c := metav1.GetControllerOf(p)

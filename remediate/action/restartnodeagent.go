@@ -184,7 +184,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 		p := &cands[i]
 		// A static pod's process runs under its configuration's UID, which
 		// its mirror carries in an annotation.
-		if seen[string(p.UID)] || (name != "" && p.Name != name) || (uid != "" && string(p.UID) != uid && p.Annotations[mirrorAnnotation] != uid) {
+		if seen[string(p.UID)] || (name != "" && p.Name != name) || (uid != "" && string(p.UID) != uid && p.Annotations[cluster.MirrorAnnotation] != uid) {
 			continue
 		}
 		seen[string(p.UID)] = true
@@ -231,7 +231,7 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	if t.pod.DeletionTimestamp != nil {
 		return nil, finding.Skip("pod %s/%s is already terminating", t.pod.Namespace, t.pod.Name)
 	}
-	if _, static := t.pod.Annotations[mirrorAnnotation]; static {
+	if _, static := t.pod.Annotations[cluster.MirrorAnnotation]; static {
 		return nil, finding.Skip("pod %s/%s is the mirror of a static pod (the kubelet's manifest directory): deleting it would not restart %s; restart its container on the node (crictl stop: the kubelet starts it again) or move its manifest out of the directory and back",
 			t.pod.Namespace, t.pod.Name, t.agent.Name)
 	}
@@ -245,10 +245,6 @@ func (a *restartNodeAgent) resolve(ctx context.Context, f finding.Finding) (*age
 	}
 	return &t, nil
 }
-
-// mirrorAnnotation is the kubelet's annotation of a static pod's mirror:
-// the static pod's UID, the one in its containers' cgroups.
-const mirrorAnnotation = "kubernetes.io/config.mirror"
 
 // clusterPod is the part of a Pod agent matching looks at.
 func clusterPod(p *corev1.Pod) cluster.Pod {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/remediate-dev/remediate/internal/cluster"
 	"github.com/remediate-dev/remediate/internal/finding"
 	"github.com/remediate-dev/remediate/internal/node"
 	"github.com/remediate-dev/remediate/internal/procs"
@@ -246,7 +247,7 @@ func TestRestartNodeAgentShapes(t *testing.T) {
 	ctx := context.Background()
 	const hash = "0123456789abcdef0123456789abcdef"
 	mirror := kpPod("kube-proxy-n1", "n1", "m", true, "Node")
-	mirror.Annotations = map[string]string{mirrorAnnotation: hash}
+	mirror.Annotations = map[string]string{cluster.MirrorAnnotation: hash}
 	cs := fake.NewClientset(mirror)
 	root := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, "78"), 0o755); err != nil {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/remediate-dev/remediate/internal/kube"
 	"github.com/remediate-dev/remediate/internal/testing/controlplane"
+	"github.com/remediate-dev/remediate/internal/testing/memstat"
 )
 
 // TestViewSyncHeapBoundedRealAPIServer: the cluster view syncing a large
@@ -78,7 +78,7 @@ func TestViewSyncHeapBoundedRealAPIServer(t *testing.T) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	base := ms.HeapAlloc
-	stop := sampleHeapPeak()
+	stop := memstat.HeapObjectsPeak()
 	start = time.Now()
 	v.Start(ctx)
 	if !v.WaitForSync(ctx) {
@@ -114,31 +114,6 @@ func envInt(t *testing.T, name string, def int) int {
 		return n
 	}
 	return def
-}
-
-// sampleHeapPeak samples the heap's objects (HeapAlloc) every millisecond
-// until the returned stop, which returns the highest sample.
-func sampleHeapPeak() (stop func() uint64) {
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	var peak uint64
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		tk := time.NewTicker(time.Millisecond)
-		defer tk.Stop()
-		for {
-			metrics.Read(sample)
-			peak = max(peak, sample[0].Value.Uint64())
-			select {
-			case <-done:
-				return
-			case <-tk.C:
-			}
-		}
-	}()
-	return func() uint64 { close(done); wg.Wait(); return peak }
 }
 
 // fillSlices creates n Services in 10 namespaces, each with one

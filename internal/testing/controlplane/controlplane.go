@@ -43,6 +43,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -123,9 +124,18 @@ type ControlPlane struct {
 	shared bool
 }
 
+// booting is held by a Start from starting etcd until its kube-apiserver
+// is ready: tests running in parallel, each with a control plane of its
+// own, boot them one at a time. A boot is the CPU-heavy part (tens of
+// CPU-seconds on a 2-core machine; ready, an idle control plane costs
+// little), and two at once each take twice as long, towards their ready
+// timeout.
+var booting sync.Mutex
+
 // Start creates a namespace, starts etcd and kube-apiserver in it, waits
 // until /readyz answers ok, and returns the control plane. Everything is
-// torn down in t.Cleanup.
+// torn down in t.Cleanup. Starts in parallel tests boot one at a time
+// (the wait for another's boot is not counted in ReadyTimeout).
 func Start(t testing.TB, opts Options) *ControlPlane {
 	t.Helper()
 	requireRoot(t)
@@ -151,6 +161,8 @@ func Start(t testing.TB, opts Options) *ControlPlane {
 		cp.readyTimeout = 120 * time.Second
 	}
 
+	booting.Lock()
+	defer booting.Unlock()
 	cp.etcd = startProcess(t, "etcd", dir, ns.Command(filepath.Join(binDir, "etcd"),
 		"--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379",

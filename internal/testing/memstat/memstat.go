@@ -5,6 +5,7 @@ package memstat
 
 import (
 	"runtime"
+	"runtime/metrics"
 	"sync/atomic"
 	"time"
 )
@@ -12,13 +13,35 @@ import (
 // HeapPeak samples HeapInuse every millisecond until the returned stop is
 // called, which returns the peak in bytes.
 func HeapPeak() (stop func() uint64) {
+	return samplePeak(func() uint64 {
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse
+	})
+}
+
+// HeapObjectsPeak samples the heap's live and not yet swept objects
+// (runtime/metrics' /memory/classes/heap/objects:bytes, what
+// runtime.MemStats calls HeapAlloc) every millisecond until the returned
+// stop is called, which returns the peak in bytes. Unlike HeapPeak it
+// does not stop the world to sample, and it compares with a HeapAlloc
+// baseline.
+func HeapObjectsPeak() (stop func() uint64) {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	return samplePeak(func() uint64 {
+		metrics.Read(s)
+		return s[0].Value.Uint64()
+	})
+}
+
+// samplePeak calls read every millisecond, and once more at stop, until
+// the returned stop is called, which returns the highest value read.
+func samplePeak(read func() uint64) (stop func() uint64) {
 	var peak atomic.Uint64
 	done, finished := make(chan struct{}), make(chan struct{})
 	sample := func() {
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		if ms.HeapInuse > peak.Load() {
-			peak.Store(ms.HeapInuse)
+		if v := read(); v > peak.Load() {
+			peak.Store(v)
 		}
 	}
 	go func() {
