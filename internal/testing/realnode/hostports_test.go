@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -295,6 +296,28 @@ func hostPortsEnforcePolicy(t *testing.T, pol map[string]any) {
 	g["maxActionsPerHour"] = 10
 }
 
+// grantPodDelete grants the release's ServiceAccount pod delete in
+// default by a Role of the test's (the fail-without check of the
+// admission policy's part of the opt-in).
+func grantPodDelete(t *testing.T, n *realnode.Node) {
+	t.Helper()
+	ctx := context.Background()
+	const name = "lane-pod-delete"
+	if _, err := n.Client.RbacV1().Roles("default").Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"delete"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Client.RbacV1().RoleBindings("default").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: name},
+		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "remediate", Namespace: releaseNS}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = n.Client.RbacV1().RoleBindings("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+		_ = n.Client.RbacV1().Roles("default").Delete(context.Background(), name, metav1.DeleteOptions{})
+	})
+}
+
 // hostPortsEnforce is scenario (h) in enforce (issue 37, point 1): the
 // release upgraded with recreate-host-port-pods' dryRun off (policy.custom,
 // with the lane's timings) and the chart's opt-in hostPortRepair.namespaces
@@ -306,16 +329,25 @@ func hostPortsEnforcePolicy(t *testing.T, pol map[string]any) {
 // with a hostPort (no controller) beside it is reported but never
 // deleted: refused at the action's plan, with the reason.
 //
-// REMEDIATE_LANE_NO_HOSTPORT_OPTIN=1 upgrades without the opt-in (the
-// check that the scenario fails without it: RBAC and the admission policy
-// refuse the delete, and the outcome says so).
+// REMEDIATE_LANE_NO_HOSTPORT_OPTIN=1 upgrades without the opt-in, and
+// =rbac-only with pod delete granted by a Role of the test's but no
+// namespace in the admission policy: the checks that the scenario fails
+// without each half of it (the outcome says which refused).
 func hostPortsEnforce(t *testing.T, n *realnode.Node, chart []string) {
 	ctx := context.Background()
 	values := lanePolicyValues(t, func(pol map[string]any) { hostPortsEnforcePolicy(t, pol) })
 	optIn := []string{"--set", "hostPortRepair.namespaces={default}"}
-	if os.Getenv("REMEDIATE_LANE_NO_HOSTPORT_OPTIN") == "1" {
+	switch v := os.Getenv("REMEDIATE_LANE_NO_HOSTPORT_OPTIN"); v {
+	case "":
+	case "rbac-only":
+		// RBAC granted by hand, the admission policy without the
+		// namespace: its hostPortPod refuses.
 		optIn = nil
-		t.Log("REMEDIATE_LANE_NO_HOSTPORT_OPTIN=1: without the chart's opt-in (expected to fail)")
+		grantPodDelete(t, n)
+		t.Log("REMEDIATE_LANE_NO_HOSTPORT_OPTIN=rbac-only: pod delete granted by a Role, the admission policy not opted in (expected to fail)")
+	default:
+		optIn = nil
+		t.Logf("REMEDIATE_LANE_NO_HOSTPORT_OPTIN=%s: without the chart's opt-in (expected to fail)", v)
 	}
 	m, err := scrape(ctx, n)
 	if err != nil {

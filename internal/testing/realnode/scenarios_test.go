@@ -33,7 +33,7 @@ import (
 )
 
 // The enforce scenarios of the lane, (f), (g), (e), (c), (d) (issues #25
-// and #41), in that order on one release: the chart installed with its defaults
+// and #41), then (i) and (h) (issue 37), in that order on one release: the chart installed with its defaults
 // (audit), then `helm upgrade --set enforce=true` with the lane's policy
 // (below), then each scenario's real failure. They are subtests of one
 // test because each leans on the one before: (e) checks that the
