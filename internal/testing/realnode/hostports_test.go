@@ -12,9 +12,12 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/remediate-dev/remediate/deploy"
@@ -483,4 +486,92 @@ func hostPortsEnforce(t *testing.T, n *realnode.Node, chart []string) {
 	if s, err := hostPortAnswer(ctx, n, bareAddr); err == nil {
 		t.Errorf("%s answered %q: the bare pod's DNAT came back without its sandbox being recreated", bareAddr, s)
 	}
+
+	// The admission policy itself, whatever the action checks: the
+	// daemon's own token (bound to its pod, so carrying its node's name)
+	// deletes, in dry run, the recreated hostPort pod (allowed), the bare
+	// pod and a controller-owned pod without a hostPort (both refused by
+	// the policy, RBAC granting the delete in default).
+	noHP := startNoHostPortDeployment(t, n)
+	daemon := daemonClient(t, n)
+	dry := metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
+	if err := daemon.CoreV1().Pods("default").Delete(ctx, fresh.Name, dry); err != nil {
+		t.Errorf("the daemon's token may not delete (dry run) the controller-owned hostPort pod %s: %v", fresh.Name, err)
+	}
+	for _, name := range []string{barePod, noHP.Name} {
+		err := daemon.CoreV1().Pods("default").Delete(ctx, name, dry)
+		if err == nil || !strings.Contains(err.Error(), "denied request: remediate may only delete the pod of a node agent") {
+			t.Errorf("the admission policy did not refuse the daemon's delete (dry run) of %s: %v", name, err)
+		} else {
+			t.Logf("delete of %s refused: %v", name, err)
+		}
+	}
+}
+
+// startNoHostPortDeployment starts a Deployment whose pod has no
+// hostPort and returns its running pod.
+func startNoHostPortDeployment(t *testing.T, n *realnode.Node) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	const name = "lane-nohostport"
+	labels := map[string]string{"app": name}
+	d := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: ptr.To[int32](1),
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: ptr.To[int64](1),
+					Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+					Containers: []corev1.Container{{
+						Name: "web", Image: realnode.BusyboxImage, ImagePullPolicy: corev1.PullNever, Command: hostPortListener,
+						Ports: []corev1.ContainerPort{{Name: "web", ContainerPort: laneCtrPort, Protocol: corev1.ProtocolTCP}},
+					}},
+				},
+			},
+		},
+	}
+	if _, err := n.Client.AppsV1().Deployments("default").Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		_ = n.Client.AppsV1().Deployments("default").Delete(ctx, name, metav1.DeleteOptions{PropagationPolicy: ptr.To(metav1.DeletePropagationForeground)})
+		_ = n.Poll(ctx, name+" pods gone", 2*time.Minute, func(ctx context.Context) (bool, string) {
+			pods, err := n.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+			return err == nil && len(pods.Items) == 0, fmt.Sprint(err)
+		})
+	})
+	var pod *corev1.Pod
+	if err := n.Poll(ctx, name+" pod created", 2*time.Minute, func(ctx context.Context) (bool, string) {
+		pods, err := n.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=" + name})
+		if err != nil || len(pods.Items) == 0 || pods.Items[0].Spec.NodeName == "" {
+			return false, fmt.Sprint("no scheduled pod ", err)
+		}
+		pod = &pods.Items[0]
+		return true, ""
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// daemonClient is a client with the daemon's ServiceAccount token bound
+// to its running pod (the token carries the pod's node name, which the
+// admission policy binds every write to).
+func daemonClient(t *testing.T, n *realnode.Node) kubernetes.Interface {
+	t.Helper()
+	p := remediatePod(t, n)
+	tr, err := n.Client.CoreV1().ServiceAccounts(releaseNS).CreateToken(context.Background(), p.Spec.ServiceAccountName, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+		ExpirationSeconds: ptr.To[int64](600),
+		BoundObjectRef:    &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: p.Name, UID: p.UID},
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("token of the daemon's ServiceAccount bound to pod %s: %v", p.Name, err)
+	}
+	cfg := rest.CopyConfig(n.RestConfig)
+	cfg.BearerToken = tr.Status.Token
+	return kubernetes.NewForConfigOrDie(cfg)
 }
