@@ -219,7 +219,9 @@ func staticKubeProxy(t *testing.T, n *realnode.Node) {
 	if b := max(metricValue(m, "remediate_guardrail_blocks_total", `rule="`+rule+`"`), 0); b != blocks0 {
 		t.Errorf("remediate_guardrail_blocks_total{rule=%q} %v -> %v: the action reached the guardrails instead of refusing the static pod at its plan", rule, blocks0, b)
 	}
-	t.Logf("%.0fs after the freeze: mirror %s uid unchanged, pid %d still stopped, nothing journaled for %s", time.Since(t1).Seconds(), mirrorName, frozen.pid, rule)
+	if !t.Failed() {
+		t.Logf("%.0fs after the freeze: mirror %s uid unchanged, pid %d still stopped, nothing journaled for %s", time.Since(t1).Seconds(), mirrorName, frozen.pid, rule)
+	}
 
 	frozen.resume()
 	if err := n.Poll(ctx, "the static kube-proxy answers again after SIGCONT", time.Minute, func(ctx context.Context) (bool, string) {
