@@ -2,6 +2,7 @@ package deploy
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -337,6 +338,75 @@ func TestChartValues(t *testing.T) {
 			}
 		}
 	})
+	// hostPortRepair (issue 37): nothing by default; with namespaces, in
+	// enforce only, one Role and RoleBinding each granting pod delete
+	// there, and the admission policy's hostPortPod names them (the
+	// policy's other conditions: controller-owned, a hostPort, own node).
+	t.Run("host-port-repair", func(t *testing.T) {
+		for _, tc := range []struct {
+			args    []string
+			roles   []string
+			listing string
+		}{
+			{nil, nil, "[]"},
+			{[]string{"--set", "enforce=true"}, nil, "[]"},
+			{[]string{"--set", "hostPortRepair.namespaces={apps}"}, nil, `["apps"]`},
+			{[]string{"--set", "enforce=true", "--set", "hostPortRepair.namespaces={apps,web}"}, []string{"apps", "web"}, `["apps","web"]`},
+		} {
+			m := render(t, tc.args...)
+			var got []string
+			for k, o := range m {
+				if o.GetName() != "remediate-host-port-repair" {
+					continue
+				}
+				if o.GetKind() == "Role" {
+					rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+					res, _, _ := unstructured.NestedStringSlice(rules[0].(map[string]any), "resources")
+					verbs, _, _ := unstructured.NestedStringSlice(rules[0].(map[string]any), "verbs")
+					if len(rules) != 1 || !slices.Equal(res, []string{"pods"}) || !slices.Equal(verbs, []string{"delete"}) {
+						t.Errorf("%v: %s rules %v", tc.args, k, rules)
+					}
+					got = append(got, o.GetNamespace())
+					rb := m["RoleBinding "+o.GetNamespace()+"/remediate-host-port-repair"]
+					if rb == nil {
+						t.Errorf("%v: %s has no RoleBinding", tc.args, k)
+						continue
+					}
+					subj, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
+					if len(subj) != 1 || subj[0].(map[string]any)["namespace"] != "ops" || subj[0].(map[string]any)["name"] != "remediate" {
+						t.Errorf("%v: %s not bound to ops/remediate: %v", tc.args, k, rb)
+					}
+				}
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.roles) {
+				t.Errorf("%v: host-port-repair Roles in %v, want %v", tc.args, got, tc.roles)
+			}
+			ad := m["ValidatingAdmissionPolicy /remediate-own-node"]
+			vars, _, _ := unstructured.NestedSlice(ad.Object, "spec", "variables")
+			listing, hostPortPod := "", ""
+			for _, v := range vars {
+				switch v.(map[string]any)["name"] {
+				case "hostPortRepairNamespaces":
+					listing = v.(map[string]any)["expression"].(string)
+				case "hostPortPod":
+					hostPortPod = v.(map[string]any)["expression"].(string)
+				}
+			}
+			if listing != tc.listing {
+				t.Errorf("%v: admission hostPortRepairNamespaces %q, want %q", tc.args, listing, tc.listing)
+			}
+			for _, w := range []string{"in variables.hostPortRepairNamespaces", "r.controller", "r.kind != 'Node'", "kubernetes.io/config.mirror", "hostNetwork", "p.hostPort > 0"} {
+				if !strings.Contains(hostPortPod, w) {
+					t.Errorf("%v: admission hostPortPod lacks %q: %s", tc.args, w, hostPortPod)
+				}
+			}
+			vals, _, _ := unstructured.NestedSlice(ad.Object, "spec", "validations")
+			if !strings.Contains(fmt.Sprint(vals), "(variables.agentPod || variables.hostPortPod)") {
+				t.Errorf("%v: the pod delete validation does not allow hostPortPod: %v", tc.args, vals)
+			}
+		}
+	})
 	// kube-system (issue 27, item 11): the admission policy confines the
 	// Lease writes by name there; without it the chart refuses to render.
 	t.Run("kube-system", func(t *testing.T) {
@@ -357,17 +427,19 @@ func TestChartValues(t *testing.T) {
 		}
 	})
 	for name, args := range map[string][]string{
-		"bad-agent-namespace":  {"--set", "nodeAgents.namespaces={Kube_System}"},
-		"dup-agent-namespace":  {"--set", "nodeAgents.namespaces={kube-system,kube-system}"},
-		"latest":               {"--set", "image.tag=latest"},
-		"unknown-key":          {"--set", "enforcee=true"},
-		"enforce-not-bool":     {"--set-string", "enforce=yes"},
-		"bad-digest":           {"--set", "image.digest=sha256:abc"},
-		"existing-and-enforce": {"--set", "policy.existingConfigMap=x,enforce=true"},
-		"unknown-nested":       {"--set", "resources.requests.gpu=1"},
-		"bad-mode":             {"--set", "policy.custom.mode=fix"},
-		"bad-bind-address":     {"--set", "metrics.bindAddress=0.0.0.0:9808"},
-		"podmonitor-loopback":  {"--set", "metrics.podMonitor.enabled=true"},
+		"bad-agent-namespace":                {"--set", "nodeAgents.namespaces={Kube_System}"},
+		"dup-agent-namespace":                {"--set", "nodeAgents.namespaces={kube-system,kube-system}"},
+		"latest":                             {"--set", "image.tag=latest"},
+		"unknown-key":                        {"--set", "enforcee=true"},
+		"enforce-not-bool":                   {"--set-string", "enforce=yes"},
+		"bad-digest":                         {"--set", "image.digest=sha256:abc"},
+		"existing-and-enforce":               {"--set", "policy.existingConfigMap=x,enforce=true"},
+		"unknown-nested":                     {"--set", "resources.requests.gpu=1"},
+		"bad-mode":                           {"--set", "policy.custom.mode=fix"},
+		"bad-bind-address":                   {"--set", "metrics.bindAddress=0.0.0.0:9808"},
+		"podmonitor-loopback":                {"--set", "metrics.podMonitor.enabled=true"},
+		"host-port-repair-without-admission": {"--set", "enforce=true,hostPortRepair.namespaces={apps},admissionPolicy.enabled=false"},
+		"bad-host-port-namespace":            {"--set", "hostPortRepair.namespaces={Apps_1}"},
 	} {
 		t.Run("refuses-"+name, func(t *testing.T) {
 			if _, err := RenderChart(ctx, helm, "ops", args...); err == nil {

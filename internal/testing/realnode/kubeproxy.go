@@ -2,7 +2,10 @@ package realnode
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +14,91 @@ import (
 	"k8s.io/utils/ptr"
 	"time"
 )
+
+// kubeProxyConfig is the lane's kube-proxy configuration, the DaemonSet's
+// and the static pod's (KubeProxyStaticPod).
+const kubeProxyConfig = `apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 127.0.0.1:10256
+conntrack: {maxPerCore: 0}
+clientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf}
+`
+
+// kubeProxyToken is the static pod kube-proxy's bearer token (user
+// system:kube-proxy).
+const kubeProxyToken = "kubeproxytoken"
+
+// KubeProxyStaticPodName is the static kube-proxy's name in its manifest;
+// its mirror pod is named KubeProxyStaticPodName-NodeName.
+const KubeProxyStaticPodName = "kube-proxy"
+
+// KubeProxyStaticPod writes what kube-proxy needs to run as a static pod
+// (RKE2's and kubeadm-era clusters' shape) to the node's folder, its
+// configuration as the DaemonSet's (kubeProxyConfig) and a kubeconfig
+// with the token of user system:kube-proxy (a static pod can mount no
+// ServiceAccount token nor ConfigMap), and returns its manifest: the
+// DaemonSet's pod spec with hostPath volumes, in kube-system, labelled
+// k8s-app=kube-proxy. The caller writes the manifest to StaticPodDir
+// (the kubelet then runs it) and removes it to stop it; the DaemonSet's
+// pod must not run on the node meanwhile (both bind kube-proxy's ports).
+func (n *Node) KubeProxyStaticPod() ([]byte, error) {
+	dir := n.path("kube-proxy-static")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(n.path("pki", "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	files := map[string]string{
+		"ca.crt":      string(ca),
+		"config.conf": kubeProxyConfig,
+		"kubeconfig.conf": fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: default
+  cluster: {server: %s, certificate-authority: /var/lib/kube-proxy/ca.crt}
+users:
+- name: default
+  user: {token: %s}
+contexts:
+- name: default
+  context: {cluster: default, namespace: default, user: default}
+current-context: default
+`, apiURL, kubeProxyToken),
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	hostPath := func(name, path string, t corev1.HostPathType) corev1.Volume {
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t}}}
+	}
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: KubeProxyStaticPodName, Namespace: "kube-system", Labels: map[string]string{"k8s-app": "kube-proxy"}},
+		Spec: corev1.PodSpec{
+			HostNetwork: true, PriorityClassName: "system-node-critical", TerminationGracePeriodSeconds: ptr.To[int64](2),
+			Containers: []corev1.Container{{
+				Name: "kube-proxy", Image: KubeProxyImage, ImagePullPolicy: corev1.PullNever,
+				Command:         []string{"/usr/local/bin/kube-proxy", "--config=/var/lib/kube-proxy/config.conf", "--hostname-override=" + NodeName},
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				VolumeMounts: []corev1.VolumeMount{{Name: "kube-proxy", MountPath: "/var/lib/kube-proxy", ReadOnly: true},
+					{Name: "xtables-lock", MountPath: "/run/xtables.lock"}, {Name: "lib-modules", MountPath: "/lib/modules", ReadOnly: true}},
+			}},
+			Volumes: []corev1.Volume{
+				hostPath("kube-proxy", dir, corev1.HostPathDirectory),
+				hostPath("xtables-lock", n.XtablesLock, corev1.HostPathFileOrCreate),
+				hostPath("lib-modules", "/lib/modules", corev1.HostPathUnset),
+			},
+		},
+	}
+	return json.Marshal(pod)
+}
 
 // deployKubeProxy runs kube-proxy (iptables mode) as kubeadm does: a
 // DaemonSet in kube-system, hostNetwork, privileged, with a kubeconfig
@@ -46,15 +134,7 @@ contexts:
   context: {cluster: default, namespace: default, user: default}
 current-context: default
 `, apiURL, sa, sa),
-			"config.conf": `apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 127.0.0.1:10256
-conntrack: {maxPerCore: 0}
-clientConnection: {kubeconfig: /var/lib/kube-proxy/kubeconfig.conf}
-`,
+			"config.conf": kubeProxyConfig,
 		},
 	}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("kube-proxy ConfigMap: %w", err)

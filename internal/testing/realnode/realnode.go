@@ -111,6 +111,9 @@ type Node struct {
 	// it at /run/xtables.lock; the host's is left to other tests), and
 	// StateDir a folder for the chart's state hostPath.
 	XtablesLock, StateDir string
+	// StaticPodDir is the kubelet's staticPodPath: a manifest written
+	// there runs as a static pod (its mirror pod in the API).
+	StaticPodDir string
 
 	procs   []*proc
 	sysctls map[string]string
@@ -190,8 +193,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return n, fmt.Errorf("%s exists", cfg.Dir)
 	}
 	n.created = append(n.created, cfg.Dir)
-	n.XtablesLock, n.StateDir = n.path("xtables.lock"), n.path("state")
-	for _, d := range []string{"pki", "etcd", "ctd", "cni/net.d", "cni/bin", "cni/ipam", "kubelet-pki", "logs", "images", "state"} {
+	n.XtablesLock, n.StateDir, n.StaticPodDir = n.path("xtables.lock"), n.path("state"), n.path("manifests")
+	for _, d := range []string{"pki", "etcd", "ctd", "cni/net.d", "cni/bin", "cni/ipam", "kubelet-pki", "logs", "images", "state", "manifests"} {
 		if err := os.MkdirAll(filepath.Join(cfg.Dir, d), 0o755); err != nil {
 			return n, err
 		}
@@ -284,7 +287,10 @@ func (n *Node) startControlPlane(ctx context.Context) error {
 	tokens := AdminToken + ",admin,admin,system:masters\n" +
 		"kubelettoken,system:node:" + NodeName + ",kubelet-" + NodeName + ",system:nodes\n" +
 		"kcmtoken,system:kube-controller-manager,kcm,\n" +
-		"schedtoken,system:kube-scheduler,sched,\n"
+		"schedtoken,system:kube-scheduler,sched,\n" +
+		// kube-proxy run as a static pod (no ServiceAccount token there):
+		// the user the bootstrap ClusterRoleBinding system:node-proxier binds.
+		kubeProxyToken + ",system:kube-proxy,kube-proxy,\n"
 	if err := os.WriteFile(n.path("pki", "tokens.csv"), []byte(tokens), 0o600); err != nil {
 		return err
 	}
@@ -498,7 +504,9 @@ evictionHard: {memory.available: 100Mi, nodefs.available: "1%%", imagefs.availab
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 syncFrequency: 10s
-`, n.ContainerdSock, n.path("pki", "ca.crt"), NodeIP, PodCIDR)
+staticPodPath: %s
+fileCheckFrequency: 5s
+`, n.ContainerdSock, n.path("pki", "ca.crt"), NodeIP, PodCIDR, n.StaticPodDir)
 	if err := os.WriteFile(n.path("kubelet.yaml"), []byte(cfg), 0o644); err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ import (
 )
 
 // The enforce scenarios of the lane, (f), (g), (e), (c), (d) (issues #25
-// and #41), in that order on one release: the chart installed with its defaults
+// and #41), then (i) and (h) (issue 37), in that order on one release: the chart installed with its defaults
 // (audit), then `helm upgrade --set enforce=true` with the lane's policy
 // (below), then each scenario's real failure. They are subtests of one
 // test because each leans on the one before: (e) checks that the
@@ -109,6 +109,12 @@ func TestNodeEnforce(t *testing.T) {
 	// lock history of the last minutes). Its impostor is a hostNetwork
 	// pod, which needs no CNI.
 	t.Run("g-hung-restore", func(t *testing.T) { hungRestore(t, n) })
+	// (i) (issue 37, point 2): kube-proxy as a static pod (the DaemonSet's
+	// pod taken off the node meanwhile), frozen: identified as the static
+	// pod, its mirror never deleted, the finding says what to do instead.
+	// Before (h): kube-proxy rebuilds its chains after (h)'s flush, and
+	// this scenario restores the DaemonSet's pod.
+	t.Run("i-static-kube-proxy", func(t *testing.T) { staticKubeProxy(t, n) })
 	// (h) last (issue 37): a firewall flush of both backends (nat, mangle,
 	// filter) as firewalld's reload does; kube-proxy rebuilds its chains,
 	// the hostPort DNAT of a Deployment's pod stays gone and is reported.
@@ -116,6 +122,11 @@ func TestNodeEnforce(t *testing.T) {
 	// Last: the flush also takes the bridge plugin's rules of the pods
 	// already there, which no other scenario should meet.
 	t.Run("h-audit-host-ports", func(t *testing.T) { hostPortsAudit(t, n) })
+	// (h) in enforce, after its dry run: the chart's opt-in
+	// (hostPortRepair.namespaces) and the rule's dryRun off by helm
+	// upgrade; the Deployment's pod recreated and its hostPort answering
+	// again, a bare pod beside it refused.
+	t.Run("h-host-ports", func(t *testing.T) { hostPortsEnforce(t, n, values) })
 }
 
 // reloadMarkerRule is the report-only rule (e) adds by helm upgrade.
@@ -1013,5 +1024,30 @@ func TestLanePolicyValid(t *testing.T) {
 		if found["lane-reload-marker"] != extra || !found["restart-unready-cni-agent"] {
 			t.Errorf("rules %v", found)
 		}
+	}
+	// (h) in enforce: the remedy's rule with dryRun off, and the chart's
+	// opt-in rendered.
+	values := lanePolicyValues(t, func(pol map[string]any) { hostPortsEnforcePolicy(t, pol) })
+	objs, err := deploy.RenderChart(context.Background(), bin, releaseNS, "--set", "enforce=true", "-f", values, "--set", "hostPortRepair.namespaces={default}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := deploy.ByKey(objs)
+	if m["Role default/remediate-host-port-repair"] == nil {
+		t.Error("no Role default/remediate-host-port-repair with the opt-in")
+	}
+	data, _, _ := unstructured.NestedString(m["ConfigMap "+releaseNS+"/remediate-policy-enforce"].Object, "data", "policy.yaml")
+	p, err := policy.Parse("lane", []byte(data), remediate.Catalog{})
+	if err != nil {
+		t.Fatalf("(h)'s policy: %v", err)
+	}
+	on := false
+	for _, r := range p.Rules {
+		if r.Name == recreateRule {
+			on = !r.DryRun && r.For.Duration == 0
+		}
+	}
+	if !on || p.Guardrails.MaxActionsPerHour != 10 {
+		t.Errorf("(h)'s policy: %s with dryRun off and for 0s: %v; maxActionsPerHour %d", recreateRule, on, p.Guardrails.MaxActionsPerHour)
 	}
 }
