@@ -147,6 +147,7 @@ func decodeChain(f Family, ad *netlink.AttributeDecoder) (*Chain, string, error)
 			}
 			hook := h
 			ad.Nested(func(nd *netlink.AttributeDecoder) error {
+				var dev string
 				var devs []string
 				for nd.Next() {
 					switch nd.Type() {
@@ -155,7 +156,7 @@ func decodeChain(f Family, ad *netlink.AttributeDecoder) (*Chain, string, error)
 					case unix.NFTA_HOOK_PRIORITY:
 						hook.Priority = int(int32(nd.Uint32()))
 					case unix.NFTA_HOOK_DEV:
-						devs = append(devs, nd.String())
+						dev = nd.String()
 					case attrHookDevs:
 						nd.Nested(func(dd *netlink.AttributeDecoder) error {
 							for dd.Next() {
@@ -164,6 +165,10 @@ func decodeChain(f Family, ad *netlink.AttributeDecoder) (*Chain, string, error)
 							return nil
 						})
 					}
+				}
+				// The kernel sends a single device both ways.
+				if len(devs) == 0 && dev != "" {
+					devs = []string{dev}
 				}
 				hook.Device = strings.Join(devs, ",")
 				return nil
@@ -678,6 +683,17 @@ func renderData(b []byte, t uint32, host bool) string {
 		if len(b) == 6 {
 			return net.HardwareAddr(b).String()
 		}
+	case 10:
+		if len(b) == 2 {
+			if n, ok := map[uint16]string{0x0800: "ip", 0x0806: "arp", 0x86dd: "ip6", 0x8100: "8021q", 0x88a8: "8021ad"}[binary.BigEndian.Uint16(b)]; ok {
+				return n
+			}
+		}
+	case 21:
+		if len(b) == 2 && binary.NativeEndian.Uint16(b) == 1 {
+			return "ether"
+		}
+		host = true
 	}
 	return renderInt(b, host)
 }
@@ -787,6 +803,11 @@ func decodeExpr(fam byte, name string, data []byte) (e any) {
 			e = opaque{name: name}
 		}
 	}()
+	if name == "ct" {
+		// The library's Ct ignores NFTA_CT_SREG ("ct mark set ..."):
+		// read it here.
+		return decodeCt(data)
+	}
 	x := exprOf(name)
 	if x == nil {
 		return opaque{name: name}
@@ -803,6 +824,32 @@ func decodeExpr(fam byte, name string, data []byte) (e any) {
 		return v
 	}
 	return x
+}
+
+// decodeCt reads a ct expression: a load (dreg) or a set (sreg).
+func decodeCt(data []byte) any {
+	ad, err := netlink.NewAttributeDecoder(data)
+	if err != nil {
+		return opaque{name: "ct"}
+	}
+	ad.ByteOrder = binary.BigEndian
+	e := &expr.Ct{}
+	for ad.Next() {
+		switch ad.Type() {
+		case unix.NFTA_CT_KEY:
+			e.Key = expr.CtKey(ad.Uint32())
+		case unix.NFTA_CT_DREG:
+			e.Register = ad.Uint32()
+		case unix.NFTA_CT_SREG:
+			e.Register, e.SourceRegister = ad.Uint32(), true
+		case unix.NFTA_CT_DIRECTION:
+			e.Direction = uint32(ad.Uint8())
+		}
+	}
+	if ad.Err() != nil {
+		return opaque{name: "ct"}
+	}
+	return e
 }
 
 // decodeRule decodes one NEWRULE answer; anon holds the table's anonymous

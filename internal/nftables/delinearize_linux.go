@@ -136,10 +136,10 @@ func (d *delin) step(e any) {
 	switch x := e.(type) {
 	case *expr.Payload:
 		if x.OperationType == expr.PayloadWrite {
-			d.add(stmt{kind: "mangle", text: payloadName(d.f, x).text + " set " + d.reg(x.SourceRegister).text})
+			d.add(stmt{kind: "mangle", text: payloadName(d.f, x, "").text + " set " + d.reg(x.SourceRegister).text})
 			return
 		}
-		d.load(x.DestRegister, payloadName(d.f, x))
+		d.load(x.DestRegister, d.payload(x))
 	case *expr.Meta:
 		name, typ := metaKey(x.Key)
 		if x.SourceRegister {
@@ -247,9 +247,20 @@ func (d *delin) step(e any) {
 	case *expr.Counter:
 		d.add(stmt{kind: "counter", text: "counter"})
 	case *expr.Log:
-		d.add(stmt{kind: "log", text: "log"})
+		text := "log"
+		if len(x.Data) > 0 {
+			text += " prefix " + strings.TrimRight(string(x.Data), "\x00")
+		}
+		d.add(stmt{kind: "log", text: text})
 	case *expr.Limit:
-		d.add(stmt{kind: "limit", text: "limit"})
+		// nft -j's fields, sorted as parse.go renders them.
+		units := map[expr.LimitTime]string{expr.LimitTimeSecond: "second", expr.LimitTimeMinute: "minute", expr.LimitTimeHour: "hour", expr.LimitTimeDay: "day", expr.LimitTimeWeek: "week"}
+		text := "limit burst " + strconv.FormatUint(uint64(x.Burst), 10)
+		if x.Over {
+			text += " inv true"
+		}
+		text += " per " + units[x.Unit] + " rate " + strconv.FormatUint(x.Rate, 10)
+		d.add(stmt{kind: "limit", text: text})
 	case *expr.Quota:
 		d.add(stmt{kind: "quota", text: "quota"})
 	case *expr.Dynset:
@@ -378,28 +389,59 @@ func (d *delin) cmp(op expr.CmpOp, v *regVal, data []byte) {
 	default:
 		m.Right = renderData(data, v.typ, v.host)
 	}
-	if v.l4 && m.Op == "==" {
-		d.foldDependency(&m)
+	// nft prints "th dport >= 1000 th dport <= 2000" as a range.
+	if m.Op == "<=" && len(d.stmts) > 0 {
+		if prev := d.stmts[len(d.stmts)-1].match; prev != nil && prev.Op == ">=" && prev.Left == m.Left {
+			d.stmts = d.stmts[:len(d.stmts)-1]
+			m = Match{Op: "==", Left: m.Left, Right: prev.Right + "-" + m.Right}
+		}
 	}
 	d.addMatch(m)
 }
 
-// foldDependency names a transport field after the protocol matched just
-// before it, dropping that match, as nft prints "tcp dport 80" for
-// "meta l4proto tcp th dport 80".
-func (d *delin) foldDependency(m *Match) {
-	if len(d.stmts) == 0 {
-		return
+// payload names a payload load, dropping the protocol match just before
+// it that nft treats as its dependency: "meta l4proto tcp" before a
+// transport field ("th dport" becomes "tcp dport") and, in inet, netdev
+// and bridge tables, "meta nfproto ipv4" (or "meta protocol ip") before
+// a network header field (which says ip or ip6).
+func (d *delin) payload(p *expr.Payload) *regVal {
+	var prev *Match
+	if n := len(d.stmts); n > 0 {
+		prev = d.stmts[n-1].match
 	}
-	prev := d.stmts[len(d.stmts)-1].match
-	if prev == nil || prev.Op != "==" || (prev.Left != "meta l4proto" && prev.Left != "ip protocol" && prev.Left != "ip6 nexthdr") {
-		return
+	switch p.Base {
+	case expr.PayloadBaseTransportHeader:
+		v := payloadName(d.f, p, "")
+		if prev != nil && prev.Op == "==" && (prev.Left == "meta l4proto" || prev.Left == "ip protocol" || prev.Left == "ip6 nexthdr") {
+			switch prev.Right {
+			case "tcp", "udp", "sctp", "dccp", "udplite":
+				if strings.HasPrefix(v.text, "th ") {
+					v.text = prev.Right + strings.TrimPrefix(v.text, "th")
+				}
+				d.stmts = d.stmts[:len(d.stmts)-1]
+			}
+		}
+		return v
+	case expr.PayloadBaseNetworkHeader:
+		l3 := ""
+		if prev != nil && prev.Op == "==" && (prev.Left == "meta nfproto" || prev.Left == "meta protocol") {
+			switch prev.Right {
+			case "ipv4", "ip", "2048":
+				l3 = "ip"
+			case "ipv6", "ip6", "34525":
+				l3 = "ip6"
+			}
+			if l3 != "" {
+				d.stmts = d.stmts[:len(d.stmts)-1]
+			}
+		}
+		return payloadName(d.f, p, l3)
+	case expr.PayloadBaseLLHeader:
+		if prev != nil && prev.Op == "==" && prev.Left == "meta iiftype" && prev.Right == "ether" {
+			d.stmts = d.stmts[:len(d.stmts)-1]
+		}
 	}
-	switch prev.Right {
-	case "tcp", "udp", "sctp", "dccp", "udplite":
-		m.Left = prev.Right + strings.TrimPrefix(m.Left, "th")
-		d.stmts = d.stmts[:len(d.stmts)-1]
-	}
+	return payloadName(d.f, p, "")
 }
 
 func isZero(b []byte) bool {
@@ -494,11 +536,14 @@ func (d *delin) lookup(x *expr.Lookup) {
 
 // payloadName names a payload load as nft does ("ip daddr", "th dport"),
 // with its datatype; unknown offsets render as "@nh,OFFSET,LEN" in bits.
-func payloadName(f Family, p *expr.Payload) *regVal {
+func payloadName(f Family, p *expr.Payload, l3 string) *regVal {
 	off, l := p.Offset, p.Len
 	switch p.Base {
 	case expr.PayloadBaseNetworkHeader:
 		v6 := f == FamilyIP6 || (f != FamilyIP && l == 16)
+		if l3 != "" {
+			v6 = l3 == "ip6"
+		}
 		if !v6 {
 			switch {
 			case off == 12 && l == 4:
@@ -532,6 +577,14 @@ func payloadName(f Family, p *expr.Payload) *regVal {
 		}
 		return &regVal{text: "@th," + strconv.Itoa(int(off*8)) + "," + strconv.Itoa(int(l*8))}
 	}
+	switch {
+	case off == 12 && l == 2:
+		return &regVal{text: "ether type", typ: 10}
+	case off == 0 && l == 6:
+		return &regVal{text: "ether daddr", typ: 9}
+	case off == 6 && l == 6:
+		return &regVal{text: "ether saddr", typ: 9}
+	}
 	return &regVal{text: "@ll," + strconv.Itoa(int(off*8)) + "," + strconv.Itoa(int(l*8))}
 }
 
@@ -562,6 +615,10 @@ func metaKey(k expr.MetaKey) (string, uint32) {
 		return "pkttype", 30
 	case expr.MetaKeyLEN:
 		return "length", 4
+	case expr.MetaKeyIIFTYPE:
+		return "iiftype", 21
+	case expr.MetaKeyOIFTYPE:
+		return "oiftype", 21
 	}
 	return "key" + strconv.Itoa(int(k)), 4
 }

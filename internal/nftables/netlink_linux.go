@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -356,13 +355,4 @@ func familyNumber(f Family) byte {
 		return unix.NFPROTO_NETDEV
 	}
 	return unix.NFPROTO_UNSPEC
-}
-
-// netnsKnown reports whether the netlink reader can reach the namespace.
-func netnsExists(path string) error {
-	if path == "" {
-		return nil
-	}
-	_, err := os.Stat(path)
-	return err
 }

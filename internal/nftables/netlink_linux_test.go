@@ -20,8 +20,8 @@ func nsPath(ns string) string { return "/var/run/netns/" + ns }
 // normalised is the documented difference between the two readers: the
 // netlink listing has no nft version (NFTVersion is "") and does not count
 // objects it does not model (Skipped is 0); nft 1.0.6's JSON leaves out
-// table and chain comments, which netlink has. Everything else must be
-// equal.
+// table and chain comments and netdev chains' devices, which netlink has.
+// Everything else must be equal.
 func normalised(rs *Ruleset) *Ruleset {
 	c := *rs
 	c.NFTVersion, c.Skipped = "", 0
@@ -33,6 +33,11 @@ func normalised(rs *Ruleset) *Ruleset {
 		for _, ch := range t.Chains {
 			cc := *ch
 			cc.Comment = ""
+			if cc.Hook != nil {
+				h := *cc.Hook
+				h.Device = ""
+				cc.Hook = &h
+			}
 			tc.Chains = append(tc.Chains, &cc)
 		}
 		c.Tables = append(c.Tables, &tc)
@@ -80,4 +85,67 @@ func TestNetlinkEqualsJSONKubeProxy(t *testing.T) {
 			t.Errorf("%s: kube-proxy model differs from the captured JSON's:\n%s", f, d)
 		}
 	}
+}
+
+// otherRulesets are rulesets other programs write next to kube-proxy's:
+// CNI portmap's hostport table, a host firewall (inet, policy drop, ct
+// state, interfaces, anonymous and interval sets, counters, logs,
+// limits), Docker-style nat, a netdev ingress chain, and IPv6 variants.
+const otherRulesets = `
+table ip cni_hostport {
+	comment "portmap"
+	chain hostports { tcp dport 8080 dnat to 10.244.0.5:80 comment "0123abcd"; }
+	chain hostip_hostports { ip daddr 192.0.2.10 udp dport 5353 dnat to 10.244.0.5:53 comment "0123abcd"; }
+	chain prerouting { type nat hook prerouting priority dstnat - 1; policy accept; fib daddr type local jump hostports; jump hostip_hostports; }
+}
+table inet filter {
+	set blocked { type ipv4_addr; flags interval; elements = { 192.0.2.0/24, 198.51.100.7, 203.0.113.10-203.0.113.20 }; }
+	set ports { type inet_service; elements = { 22, 80, 443 }; }
+	map marks { type mark : verdict; elements = { 0x1 : accept, 0x2 : drop }; }
+	chain input {
+		type filter hook input priority filter; policy drop;
+		ct state established,related accept
+		ct state invalid drop
+		iifname "lo" accept
+		ip saddr @blocked counter drop
+		ip saddr != { 10.0.0.0/8, 172.16.0.0/12 } tcp dport 22 log prefix "ssh " drop
+		tcp dport @ports accept
+		udp dport { 53, 123 } accept
+		ip6 nexthdr ipv6-icmp accept
+		meta l4proto icmp limit rate 10/second accept
+		meta mark vmap @marks
+		tcp dport 1000-2000 reject
+		ip6 saddr fe80::/64 accept
+		meta mark & 0x0000ff00 == 0x00000100 accept
+		ct mark set 0x00000005
+		meta nfproto ipv4 return
+	}
+	chain forward { type filter hook forward priority 10; policy accept; oifname "docker0" ct state new goto docker; }
+	chain docker { ip daddr 172.17.0.2 tcp dport 80 accept; drop; }
+	chain output { type filter hook output priority -150; policy accept; }
+}
+table ip nat {
+	chain POSTROUTING { type nat hook postrouting priority srcnat; policy accept; ip saddr 172.17.0.0/16 oifname != "docker0" masquerade; ip saddr 10.0.0.1 snat to 192.0.2.1; }
+	chain PREROUTING { type nat hook prerouting priority dstnat; policy accept; tcp dport 8443 redirect to :443; }
+}
+table ip6 kube-proxy-like {
+	map service-ips { type ipv6_addr . inet_proto . inet_service : verdict; elements = { fd00::1 . tcp . 443 : goto svc, fd00::a . udp . 53 : goto svc }; }
+	chain svc { numgen random mod 3 vmap { 0 : goto ep, 1 : goto ep, 2 : goto ep }; }
+	chain ep { ip6 saddr fd00:10::5 jump masq-mark; meta l4proto tcp dnat to [fd00:10::5]:8080; }
+	chain masq-mark { meta mark set meta mark | 0x00004000; }
+	chain services { ip6 daddr . meta l4proto . th dport vmap @service-ips; }
+}
+table netdev ingress-guard {
+	chain in { type filter hook ingress device "lo" priority -500; policy accept; ether type arp accept; }
+}
+`
+
+// TestNetlinkEqualsJSONOtherRulesets: rulesets of other programs read over
+// netlink equal nft -j's parse, rules' Text and Matches included.
+func TestNetlinkEqualsJSONOtherRulesets(t *testing.T) {
+	netnstest.NeedRoot(t, "loads rules into a network namespace")
+	netnstest.NeedCommands(t, "ip", "nft")
+	ns := netnstest.New(t)
+	netnstest.Run(t, ns, otherRulesets, "nft", "-f", "-")
+	equivalent(t, ns)
 }

@@ -15,5 +15,3 @@ type setMeta struct{}
 func listNetlink(context.Context, string, time.Time, int, Family, string) (*Ruleset, int64, error) {
 	return nil, 0, errors.New("nf_tables netlink is Linux only")
 }
-
-func netnsExists(string) error { return nil }
