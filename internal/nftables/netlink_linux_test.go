@@ -4,6 +4,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"os"
 	"testing"
 	"time"
@@ -148,4 +149,87 @@ func TestNetlinkEqualsJSONOtherRulesets(t *testing.T) {
 	ns := netnstest.New(t)
 	netnstest.Run(t, ns, otherRulesets, "nft", "-f", "-")
 	equivalent(t, ns)
+}
+
+// TestNetlinkAdapter: the adapter lists over netlink where the namespace is
+// known (NetNS), without running nft: the same kube-proxy model as the
+// capture, one table by ListTable, a missing table is ErrNoTable, more
+// objects than MaxObjects is ErrTooLarge, a listing past its bound is
+// ErrTimeout and the caller's cancellation is not; listings are kept
+// while the nf_tables generation does not move; with a namespace netlink
+// cannot enter, the auto reader falls back to nft.
+func TestNetlinkAdapter(t *testing.T) {
+	netnstest.NeedRoot(t, "loads a table into a network namespace")
+	netnstest.NeedCommands(t, "ip", "nft")
+	ns := netnstest.New(t)
+	text, err := os.ReadFile("testdata/kube-proxy-v1.34.4-ruleset.nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	netnstest.Run(t, ns, string(text), "nft", "-f", "-")
+	ctx := context.Background()
+	// nft is a path that does not exist: any nft run would fail.
+	cfg := Config{Prefix: netnstest.Prefix(ns), NetNS: nsPath(ns), Binary: "/nonexistent/nft", CacheTTL: -1}
+	r := New(cfg)
+	s, err := r.ListRuleset(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Reader != ReaderNetlink || s.Bytes == 0 || s.Seq != 1 {
+		t.Errorf("snapshot %+v", s)
+	}
+	want := loadFixture(t)
+	for _, f := range []Family{FamilyIP, FamilyIP6} {
+		got, _ := ParseKubeProxy(s.Ruleset.Table(f, KubeProxyTableName))
+		exp, _ := ParseKubeProxy(want.Table(f, KubeProxyTableName))
+		if d := cmp.Diff(exp, got); d != "" {
+			t.Errorf("%s: %s", f, d)
+		}
+	}
+	ts, err := r.ListTable(ctx, FamilyIP6, KubeProxyTableName)
+	if err != nil || len(ts.Ruleset.Tables) != 1 || ts.Ruleset.Tables[0].Family != FamilyIP6 {
+		t.Fatalf("ListTable: %+v %v", ts, err)
+	}
+	if d := cmp.Diff(s.Ruleset.Table(FamilyIP6, KubeProxyTableName), ts.Ruleset.Tables[0], cmpopts.IgnoreUnexported(Table{}, Set{})); d != "" {
+		t.Errorf("ListTable differs from the ruleset's table: %s", d)
+	}
+	if _, err := r.ListTable(ctx, FamilyInet, "nope"); !errors.Is(err, ErrNoTable) {
+		t.Errorf("missing table: %v, want ErrNoTable", err)
+	}
+	// Kept while the generation does not move; listed again after a change.
+	again, err := r.ListTable(ctx, FamilyIP6, KubeProxyTableName)
+	if err != nil || again.Seq != ts.Seq {
+		t.Errorf("unchanged generation: seq %d, want %d (%v)", again.Seq, ts.Seq, err)
+	}
+	netnstest.Run(t, ns, "", "nft", "add chain ip6 kube-proxy extra")
+	moved, err := r.ListTable(ctx, FamilyIP6, KubeProxyTableName)
+	if err != nil || moved.Seq == ts.Seq || moved.Ruleset.Tables[0].Chain("extra") == nil {
+		t.Errorf("after a change: %+v %v", moved, err)
+	}
+
+	small := cfg
+	small.MaxObjects = 20
+	if _, err := New(small).ListRuleset(ctx); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("over MaxObjects: %v, want ErrTooLarge", err)
+	}
+	short := cfg
+	short.Timeout = time.Nanosecond
+	if _, err := New(short).ListRuleset(ctx); !errors.Is(err, ErrTimeout) {
+		t.Errorf("past the bound: %v, want ErrTimeout", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := New(cfg).ListRuleset(cctx); !errors.Is(err, context.Canceled) || errors.Is(err, ErrTimeout) {
+		t.Errorf("cancelled caller: %v, want context.Canceled", err)
+	}
+	// Netlink cannot enter the namespace: nft (through the prefix) lists.
+	fb := Config{Prefix: netnstest.Prefix(ns), NetNS: "/nonexistent/netns", CacheTTL: -1, ReuseFor: -1}
+	fs, err := New(fb).ListRuleset(ctx)
+	if err != nil || fs.Reader != ReaderNFT || fs.Ruleset.Table(FamilyIP, KubeProxyTableName) == nil {
+		t.Errorf("fallback: %+v %v", fs, err)
+	}
+	fb.Reader = ReaderNetlink
+	if _, err := New(fb).ListRuleset(ctx); err == nil {
+		t.Errorf("netlink only, namespace unreachable: no error")
+	}
 }
