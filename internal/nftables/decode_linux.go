@@ -240,6 +240,7 @@ type setMeta struct {
 	dataType  uint32
 	hostKey   bool
 	interval  bool
+	constant  bool
 	intervals []intervalElem
 	// raw are the keys of Elements as read, for sorting.
 	raw [][]byte
@@ -359,6 +360,7 @@ func decodeSet(f Family, ad *netlink.AttributeDecoder) (s *Set, table string, an
 		}
 	}
 	s.meta.interval = flags&setInterval != 0
+	s.meta.constant = flags&setConstant != 0
 	s.Comment, _ = udataString(udata, udataSetComment)
 	if bo, ok := udataUint32(udata, udataSetKeyBO); ok && bo == byteorderHost {
 		s.meta.hostKey = true

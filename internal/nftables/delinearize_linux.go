@@ -517,7 +517,7 @@ func (d *delin) lookup(x *expr.Lookup) {
 	case x.IsDestRegSet && x.DestRegister == unix.NFT_REG_VERDICT:
 		vm := &VMap{Key: key}
 		if set != nil {
-			vm.Elements = append([]Element(nil), set.Elements...)
+			vm.Elements = set.Elements // shared, read-only (as the whole Ruleset)
 		} else {
 			vm.Map = x.SetName
 		}

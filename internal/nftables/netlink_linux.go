@@ -49,6 +49,7 @@ type nlReader struct {
 	bytes    int64
 	objects  int
 	max      int
+	cache    *anonCache
 }
 
 // errDumpInterrupted: the ruleset changed during a dump (the kernel set
@@ -60,7 +61,7 @@ var errDumpInterrupted = errors.New("nf_tables dump interrupted by a ruleset cha
 // deadline (ErrTimeout) or when ctx ends; more than maxObjects tables,
 // chains, rules, sets and elements together is ErrTooLarge. A missing
 // table is ErrNoTable.
-func listNetlink(ctx context.Context, netns string, deadline time.Time, maxObjects int, f Family, table string) (*Ruleset, int64, error) {
+func listNetlink(ctx context.Context, netns string, deadline time.Time, maxObjects int, f Family, table string, cache *anonCache) (*Ruleset, int64, error) {
 	var fd int
 	err := nfnetlink.InNetNS(netns, func() error {
 		var err error
@@ -79,7 +80,7 @@ func listNetlink(ctx context.Context, netns string, deadline time.Time, maxObjec
 	}
 	// A dump's skb is at most 32 KiB; more room costs nothing.
 	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	r := &nlReader{ctx: ctx, deadline: deadline, fd: fd, buf: make([]byte, 64<<10), max: maxObjects}
+	r := &nlReader{ctx: ctx, deadline: deadline, fd: fd, buf: make([]byte, 64<<10), max: maxObjects, cache: cache}
 	var total int64
 	for try := 0; ; try++ {
 		r.objects = 0
@@ -119,6 +120,7 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 		return nil, fmt.Errorf("%w: %s %s", ErrNoTable, f, table)
 	}
 	anon := map[*Table]map[string]*Set{}
+	seen := map[anonKey]bool{}
 	for _, t := range rs.Tables {
 		tfam := familyNumber(t.Family)
 		byTable := []netlink.Attribute{{Type: unix.NFTA_CHAIN_TABLE, Data: cstr(t.Name)}}
@@ -137,6 +139,7 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 			return nil, err
 		}
 		anon[t] = map[string]*Set{}
+		var anonOrder []*Set
 		if err := r.dump(unix.NFT_MSG_GETSET, tfam, []netlink.Attribute{{Type: unix.NFTA_SET_TABLE, Data: cstr(t.Name)}},
 			func(_ byte, ad *netlink.AttributeDecoder) error {
 				s, tname, anonymous, err := decodeSet(t.Family, ad)
@@ -145,6 +148,7 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 				}
 				if anonymous {
 					anon[t][s.Name] = s
+					anonOrder = append(anonOrder, s)
 					return nil
 				}
 				if t.sets[s.Name] != nil {
@@ -158,11 +162,21 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 		}
 		// Elements of named sets, then of the anonymous ones the rules use
 		// (kube-proxy's numgen vmaps: one per service chain).
-		all := append([]*Set(nil), t.Sets...)
-		for _, s := range anon[t] {
-			all = append(all, s)
-		}
+		all := append(append([]*Set(nil), t.Sets...), anonOrder...)
 		for _, s := range all {
+			// A constant anonymous set cannot change: its elements read
+			// by an earlier listing serve (the kernel finds a set by a
+			// linear walk of the table's sets, so reading each of
+			// kube-proxy's 30,000 anonymous maps costs O(n^2): 90 s).
+			key := anonKey{fam: t.Family, table: t.Name, name: s.Name, handle: s.Handle}
+			if s.meta.constant && anon[t][s.Name] == s {
+				seen[key] = true
+				if els, ok := r.cache.get(key); ok {
+					s.Elements, s.meta = els, nil
+					r.objects += len(els)
+					continue
+				}
+			}
 			attrs := []netlink.Attribute{{Type: unix.NFTA_SET_ELEM_LIST_TABLE, Data: cstr(t.Name)}, {Type: unix.NFTA_SET_ELEM_LIST_SET, Data: cstr(s.Name)}}
 			if err := r.dump(unix.NFT_MSG_GETSETELEM, tfam, attrs, func(_ byte, ad *netlink.AttributeDecoder) error {
 				n, err := decodeElements(s, ad)
@@ -172,6 +186,9 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 				return nil, fmt.Errorf("elements of %s %s %s: %w", t.Family, t.Name, s.Name, err)
 			}
 			s.finishElements()
+			if seen[key] {
+				r.cache.put(key, s.Elements)
+			}
 		}
 		if err := r.dump(unix.NFT_MSG_GETRULE, tfam, []netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: cstr(t.Name)}},
 			func(_ byte, ad *netlink.AttributeDecoder) error {
@@ -189,6 +206,7 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 			return nil, err
 		}
 	}
+	r.cache.prune(rs.Tables, seen)
 	return rs, nil
 }
 

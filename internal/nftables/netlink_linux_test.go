@@ -53,7 +53,7 @@ func equivalent(t *testing.T, ns string) *Ruleset {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := listNetlink(context.Background(), nsPath(ns), time.Now().Add(30*time.Second), 0, "", "")
+	got, _, err := listNetlink(context.Background(), nsPath(ns), time.Now().Add(30*time.Second), 0, "", "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,5 +231,55 @@ func TestNetlinkAdapter(t *testing.T) {
 	fb.Reader = ReaderNetlink
 	if _, err := New(fb).ListRuleset(ctx); err == nil {
 		t.Errorf("netlink only, namespace unreachable: no error")
+	}
+}
+
+// TestNetlinkAnonymousSetsKept: the elements of kube-proxy's constant
+// anonymous vmaps are read once and kept; a service chain whose vmap is
+// replaced (kube-proxy's answer to an endpoint change: a new anonymous
+// set, possibly under the freed name) is read anew, and the listing still
+// equals nft -j's. Sets gone are dropped from the cache.
+func TestNetlinkAnonymousSetsKept(t *testing.T) {
+	netnstest.NeedRoot(t, "loads a table into a network namespace")
+	netnstest.NeedCommands(t, "ip", "nft")
+	ns := netnstest.New(t)
+	text, err := os.ReadFile("testdata/kube-proxy-v1.34.4-ruleset.nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	netnstest.Run(t, ns, string(text), "nft", "-f", "-")
+	ctx := context.Background()
+	r := New(Config{NetNS: nsPath(ns), Prefix: netnstest.Prefix(ns), Reader: ReaderNetlink, CacheTTL: -1, ReuseFor: -1})
+	compare := func(what string) *Ruleset {
+		t.Helper()
+		s, err := r.ListRuleset(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := ParseString(netnstest.Run(t, ns, "", "nft", "-j", "list", "ruleset"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := cmp.Diff(normalised(want), normalised(s.Ruleset), cmpopts.IgnoreUnexported(Table{}, Set{})); d != "" {
+			t.Errorf("%s: netlink listing differs from nft -j (-nft +netlink):\n%s", what, d)
+		}
+		return s.Ruleset
+	}
+	compare("cold")
+	if n := len(r.anon.m); n != 4 {
+		t.Fatalf("%d anonymous sets kept, want 4 (the numgen vmaps)", n)
+	}
+	compare("warm")
+	// An endpoint goes: the vmap is replaced by one with one element.
+	const svc = "service-L5PNJ65X-nft-capture/web/tcp/http"
+	netnstest.Run(t, ns, "", "nft", "flush chain ip kube-proxy "+svc+"; add rule ip kube-proxy "+svc+
+		" numgen random mod 1 vmap { 0 : goto endpoint-J7EXKJKS-nft-capture/web/tcp/http__10.244.0.6/8080 }")
+	rs := compare("after the vmap was replaced")
+	k, _ := ParseKubeProxy(rs.Table(FamilyIP, KubeProxyTableName))
+	if eps := k.Services[svc].Endpoints; len(eps) != 1 || eps[0] != "endpoint-J7EXKJKS-nft-capture/web/tcp/http__10.244.0.6/8080" {
+		t.Errorf("endpoints after the change: %v", eps)
+	}
+	if n := len(r.anon.m); n != 4 {
+		t.Errorf("%d anonymous sets kept after the change, want 4", n)
 	}
 }
