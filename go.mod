@@ -5,7 +5,7 @@ go 1.25.0
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
-	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/go-logr/zapr v1.3.0
 	github.com/goccy/go-yaml v1.19.2
 	github.com/hashicorp/go-multierror v1.1.1

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -855,10 +856,13 @@ func decodeCt(data []byte) any {
 }
 
 // decodeRule decodes one NEWRULE answer; anon holds the table's anonymous
-// sets (with their elements) by name.
-func decodeRule(f Family, ad *netlink.AttributeDecoder, anon map[string]*Set) (chain, table string, r *Rule, err error) {
-	r = &Rule{}
-	var exprs []any
+// sets (with their elements) by name. A rule the cache holds with the same
+// expression bytes, comment and anonymous sets is returned from it (the
+// kernel never reuses a rule handle within a table; a rule replaced in
+// place has new bytes or new anonymous sets).
+func decodeRule(f Family, ad *netlink.AttributeDecoder, anon map[string]*Set, cache *anonCache, seen map[ruleKey]bool) (chain, table string, r *Rule, err error) {
+	var handle uint64
+	var udata, exprBytes []byte
 	for ad.Next() {
 		switch ad.Type() {
 		case unix.NFTA_RULE_TABLE:
@@ -866,19 +870,35 @@ func decodeRule(f Family, ad *netlink.AttributeDecoder, anon map[string]*Set) (c
 		case unix.NFTA_RULE_CHAIN:
 			chain = ad.String()
 		case unix.NFTA_RULE_HANDLE:
-			r.Handle = ad.Uint64()
+			handle = ad.Uint64()
 		case unix.NFTA_RULE_USERDATA:
-			r.Comment, _ = udataString(ad.Bytes(), 0)
+			udata = ad.Bytes()
 		case unix.NFTA_RULE_EXPRESSIONS:
-			exprs, err = decodeExprs(familyNumber(f), ad.Bytes())
-			if err != nil {
-				return "", "", nil, fmt.Errorf("rule expressions: %w", err)
-			}
+			exprBytes = ad.Bytes()
 		}
 	}
 	if err := ad.Err(); err != nil {
 		return "", "", nil, err
 	}
-	delinearize(f, r, exprs, anon)
+	d := xxhash.New()
+	_, _ = d.Write(exprBytes)
+	_, _ = d.Write([]byte{0})
+	_, _ = d.Write(udata)
+	sum := d.Sum64()
+	key := ruleKey{fam: f, table: table, chain: chain, handle: handle}
+	if seen != nil {
+		seen[key] = true
+	}
+	if e, ok := cache.rule(key); ok && e.sum == sum && e.refsMatch(anon) {
+		return chain, table, e.rule, nil
+	}
+	r = &Rule{Handle: handle}
+	r.Comment, _ = udataString(udata, 0)
+	exprs, err := decodeExprs(familyNumber(f), exprBytes)
+	if err != nil {
+		return "", "", nil, fmt.Errorf("rule expressions: %w", err)
+	}
+	refs := delinearize(f, r, exprs, anon)
+	cache.putRule(key, ruleEntry{sum: sum, rule: r, refs: refs})
 	return chain, table, r, nil
 }

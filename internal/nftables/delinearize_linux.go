@@ -20,7 +20,10 @@ import (
 // else becomes a statement named after its expression that makes the
 // rule Conditional (as parse.go treats unknown statements), rendered by
 // name only.
-func delinearize(f Family, r *Rule, exprs []any, anon map[string]*Set) {
+//
+// It returns the anonymous sets the rule reads, by name, with their
+// handles.
+func delinearize(f Family, r *Rule, exprs []any, anon map[string]*Set) map[string]uint64 {
 	d := &delin{f: f, regs: map[uint32]*regVal{}, anon: anon}
 	for _, e := range exprs {
 		d.step(e)
@@ -46,6 +49,7 @@ func delinearize(f Family, r *Rule, exprs []any, anon map[string]*Set) {
 		}
 	}
 	r.Text = strings.Join(texts, " ")
+	return d.refs
 }
 
 // regVal is what a register holds: a loaded expression (rendered, with
@@ -84,6 +88,7 @@ type delin struct {
 	loads []uint32 // 32-bit register of each load, in order
 	stmts []stmt
 	anon  map[string]*Set
+	refs  map[string]uint64
 }
 
 // reg32 numbers a register in 32-bit units: NFT_REG_1..4 are 16 bytes,
@@ -501,6 +506,10 @@ func (d *delin) lookup(x *expr.Lookup) {
 	set := d.anon[x.SetName]
 	right := "@" + x.SetName
 	if set != nil {
+		if d.refs == nil {
+			d.refs = map[string]uint64{}
+		}
+		d.refs[x.SetName] = set.Handle
 		parts := make([]string, 0, len(set.Elements))
 		for _, e := range set.Elements {
 			p := strings.Join(e.Key, " . ")

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -37,6 +38,9 @@ const (
 	nlmFDumpInterrupted = 0x10
 	maxDumpRetries      = 3
 	recvSlice           = 200 * time.Millisecond
+	// perChainRuleDumps: a table with more chains has its rules dumped
+	// chain by chain.
+	perChainRuleDumps = 1000
 )
 
 // nlReader is one listing over one socket.
@@ -50,7 +54,12 @@ type nlReader struct {
 	objects  int
 	max      int
 	cache    *anonCache
+	// smallFD and smallBuf serve the per-chain rule dumps.
+	smallFD  int
+	smallBuf []byte
 }
+
+var traceDumps = os.Getenv("NFTNL_TRACE") == "1"
 
 // errDumpInterrupted: the ruleset changed during a dump (the kernel set
 // NLM_F_DUMP_INTR); the listing is started again.
@@ -62,25 +71,43 @@ var errDumpInterrupted = errors.New("nf_tables dump interrupted by a ruleset cha
 // chains, rules, sets and elements together is ErrTooLarge. A missing
 // table is ErrNoTable.
 func listNetlink(ctx context.Context, netns string, deadline time.Time, maxObjects int, f Family, table string, cache *anonCache) (*Ruleset, int64, error) {
-	var fd int
+	// Two sockets: one receiving the big dumps in 32 KiB answers (the
+	// kernel sizes a dump's answers by the largest buffer the socket
+	// received into), one for the many small per-chain rule dumps, whose
+	// answers then take a page each, not 32 KiB.
+	var fds [2]int
 	err := nfnetlink.InNetNS(netns, func() error {
-		var err error
-		fd, err = unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
-		if err != nil {
-			return fmt.Errorf("netlink socket: %w", err)
+		for i := range fds {
+			fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+			if err != nil {
+				if i == 1 {
+					unix.Close(fds[0])
+				}
+				return fmt.Errorf("netlink socket: %w", err)
+			}
+			fds[i] = fd
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, 0, err
 	}
-	defer unix.Close(fd)
-	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return nil, 0, fmt.Errorf("netlink bind: %w", err)
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	for _, fd := range fds {
+		if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+			return nil, 0, fmt.Errorf("netlink bind: %w", err)
+		}
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
+		// Receives wake up at least every recvSlice to check the
+		// deadline and the context.
+		tv := unix.NsecToTimeval(recvSlice.Nanoseconds())
+		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+			return nil, 0, fmt.Errorf("netlink timeout: %w", err)
+		}
 	}
-	// A dump's skb is at most 32 KiB; more room costs nothing.
-	_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 1<<20)
-	r := &nlReader{ctx: ctx, deadline: deadline, fd: fd, buf: make([]byte, 64<<10), max: maxObjects, cache: cache}
+	r := &nlReader{ctx: ctx, deadline: deadline, fd: fds[0], buf: make([]byte, 64<<10), max: maxObjects, cache: cache,
+		smallFD: fds[1], smallBuf: make([]byte, 8<<10)}
 	var total int64
 	for try := 0; ; try++ {
 		r.objects = 0
@@ -121,6 +148,7 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 	}
 	anon := map[*Table]map[string]*Set{}
 	seen := map[anonKey]bool{}
+	seenRules := map[ruleKey]bool{}
 	for _, t := range rs.Tables {
 		tfam := familyNumber(t.Family)
 		byTable := []netlink.Attribute{{Type: unix.NFTA_CHAIN_TABLE, Data: cstr(t.Name)}}
@@ -190,23 +218,39 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 				r.cache.put(key, s.Elements)
 			}
 		}
-		if err := r.dump(unix.NFT_MSG_GETRULE, tfam, []netlink.Attribute{{Type: unix.NFTA_RULE_TABLE, Data: cstr(t.Name)}},
-			func(_ byte, ad *netlink.AttributeDecoder) error {
-				chain, tname, ru, err := decodeRule(t.Family, ad, anon[t])
-				if err != nil || tname != t.Name {
-					return err
-				}
-				c := t.chains[chain]
-				if c == nil {
-					return fmt.Errorf("rule %d: no chain %q in table %s %s", ru.Handle, chain, t.Family, t.Name)
-				}
-				c.Rules = append(c.Rules, ru)
-				return nil
-			}); err != nil {
-			return nil, err
+		onRule := func(_ byte, ad *netlink.AttributeDecoder) error {
+			chain, tname, ru, err := decodeRule(t.Family, ad, anon[t], r.cache, seenRules)
+			if err != nil || tname != t.Name {
+				return err
+			}
+			c := t.chains[chain]
+			if c == nil {
+				return fmt.Errorf("rule %d: no chain %q in table %s %s", ru.Handle, chain, t.Family, t.Name)
+			}
+			c.Rules = append(c.Rules, ru)
+			return nil
 		}
+		byRuleTable := netlink.Attribute{Type: unix.NFTA_RULE_TABLE, Data: cstr(t.Name)}
+		if len(t.Chains) <= perChainRuleDumps {
+			if err := r.dump(unix.NFT_MSG_GETRULE, tfam, []netlink.Attribute{byRuleTable}, onRule); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// A table-wide rule dump restarts from the table's first rule at
+		// each receive (the kernel skips what it sent): quadratic, 6.6 s
+		// at 30,000 service ports. One dump per chain finds the chain by
+		// hash.
+		r.fd, r.smallFD, r.buf, r.smallBuf = r.smallFD, r.fd, r.smallBuf, r.buf
+		for _, c := range t.Chains {
+			if err := r.dump(unix.NFT_MSG_GETRULE, tfam, []netlink.Attribute{byRuleTable, {Type: unix.NFTA_RULE_CHAIN, Data: cstr(c.Name)}}, onRule); err != nil {
+				return nil, fmt.Errorf("rules of chain %s: %w", c.ID(), err)
+			}
+		}
+		r.fd, r.smallFD, r.buf, r.smallBuf = r.smallFD, r.fd, r.smallBuf, r.buf
 	}
 	r.cache.prune(rs.Tables, seen)
+	r.cache.pruneRules(rs.Tables, seenRules)
 	return rs, nil
 }
 
@@ -235,6 +279,10 @@ func (r *nlReader) dump(msg uint16, fam byte, attrs []netlink.Attribute, fn func
 		return fmt.Errorf("netlink send: %w", err)
 	}
 	var ferr error
+	if traceDumps {
+		began, recvs := time.Now(), 0
+		defer func() { fmt.Fprintf(os.Stderr, "dump %d: %v\n", msg, time.Since(began)); _ = recvs }()
+	}
 	for {
 		n, err := r.recv()
 		if err != nil {
@@ -332,13 +380,8 @@ func (r *nlReader) recv() (int, error) {
 		if err := r.ctx.Err(); err != nil {
 			return 0, err
 		}
-		left := time.Until(r.deadline)
-		if left <= 0 {
+		if !time.Now().Before(r.deadline) {
 			return 0, ErrTimeout
-		}
-		tv := unix.NsecToTimeval(min(left, recvSlice).Nanoseconds())
-		if err := unix.SetsockoptTimeval(r.fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
-			return 0, fmt.Errorf("netlink timeout: %w", err)
 		}
 		n, _, err := unix.Recvfrom(r.fd, r.buf, 0)
 		switch {

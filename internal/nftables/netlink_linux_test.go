@@ -5,6 +5,7 @@ package nftables
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -281,5 +282,13 @@ func TestNetlinkAnonymousSetsKept(t *testing.T) {
 	}
 	if n := len(r.anon.m); n != 4 {
 		t.Errorf("%d anonymous sets kept after the change, want 4", n)
+	}
+	// A rule replaced in place keeps its handle: its new bytes are read.
+	const ep = "endpoint-666WUJ4G-nft-capture/web/tcp/http__10.244.0.5/8080"
+	h := rs.Table(FamilyIP, KubeProxyTableName).Chain(ep).Rules[1].Handle
+	netnstest.Run(t, ns, "", "nft", fmt.Sprintf("replace rule ip kube-proxy %s handle %d meta l4proto tcp dnat to 10.244.0.9:8080", ep, h))
+	rs = compare("after a rule was replaced in place")
+	if n := rs.Table(FamilyIP, KubeProxyTableName).Chain(ep).Rules[1].NAT; n == nil || n.Addr != "10.244.0.9" {
+		t.Errorf("replaced rule read as %+v", n)
 	}
 }

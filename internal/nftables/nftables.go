@@ -240,6 +240,70 @@ type anonKey struct {
 // are dropped.
 type anonCache struct {
 	m map[anonKey][]Element
+	// rules are decoded rules by table, chain and handle, with a hash of
+	// their netlink bytes: decoding is most of a warm listing's CPU.
+	rules map[ruleKey]ruleEntry
+}
+
+// ruleKey names one rule.
+type ruleKey struct {
+	fam          Family
+	table, chain string
+	handle       uint64
+}
+
+// ruleEntry is a decoded rule, the hash of its expressions and comment,
+// and the handles of the anonymous sets it reads.
+type ruleEntry struct {
+	sum  uint64
+	rule *Rule
+	refs map[string]uint64
+}
+
+// refsMatch reports whether the anonymous sets the rule read are still
+// the same sets.
+func (e ruleEntry) refsMatch(anon map[string]*Set) bool {
+	for name, h := range e.refs {
+		if s := anon[name]; s == nil || s.Handle != h {
+			return false
+		}
+	}
+	return true
+}
+
+func (c *anonCache) rule(k ruleKey) (ruleEntry, bool) {
+	if c == nil {
+		return ruleEntry{}, false
+	}
+	e, ok := c.rules[k]
+	return e, ok
+}
+
+func (c *anonCache) putRule(k ruleKey, e ruleEntry) {
+	if c == nil {
+		return
+	}
+	if c.rules == nil {
+		c.rules = map[ruleKey]ruleEntry{}
+	}
+	c.rules[k] = e
+}
+
+// pruneRules drops the rules of the listed tables that the listing did
+// not see.
+func (c *anonCache) pruneRules(tables []*Table, seen map[ruleKey]bool) {
+	if c == nil {
+		return
+	}
+	listed := map[[2]string]bool{}
+	for _, t := range tables {
+		listed[[2]string{string(t.Family), t.Name}] = true
+	}
+	for k := range c.rules {
+		if listed[[2]string{string(k.fam), k.table}] && !seen[k] {
+			delete(c.rules, k)
+		}
+	}
 }
 
 func (c *anonCache) get(k anonKey) ([]Element, bool) {
