@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/mdlayher/netlink"
@@ -58,8 +57,6 @@ type nlReader struct {
 	smallFD  int
 	smallBuf []byte
 }
-
-var traceDumps = os.Getenv("NFTNL_TRACE") == "1"
 
 // errDumpInterrupted: the ruleset changed during a dump (the kernel set
 // NLM_F_DUMP_INTR); the listing is started again.
@@ -279,10 +276,6 @@ func (r *nlReader) dump(msg uint16, fam byte, attrs []netlink.Attribute, fn func
 		return fmt.Errorf("netlink send: %w", err)
 	}
 	var ferr error
-	if traceDumps {
-		began, recvs := time.Now(), 0
-		defer func() { fmt.Fprintf(os.Stderr, "dump %d: %v\n", msg, time.Since(began)); _ = recvs }()
-	}
 	for {
 		n, err := r.recv()
 		if err != nil {
