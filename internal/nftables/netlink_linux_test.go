@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/remediate-dev/remediate/internal/netnstest"
+	"github.com/remediate-dev/remediate/internal/testing/controlplane"
 )
 
 // nsPath is the file of a namespace made by netnstest.New.
@@ -290,5 +291,66 @@ func TestNetlinkAnonymousSetsKept(t *testing.T) {
 	rs = compare("after a rule was replaced in place")
 	if n := rs.Table(FamilyIP, KubeProxyTableName).Chain(ep).Rules[1].NAT; n == nil || n.Addr != "10.244.0.9" {
 		t.Errorf("replaced rule read as %+v", n)
+	}
+}
+
+// TestNetlinkEqualsJSONRealKubeProxy: the real kube-proxy (v1.34.4,
+// nftables mode, REMEDIATE_CONTROLPLANE_BIN) programs its tables for a
+// Service with two endpoints, one without and a NodePort Service in a
+// test-made namespace; the netlink listing of that namespace equals nft
+// -j's, and its kube-proxy model has the three Services.
+func TestNetlinkEqualsJSONRealKubeProxy(t *testing.T) {
+	if os.Getenv("REMEDIATE_CONTROLPLANE_BIN") == "" {
+		t.Skip("REMEDIATE_CONTROLPLANE_BIN is not set: no kube-proxy to run")
+	}
+	netnstest.NeedRoot(t, "runs kube-proxy in a network namespace")
+	netnstest.NeedCommands(t, "ip", "nft")
+	cp := controlplane.Start(t, controlplane.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const kns = "nft-netlink"
+	CreateKubeProxyFixtureObjects(ctx, t, cp, kns)
+	cp.StartKubeProxy(controlplane.KubeProxyOptions{Mode: "nftables"})
+	r := New(Config{NetNS: nsPath(cp.NetNS.Name), Prefix: netnstest.Prefix(cp.NetNS.Name), Reader: ReaderNetlink, CacheTTL: -1, ReuseFor: -1})
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		s, err := r.ListTable(ctx, FamilyIP, KubeProxyTableName)
+		if err == nil {
+			k, _ := ParseKubeProxy(s.Ruleset.Table(FamilyIP, KubeProxyTableName))
+			web := 0
+			for _, p := range k.Programmed() {
+				if p.Service.Namespace == kns && p.Service.Name == "web" {
+					web += len(p.Backends)
+				}
+			}
+			if web == 4 && len(k.NoEndpointServices) >= 1 && len(k.NodePorts) >= 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kube-proxy did not program the services within 90 s (last: %v)", err)
+		}
+		time.Sleep(time.Second)
+	}
+	// kube-proxy may still be syncing: compare at a quiet moment (the
+	// same generation before and after both listings).
+	for i := 0; ; i++ {
+		g1, _ := generation(nsPath(cp.NetNS.Name))
+		want, err := ParseString(netnstest.Run(t, cp.NetNS.Name, "", "nft", "-j", "list", "ruleset"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.ListRuleset(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g2, _ := generation(nsPath(cp.NetNS.Name)); g1 != g2 && i < 10 {
+			time.Sleep(time.Second)
+			continue
+		}
+		if d := cmp.Diff(normalised(want), normalised(got.Ruleset), cmpopts.IgnoreUnexported(Table{}, Set{})); d != "" {
+			t.Errorf("netlink listing differs from nft -j (-nft +netlink):\n%s", d)
+		}
+		return
 	}
 }
