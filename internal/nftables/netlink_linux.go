@@ -246,8 +246,8 @@ func (r *nlReader) read(f Family, table string) (*Ruleset, error) {
 		}
 		r.fd, r.smallFD, r.buf, r.smallBuf = r.smallFD, r.fd, r.smallBuf, r.buf
 	}
-	r.cache.prune(rs.Tables, seen)
-	r.cache.pruneRules(rs.Tables, seenRules)
+	r.cache.prune(rs.Tables, table == "", seen)
+	r.cache.pruneRules(rs.Tables, table == "", seenRules)
 	return rs, nil
 }
 

@@ -292,6 +292,12 @@ func TestNetlinkAnonymousSetsKept(t *testing.T) {
 	if n := rs.Table(FamilyIP, KubeProxyTableName).Chain(ep).Rules[1].NAT; n == nil || n.Addr != "10.244.0.9" {
 		t.Errorf("replaced rule read as %+v", n)
 	}
+	// Tables gone: nothing of them is kept.
+	netnstest.Run(t, ns, "", "nft", "flush ruleset")
+	compare("after the ruleset was flushed")
+	if len(r.anon.m) != 0 || len(r.anon.rules) != 0 {
+		t.Errorf("kept after a flush: %d anonymous sets, %d rules", len(r.anon.m), len(r.anon.rules))
+	}
 }
 
 // TestNetlinkEqualsJSONRealKubeProxy: the real kube-proxy (v1.34.4,

@@ -289,9 +289,9 @@ func (c *anonCache) putRule(k ruleKey, e ruleEntry) {
 	c.rules[k] = e
 }
 
-// pruneRules drops the rules of the listed tables that the listing did
-// not see.
-func (c *anonCache) pruneRules(tables []*Table, seen map[ruleKey]bool) {
+// pruneRules drops the rules of the listed tables (all, after a listing
+// of the whole ruleset) that the listing did not see.
+func (c *anonCache) pruneRules(tables []*Table, all bool, seen map[ruleKey]bool) {
 	if c == nil {
 		return
 	}
@@ -300,7 +300,7 @@ func (c *anonCache) pruneRules(tables []*Table, seen map[ruleKey]bool) {
 		listed[[2]string{string(t.Family), t.Name}] = true
 	}
 	for k := range c.rules {
-		if listed[[2]string{string(k.fam), k.table}] && !seen[k] {
+		if (all || listed[[2]string{string(k.fam), k.table}]) && !seen[k] {
 			delete(c.rules, k)
 		}
 	}
@@ -324,9 +324,9 @@ func (c *anonCache) put(k anonKey, e []Element) {
 	c.m[k] = e
 }
 
-// prune drops the entries of the listed tables that the listing did not
-// see.
-func (c *anonCache) prune(tables []*Table, seen map[anonKey]bool) {
+// prune drops the entries of the listed tables (all, after a listing of
+// the whole ruleset) that the listing did not see.
+func (c *anonCache) prune(tables []*Table, all bool, seen map[anonKey]bool) {
 	if c == nil {
 		return
 	}
@@ -335,7 +335,7 @@ func (c *anonCache) prune(tables []*Table, seen map[anonKey]bool) {
 		listed[[2]string{string(t.Family), t.Name}] = true
 	}
 	for k := range c.m {
-		if listed[[2]string{string(k.fam), k.table}] && !seen[k] {
+		if (all || listed[[2]string{string(k.fam), k.table}]) && !seen[k] {
 			delete(c.m, k)
 		}
 	}
