@@ -161,7 +161,8 @@ type Config struct {
 	Prefix []string
 	// Binary is the nft program (default "nft", looked up in PATH).
 	Binary string
-	// Timeout bounds each nft run when ctx has no earlier deadline.
+	// Timeout bounds each listing (netlink or nft) when ctx has no
+	// earlier deadline.
 	Timeout time.Duration
 	// MaxBytes bounds nft's output; more is ErrTooLarge.
 	MaxBytes int64
