@@ -201,6 +201,10 @@ type Set struct {
 	Flags     []string  `json:"flags,omitempty"`
 	Comment   string    `json:"comment,omitempty"`
 	Elements  []Element `json:"elements"`
+
+	// meta is what the netlink reader needs while it reads the elements;
+	// nil once they are read.
+	meta *setMeta
 }
 
 // Element is one set or map element.

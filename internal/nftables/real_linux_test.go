@@ -73,7 +73,7 @@ func TestRealAdapter(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	_, err = New(Config{Binary: hung, Timeout: 300 * time.Millisecond, CacheTTL: -1}).ListRuleset(ctx)
+	_, err = New(Config{Reader: ReaderNFT, Binary: hung, Timeout: 300 * time.Millisecond, CacheTTL: -1}).ListRuleset(ctx)
 	if !errors.Is(err, ErrTimeout) || time.Since(start) > 5*time.Second {
 		t.Errorf("hung nft: %v after %v", err, time.Since(start))
 	}
@@ -82,7 +82,7 @@ func TestRealAdapter(t *testing.T) {
 	// the listing is too long, not merely that its own time ran out.
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	start = time.Now()
-	_, err = New(Config{Binary: hung, Timeout: 20 * time.Second, CacheTTL: -1}).ListRuleset(dctx)
+	_, err = New(Config{Reader: ReaderNFT, Binary: hung, Timeout: 20 * time.Second, CacheTTL: -1}).ListRuleset(dctx)
 	if !errors.Is(err, ErrTimeout) || dctx.Err() != nil || time.Since(start) > 900*time.Millisecond {
 		t.Errorf("hung nft within a 1 s deadline: %v after %v (caller's context: %v)", err, time.Since(start), dctx.Err())
 	}
@@ -92,7 +92,7 @@ func TestRealAdapter(t *testing.T) {
 	if err := os.WriteFile(junk, []byte("#!/bin/sh\necho 'not json'\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Binary: junk, CacheTTL: -1}).ListRuleset(ctx); err == nil || !strings.Contains(err.Error(), "nft -j list ruleset") {
+	if _, err := New(Config{Reader: ReaderNFT, Binary: junk, CacheTTL: -1}).ListRuleset(ctx); err == nil || !strings.Contains(err.Error(), "nft -j list ruleset") {
 		t.Errorf("junk output: %v", err)
 	}
 	// A failing nft carries its stderr.
@@ -100,7 +100,7 @@ func TestRealAdapter(t *testing.T) {
 	if err := os.WriteFile(fail, []byte("#!/bin/sh\necho 'Error: Operation not permitted' >&2\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Binary: fail, CacheTTL: -1}).ListRuleset(ctx); err == nil || !strings.Contains(err.Error(), "Operation not permitted") {
+	if _, err := New(Config{Reader: ReaderNFT, Binary: fail, CacheTTL: -1}).ListRuleset(ctx); err == nil || !strings.Contains(err.Error(), "Operation not permitted") {
 		t.Errorf("failing nft: %v", err)
 	}
 	// A runaway listing far over the limit stops at the limit, not at the
@@ -110,10 +110,10 @@ func TestRealAdapter(t *testing.T) {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	if _, err := New(Config{Binary: big, MaxBytes: 1 << 20, Timeout: 20 * time.Second, CacheTTL: -1}).ListRuleset(ctx); !errors.Is(err, ErrTooLarge) || time.Since(start) > 5*time.Second {
+	if _, err := New(Config{Reader: ReaderNFT, Binary: big, MaxBytes: 1 << 20, Timeout: 20 * time.Second, CacheTTL: -1}).ListRuleset(ctx); !errors.Is(err, ErrTooLarge) || time.Since(start) > 5*time.Second {
 		t.Errorf("runaway output: %v after %v", err, time.Since(start))
 	}
-	if _, err := New(Config{Binary: filepath.Join(dir, "absent")}).ListRuleset(ctx); !errors.Is(err, ErrUnavailable) {
+	if _, err := New(Config{Reader: ReaderNFT, Binary: filepath.Join(dir, "absent")}).ListRuleset(ctx); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("absent nft: %v, want ErrUnavailable", err)
 	}
 
@@ -134,7 +134,7 @@ func TestRealAdapter(t *testing.T) {
 	if err := os.WriteFile(slow, []byte("#!/bin/sh\nsleep 0.3\necho '{\"nftables\": []}'\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	sc := New(Config{Binary: slow, CacheTTL: 2 * time.Second, MaxDutyCycle: 0.1, Clock: clk, ReuseFor: -1})
+	sc := New(Config{Reader: ReaderNFT, Binary: slow, CacheTTL: 2 * time.Second, MaxDutyCycle: 0.1, Clock: clk, ReuseFor: -1})
 	first, err := sc.ListRuleset(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -44,7 +44,7 @@ func TestListingKeptWhileGenerationUnchanged(t *testing.T) {
 	}
 	ctx := context.Background()
 	clk := clocktesting.NewFakePassiveClock(time.Now())
-	r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: nsFile, Binary: wrapper, CacheTTL: -1, Clock: clk})
+	r := New(Config{Prefix: netnstest.Prefix(ns), NetNS: nsFile, Binary: wrapper, CacheTTL: -1, Clock: clk, Reader: ReaderNFT})
 
 	// A missing table: one run, then kept.
 	for i := 0; i < 3; i++ {
