@@ -102,7 +102,7 @@ func genlFamilyExists(nsPath, name string) error {
 	if err != nil {
 		return fmt.Errorf("netlink socket: %w", err)
 	}
-	defer h.Delete()
+	defer h.Close()
 	if err := h.SetSocketTimeout(3 * time.Second); err != nil {
 		return fmt.Errorf("netlink socket timeout: %w", err)
 	}

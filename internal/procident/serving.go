@@ -131,7 +131,6 @@ func (l Listening) KubeProxy(ctx context.Context, ports []uint16, pods Pods, sel
 	}
 	// One cgroup must serve them all.
 	byID := map[uint64][]uint16{}
-	var inodes []uint64
 	for _, s := range ls {
 		if !s.HasCgroupID {
 			return procs.Process{}, Identity{}, fmt.Errorf("%w: the kernel does not say which cgroup created the socket on %s (INET_DIAG_CGROUP_ID, kernel 5.7+)", ErrCannotTell, s.Addr)
@@ -139,7 +138,6 @@ func (l Listening) KubeProxy(ctx context.Context, ports []uint16, pods Pods, sel
 		if !slices.Contains(byID[s.CgroupID], s.Addr.Port()) {
 			byID[s.CgroupID] = append(byID[s.CgroupID], s.Addr.Port())
 		}
-		inodes = append(inodes, s.Inode)
 	}
 	if len(byID) > 1 {
 		var parts []string
